@@ -1,0 +1,35 @@
+"""Versioned, checksummed model registry used by the service, training and the CLI."""
+
+from model_store.aliases import AliasTable
+from model_store.backends import LocalBackend, StorageBackend
+from model_store.errors import (
+    ChecksumMismatch,
+    InvalidManifest,
+    InvalidName,
+    ModelNotFound,
+    StoreError,
+    VersionExists,
+)
+from model_store.manifest import ANNEX_FILES, FileEntry, Manifest
+from model_store.naming import DEFAULT_ALIAS, natural_key, parse_ref, sort_versions
+from model_store.store import ModelStore
+
+__all__ = [
+    "ANNEX_FILES",
+    "DEFAULT_ALIAS",
+    "AliasTable",
+    "ChecksumMismatch",
+    "FileEntry",
+    "InvalidManifest",
+    "InvalidName",
+    "LocalBackend",
+    "Manifest",
+    "ModelNotFound",
+    "ModelStore",
+    "StorageBackend",
+    "StoreError",
+    "VersionExists",
+    "natural_key",
+    "parse_ref",
+    "sort_versions",
+]

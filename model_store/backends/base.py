@@ -1,0 +1,86 @@
+"""Blob I/O contract for the model store.
+
+The store speaks in ``/``-separated keys relative to its root
+(``clip/versions/v3/model.safetensors``); a backend maps keys to storage. Only
+durability and atomicity primitives live here, never registry logic, so an
+object-store backend can be added without touching ``ModelStore``:
+
+* ``put`` writes a blob durably (it is only ever used inside a private staging
+  prefix, so it need not be atomic);
+* ``put_atomic`` replaces a small blob so readers see the old or the new content;
+* ``commit_dir`` publishes a fully staged prefix in one step and refuses to
+  overwrite an existing one (versions are immutable);
+* ``lock`` serialises writers of one model (alias updates, version commits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
+
+
+class Readable(Protocol):
+    """Anything with ``read(size)``: open files, ``BytesIO``, hashing wrappers."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+@runtime_checkable
+class StorageBackend(Protocol):
+    """Minimal storage operations the model store needs."""
+
+    def exists(self, key: str) -> bool:
+        """Whether a blob or prefix exists at ``key``."""
+        ...
+
+    def is_dir(self, key: str) -> bool:
+        """Whether ``key`` is a prefix (directory) rather than a blob."""
+        ...
+
+    def list_dir(self, key: str) -> list[str]:
+        """Names of the direct children of prefix ``key`` (``""`` is the root; empty if absent)."""
+        ...
+
+    def mtime(self, key: str) -> float:
+        """Last modification time (POSIX seconds) of ``key``."""
+        ...
+
+    def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """Open a blob for streaming reads; raises ``FileNotFoundError`` if absent."""
+        ...
+
+    def read_bytes(self, key: str) -> bytes:
+        """Whole content of a small blob; raises ``FileNotFoundError`` if absent."""
+        ...
+
+    def put(self, key: str, stream: Readable) -> int:
+        """Durably write ``stream`` to ``key``, creating parents; return bytes written."""
+        ...
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        """Durably replace ``key`` with ``data`` so no reader sees a partial blob."""
+        ...
+
+    def commit_dir(self, src: str, dst: str) -> None:
+        """Atomically move prefix ``src`` to ``dst``; ``FileExistsError`` if ``dst`` exists."""
+        ...
+
+    def delete_tree(self, key: str) -> None:
+        """Remove ``key`` and everything under it; missing keys are ignored."""
+        ...
+
+    def lock(self, key: str) -> AbstractContextManager[None]:
+        """Exclusive, blocking, inter-process lock named by ``key``."""
+        ...
+
+    def local_path(self, key: str) -> Path:
+        """Local filesystem path of ``key`` for loaders that need one (e.g. safetensors mmap)."""
+        ...
+
+
+def iter_chunks(stream: Readable, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    """Yield ``stream`` in fixed-size chunks so large weights are never held in memory."""
+    while chunk := stream.read(chunk_size):
+        yield chunk

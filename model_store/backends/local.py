@@ -1,0 +1,132 @@
+"""Local-filesystem storage backend (also used for shared volumes in Kubernetes).
+
+Atomicity comes from ``rename(2)`` within one filesystem; durability from
+fsyncing files before renaming them and directories after, so a crash leaves
+either the old state or the new one, never a torn version or alias table.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from model_store.backends.base import Readable, iter_chunks
+
+
+def fsync_dir(path: Path) -> None:
+    """Persist directory entries (creations, renames) of ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBackend:
+    """``StorageBackend`` over a directory tree rooted at ``root``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"LocalBackend({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        # Names are validated by the store; this is a second line of defence.
+        parts = PurePosixPath(key).parts
+        if not key or key.startswith("/") or any(p in ("..", ".") for p in parts):
+            raise ValueError(f"unsafe storage key {key!r}")
+        return self.root.joinpath(*parts)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def is_dir(self, key: str) -> bool:
+        return self._path(key).is_dir()
+
+    def list_dir(self, key: str) -> list[str]:
+        path = self._path(key) if key else self.root
+        try:
+            return sorted(entry.name for entry in path.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def mtime(self, key: str) -> float:
+        return self._path(key).stat().st_mtime
+
+    @contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        with self._path(key).open("rb") as fh:
+            yield fh
+
+    def read_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def put(self, key: str, stream: Readable) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written = 0
+        with path.open("xb") as out:
+            for chunk in iter_chunks(stream):
+                out.write(chunk)
+                written += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        return written
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+        try:
+            with tmp.open("xb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+
+    def commit_dir(self, src: str, dst: str) -> None:
+        src_path, dst_path = self._path(src), self._path(dst)
+        # rename(2) silently replaces an *empty* target dir, so check explicitly;
+        # callers hold the model lock, which makes check-then-rename safe.
+        if dst_path.exists():
+            raise FileExistsError(dst)
+        for sub in [src_path, *(p for p in src_path.rglob("*") if p.is_dir())]:
+            fsync_dir(sub)
+        dst_path.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src_path, dst_path)
+        fsync_dir(dst_path.parent)
+        if src_path.parent != dst_path.parent:
+            fsync_dir(src_path.parent)
+
+    def delete_tree(self, key: str) -> None:
+        path = self._path(key)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    @contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            # Closing the descriptor releases the flock.
+            os.close(fd)
+
+    def local_path(self, key: str) -> Path:
+        return self._path(key) if key else self.root

@@ -1,0 +1,48 @@
+"""Closed set of errors raised by the model store.
+
+Callers (the service, the training publisher and the CLI) catch ``StoreError`` to
+turn any store failure into one message; the subclasses let them map specific
+failures to specific behaviour (e.g. refuse a corrupted version, keep serving).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class StoreError(Exception):
+    """Base class of every error the model store raises on purpose."""
+
+
+class InvalidName(StoreError, ValueError):
+    """A model, version, alias or file name is not safe to use as a path segment."""
+
+
+class InvalidManifest(StoreError, ValueError):
+    """Manifest fields are missing, mistyped or inconsistent with the version."""
+
+
+class ModelNotFound(StoreError, KeyError):
+    """A model, version, alias or file does not exist in the store."""
+
+    # KeyError.__str__ would wrap the message in quotes; keep it readable.
+    __str__ = Exception.__str__
+
+
+class VersionExists(StoreError):
+    """A version with this name is already published; versions are immutable."""
+
+
+class ChecksumMismatch(StoreError):
+    """Files of a version are missing or differ from the digests in its manifest.
+
+    ``problems`` maps each offending file name to a short reason so operators can
+    see at once which blob is damaged.
+    """
+
+    def __init__(self, name: str, version: str, problems: Mapping[str, str]) -> None:
+        self.name = name
+        self.version = version
+        self.problems = dict(problems)
+        details = ", ".join(f"{f} ({why})" for f, why in sorted(self.problems.items()))
+        super().__init__(f"{name}@{version} failed verification: {details}")

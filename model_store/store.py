@@ -1,0 +1,331 @@
+"""Versioned model registry: atomic immutable publishes, aliases, verification, GC.
+
+Layout under the root (keys are the same on any backend)::
+
+    <name>/versions/<version>/manifest.json   # + weights and other listed files
+    <name>/versions/<version>/eval.json       # annex: may be replaced after publish
+    <name>/aliases.json                       # alias -> version, plus history
+    <name>/.lock                              # writers of <name> serialise on it
+    <name>/.staging-<random>/                 # publish in progress, invisible to readers
+
+Readers never lock: a version appears in one rename once complete and is never
+modified, and ``aliases.json`` is replaced atomically, so a server can poll
+``alias_target`` cheaply and hot-swap versions without coordinating with writers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from model_store.aliases import ALIASES_FILE, AliasTable
+from model_store.backends import LocalBackend, StorageBackend
+from model_store.errors import (
+    ChecksumMismatch,
+    InvalidName,
+    ModelNotFound,
+    StoreError,
+    VersionExists,
+)
+from model_store.manifest import ANNEX_FILES, Manifest
+from model_store.naming import (
+    MANIFEST_FILE,
+    is_valid_name,
+    next_version,
+    parse_ref,
+    sort_versions,
+    validate_filename,
+    validate_name,
+)
+from model_store.staging import (
+    FileSource,
+    build_manifest,
+    check_files,
+    manifest_error,
+    publish_fields,
+    stage_files,
+    validate_publish_names,
+)
+
+VERSIONS_DIR = "versions"
+LOCK_FILE = ".lock"
+STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".trash-"
+STALE_STAGING_SECONDS = 3600.0
+
+
+class ModelStore:
+    """Registry of model versions on a ``StorageBackend`` (a path means ``LocalBackend``)."""
+
+    def __init__(self, root: str | os.PathLike[str] | StorageBackend) -> None:
+        self.backend: StorageBackend = root if isinstance(root, StorageBackend) else LocalBackend(root)
+
+    def __repr__(self) -> str:
+        return f"ModelStore({self.backend!r})"
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _vkey(name: str, version: str, *rest: str) -> str:
+        return "/".join((name, VERSIONS_DIR, version, *rest))
+
+    def _lock(self, name: str) -> AbstractContextManager[None]:
+        return self.backend.lock(f"{name}/{LOCK_FILE}")
+
+    def _version_exists(self, name: str, version: str) -> bool:
+        return self.backend.exists(self._vkey(name, version, MANIFEST_FILE))
+
+    def _require_model(self, name: str) -> None:
+        validate_name(name, "model name")
+        if not self.backend.is_dir(name):
+            raise ModelNotFound(f"model {name!r} not found")
+
+    def _require_version(self, name: str, version: str) -> None:
+        self._require_model(name)
+        validate_name(version, "version")
+        if not self._version_exists(name, version):
+            raise ModelNotFound(f"version {name}@{version} not found")
+
+    def _versions(self, name: str) -> list[str]:
+        base = f"{name}/{VERSIONS_DIR}"
+        names = self.backend.list_dir(base)
+        return sort_versions([v for v in names if is_valid_name(v) and self._version_exists(name, v)])
+
+    def _read_aliases(self, name: str) -> AliasTable:
+        try:
+            raw = self.backend.read_bytes(f"{name}/{ALIASES_FILE}")
+        except FileNotFoundError:
+            return AliasTable()
+        try:
+            return AliasTable.model_validate_json(raw)
+        except ValidationError as exc:
+            raise StoreError(f"{name}/{ALIASES_FILE} is corrupt ({exc.error_count()} errors)") from None
+
+    def _write_aliases(self, name: str, table: AliasTable) -> None:
+        self.backend.put_atomic(f"{name}/{ALIASES_FILE}", table.to_json().encode())
+
+    # ------------------------------------------------------------------ reading
+    def list_models(self) -> list[str]:
+        """Names of models that have versions or aliases."""
+        return [
+            name
+            for name in self.backend.list_dir("")
+            if is_valid_name(name)
+            and (self.backend.is_dir(f"{name}/{VERSIONS_DIR}") or self.backend.exists(f"{name}/{ALIASES_FILE}"))
+        ]
+
+    def list_versions(self, name: str) -> list[str]:
+        """Published versions of ``name``, oldest first in natural order (``v2`` < ``v10``)."""
+        self._require_model(name)
+        return self._versions(name)
+
+    def version_dir(self, name: str, version: str) -> Path:
+        """Local directory holding the files of ``name@version``."""
+        self._require_version(name, version)
+        return self.backend.local_path(self._vkey(name, version))
+
+    def manifest(self, name: str, version: str) -> Manifest:
+        """Parsed manifest of ``name@version`` (not verified; see ``load_verified``)."""
+        self._require_version(name, version)
+        raw = self.backend.read_bytes(self._vkey(name, version, MANIFEST_FILE))
+        try:
+            return Manifest.from_json(raw)
+        except ValidationError as exc:
+            raise manifest_error(exc, f"{name}@{version}/{MANIFEST_FILE}") from None
+
+    def file_path(self, name: str, version: str, filename: str) -> Path:
+        """Path of a file listed in the manifest, or of an annex file that exists."""
+        validate_filename(filename)
+        manifest = self.manifest(name, version)
+        key = self._vkey(name, version, filename)
+        if filename not in manifest.files and not (filename in ANNEX_FILES and self.backend.exists(key)):
+            raise ModelNotFound(f"{name}@{version} has no file {filename!r}")
+        return self.backend.local_path(key)
+
+    def annex_files(self, name: str, version: str) -> list[str]:
+        """Annex files currently present for ``name@version``."""
+        self._require_version(name, version)
+        return sorted(f for f in ANNEX_FILES if self.backend.exists(self._vkey(name, version, f)))
+
+    def resolve(self, ref: str) -> tuple[str, str]:
+        """Resolve ``name@alias``, ``name@version`` or bare ``name`` (= ``name@production``).
+
+        Aliases win over literal versions so ``production`` always means the alias.
+        """
+        name, selector = parse_ref(ref)
+        self._require_model(name)
+        version = self._read_aliases(name).aliases.get(selector)
+        if version is None:
+            if not self._version_exists(name, selector):
+                raise ModelNotFound(f"model {name!r} has no alias or version {selector!r}")
+            return name, selector
+        if not self._version_exists(name, version):
+            raise ModelNotFound(f"alias {name}@{selector} points to missing version {version!r}")
+        return name, version
+
+    def aliases(self, name: str) -> dict[str, str]:
+        """Current alias -> version map of ``name``."""
+        self._require_model(name)
+        return dict(self._read_aliases(name).aliases)
+
+    def alias_history(self, name: str) -> dict[str, list[str]]:
+        """Previous targets per alias, oldest first (the last one is what ``rollback`` restores)."""
+        self._require_model(name)
+        return {alias: list(past) for alias, past in self._read_aliases(name).history.items()}
+
+    def alias_target(self, name: str, alias: str) -> str | None:
+        """Cheap re-read of one alias, meant to be polled by servers that hot-swap versions."""
+        validate_name(name, "model name")
+        validate_name(alias, "alias")
+        return self._read_aliases(name).aliases.get(alias)
+
+    # ------------------------------------------------------------------ verification
+    def verify(self, name: str, version: str) -> None:
+        """Recompute every listed file's sha256; raise ``ChecksumMismatch`` naming the bad or missing ones."""
+        self._verified_manifest(name, version)
+
+    def load_verified(self, name: str, version: str) -> tuple[Manifest, Path]:
+        """Verify ``name@version`` and return its manifest and directory: the entry point for loaders."""
+        manifest = self._verified_manifest(name, version)
+        return manifest, self.backend.local_path(self._vkey(name, version))
+
+    def _verified_manifest(self, name: str, version: str) -> Manifest:
+        manifest = self.manifest(name, version)
+        problems: dict[str, str] = {}
+        if (manifest.name, manifest.version) != (name, version):
+            problems[MANIFEST_FILE] = f"describes {manifest.ref}"
+        problems.update(check_files(self.backend, self._vkey(name, version), manifest.files))
+        if problems:
+            raise ChecksumMismatch(name, version, problems)
+        return manifest
+
+    # ------------------------------------------------------------------ writing
+    def publish(
+        self,
+        name: str,
+        files: Mapping[str, FileSource],
+        manifest_fields: Mapping[str, Any],
+        version: str | None = None,
+        aliases: Sequence[str] = (),
+    ) -> Manifest:
+        """Publish a new immutable version atomically and optionally point aliases at it.
+
+        Files are staged in a private directory, fsynced, hashed, re-read and checked,
+        then the manifest is written and the directory renamed into ``versions/`` in one
+        step; on any failure the staging directory is removed and nothing is visible.
+        ``manifest_fields`` holds every manifest field except ``files`` (computed);
+        ``name``/``version`` may be repeated there but must agree with the arguments.
+        """
+        fields, version = publish_fields(name, version, manifest_fields)
+        for alias in aliases:
+            validate_name(alias, "alias")
+        validate_publish_names(list(files))
+        build_manifest({**fields, "version": version or "v1"})  # fail before copying weights
+        if version is not None and self._version_exists(name, version):
+            raise VersionExists(f"{name}@{version} already exists; versions are immutable")
+
+        staging = f"{name}/{STAGING_PREFIX}{secrets.token_hex(8)}"
+        try:
+            entries = stage_files(self.backend, staging, files)
+            if problems := check_files(self.backend, staging, entries):
+                raise ChecksumMismatch(name, version or "<new>", problems)
+            with self._lock(name):
+                final = version or next_version(self._versions(name))
+                manifest = build_manifest({**fields, "version": final, "files": entries})
+                manifest_key = f"{staging}/{MANIFEST_FILE}"
+                self.backend.put(manifest_key, io.BytesIO(manifest.to_json().encode()))
+                if Manifest.from_json(self.backend.read_bytes(manifest_key)) != manifest:
+                    raise ChecksumMismatch(name, final, {MANIFEST_FILE: "read-back differs"})
+                try:
+                    self.backend.commit_dir(staging, self._vkey(name, final))
+                except FileExistsError:
+                    raise VersionExists(f"{name}@{final} already exists; versions are immutable") from None
+                if aliases:
+                    table = self._read_aliases(name)
+                    for alias in aliases:
+                        table.set(alias, final)
+                    self._write_aliases(name, table)
+        except BaseException:
+            self.backend.delete_tree(staging)
+            raise
+        return manifest
+
+    def write_annex(self, name: str, version: str, filename: str, data: bytes) -> Path:
+        """Add or atomically replace an annex file (e.g. ``eval.json``) of a published version."""
+        if filename not in ANNEX_FILES:
+            raise InvalidName(f"{filename!r} is not an annex file (allowed: {', '.join(sorted(ANNEX_FILES))})")
+        self._require_version(name, version)
+        key = self._vkey(name, version, filename)
+        self.backend.put_atomic(key, bytes(data))
+        return self.backend.local_path(key)
+
+    def promote(self, name: str, alias: str, version: str) -> str | None:
+        """Point ``alias`` at a verified ``version``; return the previous target (kept in history)."""
+        validate_name(alias, "alias")
+        self.verify(name, version)  # outside the lock: hashing weights can take a while
+        with self._lock(name):
+            self._require_version(name, version)  # may have been collected meanwhile
+            table = self._read_aliases(name)
+            previous = table.set(alias, version)
+            self._write_aliases(name, table)
+        return previous
+
+    def rollback(self, name: str, alias: str) -> str:
+        """Return ``alias`` to its previous version (after verifying it); return that version."""
+        self._require_model(name)
+        validate_name(alias, "alias")
+        target = self._read_aliases(name).previous(alias)
+        if target is None:
+            raise StoreError(f"alias {name}@{alias} has no previous version to roll back to")
+        self.verify(name, target)
+        with self._lock(name):
+            table = self._read_aliases(name)
+            if table.previous(alias) != target:
+                raise StoreError(f"alias {name}@{alias} changed during rollback; retry")
+            table.rollback(alias)
+            self._write_aliases(name, table)
+        return target
+
+    def gc(self, name: str, keep_latest: int = 0, dry_run: bool = False) -> list[str]:
+        """Remove unreferenced versions and stale staging dirs; return what was (or would be) removed.
+
+        Kept: versions an alias points to or may roll back to, and the newest
+        ``keep_latest`` versions in natural order. Staging dirs younger than an hour
+        belong to publishes that may still be running and are left alone.
+        """
+        if keep_latest < 0:
+            raise StoreError("keep_latest must be >= 0")
+        self._require_model(name)
+        removed: list[str] = []
+        with self._lock(name):
+            versions = self._versions(name)
+            keep = self._read_aliases(name).referenced()
+            keep.update(versions[-keep_latest:] if keep_latest else [])
+            for version in versions:
+                if version not in keep:
+                    removed.append(version)
+                    if not dry_run:
+                        # Rename first so readers never see a half-deleted version.
+                        trash = f"{name}/{TRASH_PREFIX}{version}-{secrets.token_hex(4)}"
+                        self.backend.commit_dir(self._vkey(name, version), trash)
+                        self.backend.delete_tree(trash)
+            for entry in self.backend.list_dir(name):
+                stale = entry.startswith(STAGING_PREFIX) and self._stale(f"{name}/{entry}")
+                if stale or entry.startswith(TRASH_PREFIX):
+                    removed.append(entry)
+                    if not dry_run:
+                        self.backend.delete_tree(f"{name}/{entry}")
+        return removed
+
+    def _stale(self, key: str) -> bool:
+        try:
+            return time.time() - self.backend.mtime(key) > STALE_STAGING_SECONDS
+        except FileNotFoundError:  # a failed publish cleaned up after itself meanwhile
+            return False

@@ -1,0 +1,33 @@
+"""Helpers shared by the model store tests (a uniquely named module, safe to import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_store import ModelStore
+
+
+def manifest_fields(**overrides: Any) -> dict[str, Any]:
+    """Minimal valid manifest fields for an open_clip ViT-B-32 style model."""
+    fields: dict[str, Any] = {
+        "architecture": {"open_clip_name": "ViT-B-32", "pretrained": "openai"},
+        "context_length": 77,
+        "embed_dim": 512,
+        "image_size": 224,
+        "preprocess": {
+            "mean": [0.48145466, 0.4578275, 0.40821073],
+            "std": [0.26862954, 0.26130258, 0.27577711],
+            "interpolation": "bicubic",
+            "resize_mode": "shortest",
+        },
+        "components": {"weights": "model.safetensors"},
+        "metrics": {"zero_shot_top1": 0.61},
+    }
+    fields.update(overrides)
+    return fields
+
+
+def publish_simple(store: ModelStore, payload: bytes = b"weights", name: str = "clip", **kwargs: Any) -> str:
+    """Publish one weight file and return the new version name."""
+    manifest = store.publish(name, {"model.safetensors": payload}, manifest_fields(), **kwargs)
+    return manifest.version
