@@ -1,0 +1,161 @@
+"""Training losses and weight ensembling (torch).
+
+This is the only method module that imports torch; the serving math lives in numpy modules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["clip_contrastive_loss", "pcclip_difference_loss", "weight_ensemble"]
+
+_EPS = 1e-12
+
+
+def _finite_float(value: float, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
+def _check_batch(name: str, x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty (B, D) tensor, got shape {tuple(x.shape)}")
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    for name, x in tensors.items():
+        _check_batch(name, x)
+    shapes = {name: tuple(x.shape) for name, x in tensors.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"inputs must share one (B, D) shape, got {shapes}")
+
+
+def clip_contrastive_loss(
+    a: torch.Tensor, b: torch.Tensor, logit_scale: float | torch.Tensor
+) -> torch.Tensor:
+    """Symmetric CLIP cross-entropy between two batches of paired embeddings.
+
+    With ``logits = logit_scale * a @ b.T`` the loss is
+    ``(CE(logits, arange(B)) + CE(logits.T, arange(B))) / 2``: row ``i`` of ``a`` must pick its
+    partner ``b[i]`` among all of ``b`` and vice versa, which pulls pairs together and pushes
+    every other combination in the batch apart.
+
+    Args:
+        a: ``(B, D)`` L2-normalised embeddings.
+        b: ``(B, D)`` L2-normalised embeddings paired row by row with ``a``.
+        logit_scale: inverse temperature, a positive float or a scalar tensor (which may be a
+            learnable value; it is then not checked, to avoid a device sync).
+
+    Raises:
+        ValueError: on mismatched shapes or a bad ``logit_scale``.
+    """
+    _check_same_shape(a=a, b=b)
+    if isinstance(logit_scale, torch.Tensor):
+        if logit_scale.numel() != 1:
+            raise ValueError("logit_scale tensor must hold a single value")
+        scale: float | torch.Tensor = logit_scale.reshape(())
+    else:
+        scale = _finite_float(logit_scale, "logit_scale")
+        if scale <= 0:
+            raise ValueError(f"logit_scale must be a positive finite number, got {logit_scale!r}")
+    logits = scale * (a @ b.T)
+    targets = torch.arange(a.shape[0], device=a.device)
+    return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 2
+
+
+def pcclip_difference_loss(
+    img1: torch.Tensor,
+    img2: torch.Tensor,
+    text: torch.Tensor,
+    temperature: float,
+    kind: Literal["contrastive", "mse"] = "contrastive",
+) -> torch.Tensor:
+    """PC-CLIP loss aligning image differences with the texts that describe them.
+
+    ``text[i]`` describes how image 1 differs from image 2 ("the first ..., while the second
+    ...").
+
+    * ``"contrastive"``: :func:`clip_contrastive_loss` between ``normalize(img1 - img2)`` and
+      ``normalize(text)`` with ``logit_scale = 1 / temperature`` (temperature 1.0 in the paper).
+    * ``"mse"``: ``mean((normalize(text) - (img1 - img2))^2)`` over all ``B * D`` entries. The
+      difference is deliberately not normalised: it regresses ``f(T12)`` onto
+      ``g(I1) - g(I2)`` itself. ``temperature`` is validated but unused.
+
+    Identical images give a zero difference; normalisation divides by ``max(norm, 1e-12)``, so
+    that row becomes zero instead of NaN (in value and gradient).
+
+    Args:
+        img1, img2: ``(B, D)`` L2-normalised image embeddings (frozen in PC-CLIP).
+        text: ``(B, D)`` text embeddings (normalised here).
+        temperature: positive softmax temperature of the contrastive variant.
+        kind: ``"contrastive"`` or ``"mse"``.
+
+    Raises:
+        ValueError: on mismatched shapes, a non-positive temperature or an unknown ``kind``.
+    """
+    _check_same_shape(img1=img1, img2=img2, text=text)
+    temperature = _finite_float(temperature, "temperature")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    text_n = F.normalize(text, dim=-1, eps=_EPS)
+    diff = img1 - img2
+    if kind == "contrastive":
+        diff_n = F.normalize(diff, dim=-1, eps=_EPS)
+        return clip_contrastive_loss(diff_n, text_n, 1.0 / temperature)
+    if kind == "mse":
+        return F.mse_loss(text_n, diff)
+    raise ValueError(f"kind must be 'contrastive' or 'mse', got {kind!r}")
+
+
+def weight_ensemble(
+    base: Mapping[str, torch.Tensor], finetuned: Mapping[str, torch.Tensor], w: float
+) -> dict[str, torch.Tensor]:
+    """Interpolate two state dicts in weight space: ``w * finetuned + (1 - w) * base``.
+
+    Blending the fine-tuned weights with the base weights keeps most of the fine-tuning gain
+    while recovering robustness of the base model. Keys present only in ``base`` (e.g. a frozen
+    image tower when only the text tower was fine-tuned) are copied from ``base``. Tensors that
+    are not floating point (counters, index buffers) cannot be interpolated and are taken from
+    the nearer end: ``finetuned`` if ``w >= 0.5`` else ``base``. Results have the dtype and
+    device of ``base``; the inputs are not modified and the results share no memory with them.
+
+    Raises:
+        ValueError: if ``w`` is outside ``[0, 1]``, a key exists only in ``finetuned``, or
+            matching keys differ in shape.
+    """
+    w = _finite_float(w, "w")
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"w must be in [0, 1], got {w}")
+    extra = sorted(set(finetuned) - set(base))
+    if extra:
+        raise ValueError(f"finetuned has keys missing from base: {extra[:5]}")
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for key, b in base.items():
+            if key not in finetuned:
+                out[key] = b.detach().clone()
+                continue
+            ft = finetuned[key]
+            if tuple(ft.shape) != tuple(b.shape):
+                raise ValueError(
+                    f"shape mismatch for {key!r}: base {tuple(b.shape)}, "
+                    f"finetuned {tuple(ft.shape)}"
+                )
+            ft = ft.detach().to(device=b.device, dtype=b.dtype)
+            if b.is_floating_point() or b.is_complex():
+                out[key] = w * ft + (1.0 - w) * b.detach()
+            else:
+                out[key] = (ft if w >= 0.5 else b.detach()).clone()
+    return out
