@@ -1,0 +1,253 @@
+"""A model version loaded from the store: image tower, text-encoder variants, tokenizer.
+
+Text-encoder variants (``base``, ``pcclip``, ...) are full text towers that share the one
+image tower; a variant's file holds only the tensors that differ from the base weights.
+This is the one place that turns a manifest into encoders, for serving and evaluation alike.
+A version published with a DCSM scorer (``components["dcsm"]``) also gets ``dcsm`` (the head)
+and ``dense`` (a ``DenseEncoder`` over the base model) for dense token x patch scoring.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+from PIL import Image
+from safetensors.torch import load_file
+
+from model_store import Manifest, ModelStore
+from service.encoders.clip_model import (
+    image_features,
+    load_architecture,
+    normalize,
+    text_features,
+    tokenizer_for,
+)
+from service.encoders.dense import DCSMHead, DenseEncoder
+from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
+from service.methods.dcsm import dcsm_scores, prepare_maps
+
+BASE_ENCODER = "base"
+START_LABEL, END_LABEL = "<start>", "<end>"
+
+
+def _token_text(tok: Any, token_id: int) -> str:
+    """Readable text of one BPE token (its bytes back to UTF-8, without the word-end mark)."""
+    piece = tok.decoder[token_id].removesuffix("</w>")
+    return bytearray(tok.byte_decoder[c] for c in piece).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class DenseLayout:
+    """How the DCSM scorer reads one text: which of its L positions hold tokens and which of
+    them are functional words (their map rows are replaced by fixed table rows)."""
+
+    valid: np.ndarray  # (L,) bool: start token .. end token, cut at L
+    row_index: np.ndarray  # (L,) int64: functional group of each position, -1 otherwise
+    words: list[str]  # functional words found, in order
+    labels: list[str]  # text of each valid position ("<start>", "red", "cy", "an", ..., "<end>")
+    truncated: bool  # some tokens did not fit the L positions (or the model context)
+
+
+def load_weights(model: CLIP, path: Path, strict: bool = True) -> None:
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    model.load_state_dict(state, strict=strict)
+
+
+@dataclass
+class ModelBundle:
+    name: str
+    version: str
+    manifest: Manifest
+    directory: Path
+    model: CLIP
+    text_models: dict[str, CLIP]
+    default_text_encoder: str
+    device: str = "cpu"
+    comparatives: list[dict[str, Any]] = field(default_factory=list)
+    dcsm: DCSMHead | None = None
+    dense: DenseEncoder | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def context_length(self) -> int:
+        return self.manifest.context_length
+
+    @property
+    def image_size(self) -> int:
+        return self.manifest.image_size
+
+    @property
+    def embed_dim(self) -> int:
+        return self.manifest.embed_dim
+
+    @property
+    def logit_scale(self) -> float:
+        return float(self.model.logit_scale.exp().clamp(max=100).item())
+
+    @classmethod
+    def load(cls, store: ModelStore, ref: str, device: str = "cpu") -> ModelBundle:
+        """Resolve, verify checksums, build and load every text-encoder variant."""
+        name, version = store.resolve(ref)
+        manifest, directory = store.load_verified(name, version)
+        return cls.from_directory(manifest, directory, device)
+
+    @classmethod
+    def from_directory(cls, manifest: Manifest, directory: Path, device: str = "cpu") -> ModelBundle:
+        components = manifest.components
+        model = load_architecture(manifest.architecture, device="cpu")
+        if "weights" in components:
+            load_weights(model, directory / components["weights"])
+        model = model.to(device).eval()
+        text_models = {BASE_ENCODER: model}
+        for variant, filename in components.get("text_encoders", {}).items():
+            text_part = {k: v.float() for k, v in load_file(str(directory / filename)).items()}
+            if any(k.startswith("visual.") for k in text_part):
+                raise ValueError(f"text encoder {variant!r} must not contain image weights")
+            tower = load_architecture(manifest.architecture, pretrained=False)
+            tower.load_state_dict({**model.state_dict(), **{k: v.to(device) for k, v in text_part.items()}})
+            tower = tower.to(device)
+            tower.visual = model.visual  # one image tower shared by every text variant
+            text_models[variant] = tower.eval()
+        comparatives: list[dict[str, Any]] = []
+        if (directory / "comparatives.json").exists():
+            comparatives = json.loads((directory / "comparatives.json").read_text())
+        default = components.get("default_text_encoder", BASE_ENCODER)
+        if default not in text_models:
+            raise ValueError(f"default text encoder {default!r} is not among {sorted(text_models)}")
+        bundle = cls(manifest.name, manifest.version, manifest, directory, model, text_models, default, device,
+                     comparatives)
+        bundle.dcsm = DCSMHead.from_components(directory, components)
+        if bundle.dcsm is not None:
+            # Dense features come from the base towers: the scorer was trained on those.
+            pre = manifest.preprocess
+            bundle.dense = bundle.dcsm.encoder(model, manifest.context_length, device=device,
+                                               mean=pre.get("mean", OPENAI_MEAN), std=pre.get("std", OPENAI_STD))
+        return bundle
+
+    def text_model(self, encoder: str | None) -> CLIP:
+        name = encoder or self.default_text_encoder
+        if name not in self.text_models:
+            raise KeyError(f"unknown text encoder {name!r}; this model has {sorted(self.text_models)}")
+        return self.text_models[name]
+
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        return fit_square(image, self.image_size)
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
+        """Token ids (trimmed to the batch's longest text) and which texts were truncated.
+
+        One BPE pass per text; a text longer than the context keeps its first tokens and
+        ends with the end token, as open_clip's tokenizer does.
+        """
+        tok = tokenizer_for(self.context_length)
+        sot, eot = tok.sot_token_id, tok.eot_token_id
+        rows, truncated = [], []
+        for text in texts:
+            ids = [sot, *tok.encode(text), eot]
+            truncated.append(len(ids) > self.context_length)
+            if truncated[-1]:
+                ids = ids[: self.context_length]
+                ids[-1] = eot
+            rows.append(ids)
+        width = max(len(r) for r in rows)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = torch.tensor(r)
+        return tokens, truncated
+
+    @torch.no_grad()
+    def encode_images(self, images: np.ndarray) -> np.ndarray:
+        """(N, S, S, 3) uint8 preprocessed images -> (N, D) L2-normalised float32."""
+        mean = self.manifest.preprocess.get("mean")
+        std = self.manifest.preprocess.get("std")
+        x = normalize_uint8(images, mean, std).to(self.device)
+        return normalize(image_features(self.model, x)[0]).float().cpu().numpy()
+
+    @torch.no_grad()
+    def encode_tokens(self, tokens: torch.Tensor, encoder: str | None = None) -> np.ndarray:
+        model = self.text_model(encoder)
+        return normalize(text_features(model, tokens.to(self.device))[0]).float().cpu().numpy()
+
+    def encode_texts(self, texts: Sequence[str], encoder: str | None = None) -> np.ndarray:
+        """Texts -> (N, D) L2-normalised float32 with the chosen text-encoder variant."""
+        tokens, _ = self.tokenize(texts)
+        return self.encode_tokens(tokens, encoder)
+
+    # ------------------------------------------------------------------ DCSM (dense) scoring
+    def dense_encoder(self) -> DenseEncoder:
+        if self.dense is None:
+            raise ValueError(f"{self.ref} has no DCSM component")
+        return self.dense
+
+    def encode_dense_images(self, images: np.ndarray) -> np.ndarray:
+        """(N, S, S, 3) uint8 preprocessed images -> (N, 1+P, D) normalised class + patch tokens."""
+        return self.dense_encoder().image_tokens(images).numpy()
+
+    def encode_dense_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Texts -> (N, L, D) normalised token features; rows past the end token are 0.
+
+        The text tower runs on a batch cut to its longest text, and that width changes the last
+        bits of every result; so texts are encoded in groups of one token count, and a text's
+        features never depend on what else shares its batch.
+        """
+        enc = self.dense_encoder()
+        counts = [min(len(enc.tokenizer.encode(t)) + 2, self.context_length) for t in texts]
+        out = np.zeros((len(texts), enc.length, self.embed_dim), dtype=np.float32)
+        for count in sorted(set(counts)):
+            rows = [i for i, c in enumerate(counts) if c == count]
+            out[rows] = enc.text_features([texts[i] for i in rows]).tokens.numpy()
+        return out
+
+    def dense_layouts(self, texts: Sequence[str]) -> list[DenseLayout]:
+        """Token positions, functional rows and labels of each text, on the ids the tower sees.
+
+        Not thread-safe (the encoder memoises rows per text): call it on the model thread.
+        """
+        enc = self.dense_encoder()
+        tok = enc.tokenizer
+        out = []
+        for text, row in zip(texts, tok(list(texts)).tolist(), strict=True):
+            ids = row[: row.index(tok.eot_token_id) + 1]  # truncated texts end with a forced end token
+            rows, words = enc.functional_rows(text, ids)
+            n = min(len(ids), enc.length)
+            labels = [START_LABEL, *(_token_text(tok, i) for i in ids[1:n])]
+            if ids[n - 1] == tok.eot_token_id:
+                labels[-1] = END_LABEL
+            out.append(DenseLayout(
+                valid=np.arange(enc.length) < n, row_index=np.asarray(rows, dtype=np.int64), words=list(words),
+                labels=labels, truncated=len(tok.encode(text)) + 2 > min(len(row), enc.length),
+            ))
+        return out
+
+    @torch.no_grad()
+    def score_dense(
+        self, image_tokens: np.ndarray, text_tokens: np.ndarray, layouts: Sequence[DenseLayout]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One image's tokens (1+P, D) against N texts' tokens (N, L, D): scores (N,) and the
+        z-scored maps (N, L, 1+P) the scorer read.
+
+        Each text is scored on its own (a batch of one), so a score is bit-for-bit the same
+        whatever else the request or the server is scoring.
+        """
+        if self.dcsm is None:
+            raise ValueError(f"{self.ref} has no DCSM component")
+        # torch.tensor copies: cached features are read-only arrays.
+        img = torch.tensor(np.asarray(image_tokens, dtype=np.float32))[None]
+        scores, maps = [], []
+        for tokens, layout in zip(text_tokens, layouts, strict=True):
+            m = prepare_maps(img, torch.tensor(np.asarray(tokens, dtype=np.float32))[None],
+                             torch.tensor(layout.valid)[None], torch.tensor(layout.row_index)[None],
+                             self.dcsm.table)
+            scores.append(float(dcsm_scores(self.dcsm.scorer.eval(), m)[0]))
+            maps.append(m[0].numpy())
+        return np.asarray(scores, dtype=np.float32), np.stack(maps)

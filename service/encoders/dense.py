@@ -1,0 +1,196 @@
+"""Dense (per-token and per-patch) features for DCSM, and a loaded DCSM scorer.
+
+``DenseEncoder`` turns texts into L fixed positions of normalised token features with a
+validity mask and the functional-row index of every position, and images into normalised
+class + patch tokens. Functional words are located on the real token ids the text tower
+sees: position 0 is the start token, so a word's tokens start at position 1 or later (an
+implementation that looks words up without the start token lands one position early).
+``DCSMHead`` is the scorer with its functional-row table and config, as stored in a model
+version (``dcsm.safetensors`` + the config in the manifest's ``components["dcsm"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+from safetensors.torch import load, load_file, save
+
+from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
+from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
+from service.methods.dcsm import (
+    DEFAULT_LENGTH,
+    DEFAULT_SCORER_CONFIG,
+    FUNCTIONAL_GROUPS,
+    DCSMScorer,
+    dcsm_scores,
+    prepare_maps,
+)
+from service.methods.token_spans import find_word_spans
+
+TABLE_KEY = "functional_table"
+SCORER_PREFIX = "scorer."
+ROW_CACHE_SIZE = 50_000
+
+
+@dataclass
+class DenseText:
+    tokens: torch.Tensor  # (B, L, D) normalised, padding rows 0
+    valid: torch.Tensor  # (B, L) bool: start token .. end token
+    row_index: torch.Tensor  # (B, L) long: functional group, -1 for ordinary tokens
+    pooled: torch.Tensor  # (B, D) normalised sentence embedding
+    words: list[list[str]]  # functional words found in each text, in order
+    truncated: list[bool]
+
+
+class DenseEncoder:
+    """Dense text and image features of one CLIP model for DCSM."""
+
+    def __init__(
+        self,
+        model: CLIP,
+        context_length: int,
+        functional_groups: Mapping[str, Sequence[str]] = FUNCTIONAL_GROUPS,
+        length: int = DEFAULT_LENGTH,
+        mean: Sequence[float] = OPENAI_MEAN,
+        std: Sequence[float] = OPENAI_STD,
+        device: str = "cpu",
+    ) -> None:
+        self.model, self.length, self.device = model, length, device
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.tokenizer = tokenizer_for(context_length)
+        # Row i of the functional-row table belongs to the i-th group by name: manifests are
+        # stored with sorted keys, so no other order survives a publish.
+        self.groups = {g: tuple(functional_groups[g]) for g in sorted(functional_groups)}
+        self.group_of = {w: i for i, ws in enumerate(self.groups.values()) for w in ws}
+        self.word_ids = {w: self.tokenizer.encode(w) for w in self.group_of}
+        self._rows: dict[str, tuple[list[int], list[str]]] = {}
+
+    def word_start_ok(self, ids: Sequence[int]) -> list[bool]:
+        # A word starts right after the start token or after a token that ends a word, so
+        # "but" inside "rebut" (re + but</w>) is not the functional word.
+        sot = self.tokenizer.sot_token_id
+        decoder = self.tokenizer.decoder
+        return [i > 0 and (ids[i - 1] == sot or decoder.get(ids[i - 1], "").endswith("</w>")) for i in range(len(ids))]
+
+    def functional_rows(self, text: str, ids: Sequence[int]) -> tuple[list[int], list[str]]:
+        """Per position (first L): functional group index or -1; and the words found."""
+        if text not in self._rows:
+            ids = list(ids)
+            rows = [-1] * self.length
+            words = []
+            for start, end, word in find_word_spans(ids, self.word_ids, self.word_start_ok(ids)):
+                words.append(word)
+                for t in range(start, min(end, self.length)):
+                    rows[t] = self.group_of[word]
+            if len(self._rows) >= ROW_CACHE_SIZE:  # a serving process sees unbounded distinct texts
+                self._rows.clear()
+            self._rows[text] = (rows, words)
+        return self._rows[text]
+
+    @torch.no_grad()
+    def text_features(self, texts: Sequence[str]) -> DenseText:
+        texts = list(texts)
+        full = self.tokenizer(texts)  # (B, context) with end token forced in when truncated
+        ids_per_text = []
+        for row in full.tolist():
+            eot = row.index(self.tokenizer.eot_token_id)
+            ids_per_text.append(row[: eot + 1])
+        truncated = [len(self.tokenizer.encode(t)) + 2 > full.shape[1] for t in texts]
+        tokens = trimmed(full).to(self.device)
+        pooled, tok = text_features(self.model, tokens, dense=True)
+        assert tok is not None
+        tok = normalize(tok.float())
+        b, n, d = tok.shape
+        out = torch.zeros(b, self.length, d)
+        keep = min(n, self.length)
+        out[:, :keep] = tok[:, :keep].cpu()
+        eot_pos = torch.tensor([len(ids) - 1 for ids in ids_per_text])
+        valid = torch.arange(self.length)[None] <= eot_pos[:, None]
+        out = out * valid[:, :, None]  # padding rows carry nothing, whatever shares the batch
+        rows_words = [self.functional_rows(t, ids) for t, ids in zip(texts, ids_per_text)]
+        row_index = torch.tensor([rw[0] for rw in rows_words], dtype=torch.long)
+        row_index = torch.where(valid, row_index, torch.full_like(row_index, -1))
+        return DenseText(
+            out, valid, row_index, normalize(pooled.float()).cpu(), [rw[1] for rw in rows_words], truncated
+        )
+
+    def text_tokens(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tok (B, L, D) normalised, valid (B, L), row_index (B, L))."""
+        f = self.text_features(texts)
+        return f.tokens, f.valid, f.row_index
+
+    @torch.no_grad()
+    def image_features(self, images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, S, S, 3) uint8 -> pooled (N, D) and tokens (N, 1+P, D), both normalised."""
+        x = normalize_uint8(images, self.mean, self.std).to(self.device)
+        pooled, tok = image_features(self.model, x, dense=True)
+        if tok is None:
+            raise ValueError("this image tower does not expose patch tokens")
+        return normalize(pooled.float()).cpu(), normalize(tok.float()).cpu()
+
+    def image_tokens(self, images: np.ndarray) -> torch.Tensor:
+        return self.image_features(images)[1]
+
+
+@dataclass
+class DCSMHead:
+    """A trained scorer, its functional-row table and its config (groups, length, layout)."""
+
+    scorer: DCSMScorer
+    table: torch.Tensor
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def functional_groups(self) -> dict[str, tuple[str, ...]]:
+        return {g: tuple(ws) for g, ws in self.config.get("functional_groups", FUNCTIONAL_GROUPS).items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> DCSMHead:
+        cfg = {**DEFAULT_SCORER_CONFIG, **dict(config)}
+        scorer = DCSMScorer(cfg)
+        weights = {k[len(SCORER_PREFIX) :]: v.float() for k, v in state.items() if k.startswith(SCORER_PREFIX)}
+        scorer.load_state_dict(weights)
+        return cls(scorer.eval(), state[TABLE_KEY].float(), cfg)
+
+    @classmethod
+    def load(cls, path: Path, config: Mapping[str, Any]) -> DCSMHead:
+        return cls.from_state(load_file(str(path)), config)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, config: Mapping[str, Any]) -> DCSMHead:
+        return cls.from_state(load(data), config)
+
+    @classmethod
+    def from_components(cls, directory: Path, components: Mapping[str, Any]) -> DCSMHead | None:
+        """The head of a model version (``components["dcsm"]``), or None if it has none."""
+        entry = components.get("dcsm")
+        if not entry:
+            return None
+        return cls.load(directory / entry["weights"], entry["config"])
+
+    def encoder(self, model: CLIP, context_length: int, **kwargs: Any) -> DenseEncoder:
+        return DenseEncoder(model, context_length, self.functional_groups, int(self.config["length"]), **kwargs)
+
+    @torch.no_grad()
+    def score(self, img_tok: torch.Tensor, text: DenseText) -> torch.Tensor:
+        """Scores of image tokens (B, 1+P, D) or (1, 1+P, D) against B texts."""
+        if img_tok.shape[0] == 1 and text.tokens.shape[0] > 1:
+            img_tok = img_tok.expand(text.tokens.shape[0], -1, -1)
+        maps = self.maps(img_tok, text)
+        return dcsm_scores(self.scorer.eval(), maps)
+
+    def maps(self, img_tok: torch.Tensor, text: DenseText) -> torch.Tensor:
+        return prepare_maps(img_tok, text.tokens, text.valid, text.row_index, self.table)
+
+
+def dcsm_state_bytes(scorer_state: Mapping[str, torch.Tensor], table: torch.Tensor) -> bytes:
+    """``dcsm.safetensors``: scorer weights under ``scorer.`` plus the functional-row table."""
+    out = {SCORER_PREFIX + k: v.detach().cpu().float().contiguous() for k, v in scorer_state.items()}
+    out[TABLE_KEY] = table.detach().cpu().float().contiguous()
+    return save(out)

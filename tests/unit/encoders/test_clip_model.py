@@ -1,0 +1,71 @@
+"""Model factory, hooks, trimmed text encoding, dense features, store round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_store import ModelStore
+from service.encoders.bundle import ModelBundle
+from service.encoders.clip_model import ConvStem, build_model, image_features, text_features, tokenizer_for, trimmed
+from training.publish import publish_bundle
+
+CONFIG = json.loads((Path(__file__).parents[3] / "training/configs/shapes-smoke.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(CONFIG).eval()
+
+
+def test_conv_stem_hook_replaces_patch_embedding(model) -> None:
+    assert isinstance(model.visual.conv1, ConvStem)
+    with pytest.raises(KeyError):
+        build_model({**CONFIG, "hooks": ["no-such-hook"]})
+
+
+def test_trimmed_text_features_equal_full_length(model) -> None:
+    tokens = tokenizer_for(32)(["a red circle", "a photo of a small blue square to the left of a cross."])
+    with torch.no_grad():
+        full, _ = text_features(model, tokens)
+        short, dense = text_features(model, trimmed(tokens), dense=True)
+        reference = model.encode_text(tokens)
+    assert trimmed(tokens).shape[1] < 32
+    torch.testing.assert_close(full, short, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full, reference, atol=1e-5, rtol=1e-5)
+    assert dense is not None and dense.shape[:2] == trimmed(tokens).shape
+
+
+def test_dense_image_features_pool_to_the_class_token(model) -> None:
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        pooled, tokens = image_features(model, x, dense=True)
+        plain, _ = image_features(model, x)
+    assert tokens is not None and tokens.shape == (2, 1 + 64, CONFIG["embed_dim"])
+    torch.testing.assert_close(pooled, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_publish_and_load_bundle_with_a_text_variant(tmp_path: Path, model) -> None:
+    variant = {k: (v + 0.01 if k.startswith("transformer.") else v) for k, v in model.state_dict().items()}
+    store = ModelStore(tmp_path)
+    manifest = publish_bundle(store, "tiny", model, CONFIG, text_variants={"pcclip": variant},
+                              default_text_encoder="pcclip", aliases=["production"], fp16=False)
+    assert set(manifest.files) == {"model.safetensors", "text_pcclip.safetensors"}
+    bundle = ModelBundle.load(store, "tiny@production")
+    assert bundle.ref == "tiny@v1" and bundle.default_text_encoder == "pcclip"
+    assert bundle.text_models["pcclip"].visual is bundle.model.visual
+    texts = ["a red circle", "a blue square"]
+    base = bundle.encode_texts(texts, "base")
+    with torch.no_grad():
+        expected = torch.nn.functional.normalize(model.encode_text(tokenizer_for(32)(texts)), dim=-1).numpy()
+    np.testing.assert_allclose(base, expected, atol=1e-5)
+    assert np.abs(bundle.encode_texts(texts, "pcclip") - base).max() > 1e-3
+    _, truncated = bundle.tokenize(["word " * 40, "short"])
+    assert truncated == [True, False]
+    with pytest.raises(KeyError):
+        bundle.text_model("semclip")
