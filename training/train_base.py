@@ -1,0 +1,189 @@
+"""From-scratch contrastive training of the base CLIP on the shapes world.
+
+Recipe (see docs/model_card.md for why each piece is there): conv stem, text tower frozen
+at its random initialisation for the first ``text_freeze_steps`` (random text embeddings act
+as fixed class targets and break the contrastive plateau on shape), a FILIP-style
+token-level alignment term, AdamW with warm-up + cosine, bf16 autocast on CPU.
+Data is generated on the fly: step ``s`` always sees the same scenes for a given seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from open_clip.model import CLIP
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from service.encoders.clip_model import build_model, image_features, text_features
+from service.encoders.preprocess import normalize_uint8
+from service.methods.losses import clip_contrastive_loss
+from training.alignment import AlignmentTargets, mask_alignment_loss
+from training.encode import Tokenize
+from training.probes import probe_set, zero_shot_accuracy
+from training.world.captions import random_caption
+from training.world.render import render_batch
+from training.world.scene import Scene, Split, sample_scene
+
+TEXT_PREFIXES = ("token_embedding", "positional_embedding", "transformer.", "ln_final", "text_projection")
+
+
+@dataclass
+class BaseTrainConfig:
+    model_config: dict[str, Any]
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 60
+    text_freeze_steps: int = 300
+    filip_weight: float = 0.5
+    filip_start: int = 300
+    grad_clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True
+    device: str = "cpu"
+    eval_every: int = 250
+    eval_scenes: int = 300
+    checkpoint_every: int = 200
+    p_two_objects: float = 0.5
+    # Token-to-object mask alignment (see training/alignment.py), from ``align_start`` on.
+    align_weight: float = 0.0
+    align_start: int = 0
+    align_temperature: float = 0.05
+    # Warm-up + cosine over ``schedule_steps`` (default: all steps); from ``phase2_start`` on,
+    # a constant ``phase2_lr_frac * lr`` (the alignment phase).
+    schedule_steps: int | None = None
+    phase2_start: int | None = None
+    phase2_lr_frac: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def filip_loss(img_tok: torch.Tensor, txt_tok: torch.Tensor, txt_mask: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+    """Token-level (FILIP) contrastive loss between patch tokens and word tokens.
+
+    sim[i, j] = mean over words t of text j of max over patches p of image i of cos(p, t),
+    and the image-side counterpart; symmetric cross-entropy over the batch.
+    """
+    img = F.normalize(img_tok[:, 1:], dim=-1)  # patches only
+    txt = F.normalize(txt_tok, dim=-1)
+    sim = torch.einsum("ipd,jtd->ijpt", img, txt)  # (Bi, Bj, P, T)
+    mask = txt_mask[None, :, None, :]
+    t2i = sim.max(dim=2).values  # (Bi, Bj, T): best patch per word
+    t2i = (t2i * txt_mask[None]).sum(-1) / txt_mask.sum(-1)[None].clamp(min=1)
+    i2t = sim.masked_fill(~mask, -1e4).max(dim=3).values.mean(-1)  # (Bi, Bj): best word per patch
+    labels = torch.arange(img.shape[0], device=img.device)
+    return (F.cross_entropy(logit_scale * t2i.T, labels) + F.cross_entropy(logit_scale * i2t, labels)) / 2
+
+
+def word_token_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """True at word tokens: after the start token, before the end token (the argmax)."""
+    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    return (pos > 0) & (pos < tokens.argmax(dim=-1, keepdim=True))
+
+
+def make_batch(cfg: BaseTrainConfig, step: int, tokenize: Tokenize) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
+    base = step * cfg.batch_size
+    scenes = [sample_scene(Split.TRAIN, cfg.seed, base + i, p_two=cfg.p_two_objects) for i in range(cfg.batch_size)]
+    rng = np.random.default_rng([cfg.seed, step, 7])
+    images = normalize_uint8(render_batch(scenes, 64, seed=int(rng.integers(2**31))))
+    captions = [random_caption(s, rng) for s in scenes]
+    return scenes, images, tokenize(captions)
+
+
+def param_groups(model: CLIP, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        is_matrix = p.ndim >= 2 and "embedding" not in name
+        (decay if is_matrix else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def set_text_trainable(model: CLIP, trainable: bool) -> None:
+    for name, p in model.named_parameters():
+        if name.startswith(TEXT_PREFIXES):
+            p.requires_grad_(trainable)
+
+
+def lr_at(cfg: BaseTrainConfig, step: int) -> float:
+    horizon = cfg.schedule_steps or cfg.steps
+    if cfg.phase2_start is not None and step >= cfg.phase2_start:
+        return cfg.lr * cfg.phase2_lr_frac
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa: ANN001
+    """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model_config).to(cfg.device)
+    tokenize = Tokenize(model.context_length)
+    align_targets = AlignmentTargets(model.context_length)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
+    start, history = 0, []
+    ckpt_path = out_dir / "checkpoint.pt"
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=cfg.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+        log(f"resumed from step {start}")
+    probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes)
+    autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
+    t0 = time.time()
+    columns = [TextColumn("[bold]base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("train", total=cfg.steps, completed=start, info="")
+        for step in range(start, cfg.steps):
+            model.train()
+            set_text_trainable(model, step >= cfg.text_freeze_steps)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step)
+            scenes, images, tokens = make_batch(cfg, step, tokenize)
+            images, tokens = images.to(cfg.device), tokens.to(cfg.device)
+            use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start
+            use_align = cfg.align_weight > 0 and step >= cfg.align_start
+            with autocast:
+                img_pooled, img_tok = image_features(model, images, dense=use_filip or use_align)
+                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip or use_align)
+                scale = model.logit_scale.exp().clamp(max=100)
+                loss = clip_contrastive_loss(F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale)
+                if use_filip:
+                    loss = loss + cfg.filip_weight * filip_loss(img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale)
+                if use_align:
+                    rows, cols, targets = align_targets(scenes, tokens.cpu())
+                    loss = loss + cfg.align_weight * mask_alignment_loss(
+                        img_tok[:, 1:].float(), txt_tok.float(), rows.to(cfg.device), cols.to(cfg.device),
+                        targets, cfg.align_temperature)  # fmt: skip
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            done = step + 1
+            info = f"loss {loss.item():.3f}"
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                acc = zero_shot_accuracy(model, tokenize, probes, device=cfg.device)
+                history.append({"step": done, "loss": loss.item(), "seconds": time.time() - t0, **acc})
+                log(json.dumps(history[-1]))
+            if history:
+                h = history[-1]
+                info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"
+            bar.update(task, completed=done, info=info)
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "history": history}
+                torch.save(state, ckpt_path.with_suffix(".tmp"))
+                ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+    torch.save(model.state_dict(), out_dir / "model.pt")
+    (out_dir / "history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))
+    return model

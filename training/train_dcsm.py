@@ -1,0 +1,265 @@
+"""Training the DCSM scorer on frozen dense features of a trained CLIP.
+
+The CLIP is frozen, so the dense token and patch features of every training item (image,
+caption, hard-negative image, hard-negative caption) are computed once and kept in memory as
+fp16; the scorer then trains for many epochs from that cache, which is what makes a
+from-scratch scorer fit on a CPU in minutes. Distinct captions are encoded once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from service.encoders.dense import DenseEncoder, dcsm_state_bytes
+from service.methods.dcsm import (
+    DEFAULT_SCORER_CONFIG,
+    FUNCTIONAL_GROUPS,
+    DCSMScorer,
+    dcsm_batch_loss,
+    dcsm_scores,
+    functional_row_table,
+    prepare_maps,
+)
+from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
+from training.world.render import render_batch
+from training.world.scene import Split
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class DCSMTrainConfig:
+    samples: int = 18000  # training items; each gives two images and two captions
+    epochs: int = 12
+    batch_size: int = 256  # items per step (2x anchors)
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 50
+    k_random: int = 2  # random in-batch candidates per anchor and side
+    val_samples: int = 400  # TEST items scored after every epoch
+    seed: int = 0
+    table_seed: int = 0
+    device: str = "cpu"
+    # Torch CPU threads while this runs (0: leave as is). One thread, because on a small CPU
+    # shared with another job two OpenMP threads wait on each other: measured 4x slower per
+    # step and 1.5-2x slower encoding than one thread on the 2-core build machine.
+    threads: int = 1
+    encode_batch: int = 128
+    scorer: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SCORER_CONFIG))
+    functional_groups: dict[str, list[str]] = field(
+        default_factory=lambda: {g: list(w) for g, w in FUNCTIONAL_GROUPS.items()}
+    )
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+
+
+@dataclass
+class FeatureCache:
+    """Interleaved anchors: row 2i is item i's image/caption, row 2i+1 its hard negative."""
+
+    images: torch.Tensor  # (2N, 1+P, D) fp16
+    texts: torch.Tensor  # (U, L, D) fp16, distinct captions
+    valid: torch.Tensor  # (U, L) bool
+    rows: torch.Tensor  # (U, L) long
+    text_index: torch.Tensor  # (2N,) row of each anchor's caption in ``texts``
+    kinds: list[str]  # per item
+
+    def batch(self, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = self.text_index[anchors]
+        return self.images[anchors].float(), self.texts[t].float(), self.valid[t], self.rows[t]
+
+
+def _progress(name: str) -> Progress:
+    return Progress(TextColumn(f"[bold]{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())  # fmt: skip
+
+
+def build_cache(
+    encoder: DenseEncoder, items: Sequence[HardNegative], render_seed: int, batch: int = 512, name: str = "features"
+) -> FeatureCache:
+    scenes = [s for it in items for s in (it.scene, it.negative_scene)]
+    captions = [c for it in items for c in (it.positive, it.negative)]
+    distinct = list(dict.fromkeys(captions))
+    where = {c: i for i, c in enumerate(distinct)}
+    img_chunks, txt_chunks, valid_chunks, row_chunks = [], [], [], []
+    rng = np.random.default_rng(render_seed)
+    with _progress(name) as bar:
+        task = bar.add_task(name, total=len(scenes) + len(distinct), info="")
+        for i in range(0, len(scenes), batch):
+            arrays = render_batch(
+                scenes[i : i + batch], encoder.model.visual.image_size[0], seed=int(rng.integers(2**31))
+            )
+            img_chunks.append(encoder.image_tokens(arrays).half())
+            bar.update(task, advance=len(arrays), info="images")
+        for i in range(0, len(distinct), batch):
+            tok, valid, rows = encoder.text_tokens(distinct[i : i + batch])
+            txt_chunks.append(tok.half())
+            valid_chunks.append(valid)
+            row_chunks.append(rows)
+            bar.update(task, advance=len(tok), info="captions")
+    return FeatureCache(
+        torch.cat(img_chunks), torch.cat(txt_chunks), torch.cat(valid_chunks), torch.cat(row_chunks),
+        torch.tensor([where[c] for c in captions]), [it.kind for it in items],
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def two_way_accuracy(
+    scorer: DCSMScorer, cache: FeatureCache, table: torch.Tensor, chunk: int = 1024
+) -> dict[str, float]:
+    """Per kind: share of items whose image scores its caption above the hard negative."""
+    scorer.eval()
+    n = len(cache.kinds)
+    wins = []
+    for i in range(0, n, chunk):
+        items = torch.arange(i, min(n, i + chunk))
+        img = cache.images[2 * items].float()
+        pos_t, neg_t = cache.text_index[2 * items], cache.text_index[2 * items + 1]
+        s = []
+        for t in (pos_t, neg_t):
+            maps = prepare_maps(img, cache.texts[t].float(), cache.valid[t], cache.rows[t], table)
+            s.append(dcsm_scores(scorer, maps))
+        wins.append(s[0] > s[1])
+    win = torch.cat(wins).numpy()
+    kinds = np.array(cache.kinds)
+    out = {k: float(win[kinds == k].mean()) for k in dict.fromkeys(cache.kinds)}
+    out["all"] = float(win.mean())
+    return out
+
+
+def scorer_config(cfg: DCSMTrainConfig, n_positions: int) -> dict[str, Any]:
+    """Everything needed to rebuild the scorer and its inputs (stored with the weights)."""
+    return {**DEFAULT_SCORER_CONFIG, **cfg.scorer, "grid": math.isqrt(n_positions - 1),
+            "functional_groups": {g: list(w) for g, w in cfg.functional_groups.items()},
+            "table_seed": cfg.table_seed}  # fmt: skip
+
+
+def train_dcsm(
+    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
+    """Train a scorer on ``model``'s frozen dense features: (scorer_state, scorer_config, table).
+
+    With ``out_dir`` the scorer is checkpointed after every epoch (and resumed from there:
+    the feature cache is rebuilt deterministically) and the history is written as JSON.
+    """
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train(model, context_length, cfg, out_dir, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(
+    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None, log: Log
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
+    torch.manual_seed(cfg.seed)
+    model = model.to(cfg.device).eval()
+    length = int(cfg.scorer.get("length", DEFAULT_SCORER_CONFIG["length"]))
+    encoder = DenseEncoder(model, context_length, cfg.functional_groups, length, device=cfg.device)
+    t0, c0 = time.time(), time.process_time()
+    train = build_cache(encoder, hard_negative_set(Split.TRAIN, cfg.seed, cfg.samples, cfg.mix),
+                        render_seed=cfg.seed, batch=cfg.encode_batch, name="dcsm features")  # fmt: skip
+    val = build_cache(encoder, hard_negative_set(Split.TEST, cfg.seed + 500, cfg.val_samples, cfg.mix),
+                      render_seed=cfg.seed + 1, batch=cfg.encode_batch, name="dcsm val")  # fmt: skip
+    cache_seconds, cache_cpu = time.time() - t0, time.process_time() - c0
+    n_positions = train.images.shape[1]
+    config = scorer_config(cfg, n_positions)
+    table = functional_row_table(config["functional_groups"], n_positions, cfg.table_seed)
+    log(
+        f"dcsm: cached {cfg.samples} items ({train.texts.shape[0]} distinct captions) in {cache_seconds:.1f}s "
+        f"({cache_cpu:.1f} CPU s)"
+    )
+
+    scorer = DCSMScorer(config).to(cfg.device)
+    opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = max(1, cfg.samples // cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    start_epoch, history = 0, []
+    ckpt = out_dir / "dcsm_checkpoint.pt" if out_dir else None
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if state["config"] == config and state["train"] == asdict(cfg):
+            scorer.load_state_dict(state["scorer"])
+            opt.load_state_dict(state["optimizer"])
+            start_epoch, history = state["epoch"], state["history"]
+            log(f"dcsm: resumed after epoch {start_epoch}")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    t1, c1 = time.time(), time.process_time()
+    with _progress("dcsm") as bar:
+        task = bar.add_task("dcsm", total=total, completed=start_epoch * steps_per_epoch, info="")
+        for epoch in range(start_epoch, cfg.epochs):
+            gen.manual_seed(cfg.seed * 1000 + epoch)  # a resumed epoch sees the same batches
+            order = torch.randperm(cfg.samples, generator=gen)
+            scorer.train()
+            losses, accs = [], []
+            for s in range(steps_per_epoch):
+                step = epoch * steps_per_epoch + s
+                lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / total))
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                items = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
+                anchors = torch.stack([2 * items, 2 * items + 1], dim=1).reshape(-1)
+                img, txt, valid, rows = (x.to(cfg.device) for x in train.batch(anchors))
+                loss, acc = dcsm_batch_loss(scorer, img, txt, valid, rows, table, cfg.k_random, gen)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
+                opt.step()
+                losses.append(loss.item())
+                accs.append(acc.item())
+                bar.update(task, advance=1, info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
+            val_acc = two_way_accuracy(scorer.cpu(), val, table)
+            scorer.to(cfg.device)
+            history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "fit": float(np.mean(accs)),
+                            "val": val_acc, "seconds": time.time() - t1,
+                            "cpu_seconds": time.process_time() - c1})  # fmt: skip
+            log(f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
+                + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items()))  # fmt: skip
+            if ckpt is not None:
+                ckpt.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
+                            "history": history, "config": config, "train": asdict(cfg)}, ckpt)  # fmt: skip
+    train_seconds, train_cpu = time.time() - t1, time.process_time() - c1
+    log(f"dcsm: trained {cfg.epochs - start_epoch} epochs in {train_seconds:.1f}s ({train_cpu:.1f} CPU s)")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "dcsm_history.json").write_text(json.dumps(
+            {"train": asdict(cfg), "cache_seconds": cache_seconds, "cache_cpu_seconds": cache_cpu,
+             "train_seconds": train_seconds, "train_cpu_seconds": train_cpu, "history": history},
+            indent=2))  # fmt: skip
+    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+    return state, config, table
+
+
+def dcsm_files(
+    scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
+) -> dict[str, bytes]:
+    """Files of the DCSM component of a model version: weights + table, and the config."""
+    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table),
+            "dcsm.json": json.dumps(dict(config), indent=2).encode()}  # fmt: skip
+
+
+def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest entry: ``components["dcsm"] = dcsm_component(config)``."""
+    return {"weights": "dcsm.safetensors", "config": dict(config)}
+
+
+def train_dcsm_files(
+    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Train and package: ``(files, component)`` for ``publish_bundle(extra_files=files,
+    components={"dcsm": component})``."""
+    state, config, table = train_dcsm(model, context_length, cfg, out_dir, log)
+    return dcsm_files(state, config, table), dcsm_component(config)
