@@ -1,0 +1,67 @@
+"""Python client for the CLIP difference & composition scoring service.
+
+>>> from clip_client import Client
+>>> with Client("http://127.0.0.1:8000") as client:
+...     client.classify(["cat.png"], ["cat", "dog"]).labels
+"""
+
+from clip_client.client import AsyncClient, Client
+from clip_client.errors import (
+    BadRequest,
+    ClipServiceError,
+    ConnectionFailed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from clip_client.images import ImageRef, image_bytes, image_id, image_input, image_sha256
+from clip_client.models import (
+    ClassifyResult,
+    ComparativeInfo,
+    DenseResult,
+    EmbedResult,
+    ImageClassification,
+    LabelScore,
+    ModelInfo,
+    ModelsInfo,
+    PairResult,
+    RankedImage,
+    RankResult,
+    VersionInfo,
+)
+from clip_client.transport import RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "ClassifyResult",
+    "Client",
+    "ClipServiceError",
+    "ComparativeInfo",
+    "ConnectionFailed",
+    "DenseResult",
+    "EmbedResult",
+    "ImageClassification",
+    "ImageRef",
+    "LabelScore",
+    "ModelInfo",
+    "ModelsInfo",
+    "NotFound",
+    "Overloaded",
+    "PairResult",
+    "PayloadTooLarge",
+    "RankResult",
+    "RankedImage",
+    "RetryPolicy",
+    "Unauthorized",
+    "Unavailable",
+    "VersionInfo",
+    "image_bytes",
+    "image_id",
+    "image_input",
+    "image_sha256",
+]

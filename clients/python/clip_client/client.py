@@ -1,0 +1,289 @@
+"""The synchronous and asynchronous clients.
+
+Both hold one ``httpx`` connection pool for their lifetime; use them as context managers (or
+call ``close()``) so sockets are released. Endpoint bodies come from :mod:`clip_client.endpoints`
+and retries from :mod:`clip_client.transport`, so the two classes only differ in awaiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from clip_client import endpoints as ep
+from clip_client.models import (
+    ClassifyResult,
+    DenseResult,
+    EmbedResult,
+    ModelInfo,
+    ModelsInfo,
+    PairResult,
+    RankResult,
+)
+from clip_client.transport import RetryPolicy, send_async, send_sync
+
+__all__ = ["AsyncClient", "Client"]
+
+USER_AGENT = "clip-client/0.1"
+
+
+def _settings(
+    base_url: str, api_key: str | None, timeout: float, headers: Mapping[str, str] | None
+) -> dict[str, Any]:
+    merged = {"user-agent": USER_AGENT, "accept": "application/json", **(headers or {})}
+    if api_key:
+        merged["authorization"] = f"Bearer {api_key}"
+    # A short connect timeout makes a dead host fail fast (and be retried) while a slow
+    # inference still gets the full read timeout.
+    return {
+        "base_url": base_url.rstrip("/"),
+        "headers": merged,
+        "timeout": httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+    }
+
+
+class _Base:
+    def __init__(self, max_retries: int, backoff: float) -> None:
+        self.retry = RetryPolicy(max_retries=max_retries, backoff=backoff)
+
+
+class Client(_Base):
+    """Blocking client: ``with Client("http://host:8000") as c: c.classify(...)``.
+
+    Args:
+        base_url: server root, e.g. ``"http://127.0.0.1:8000"``.
+        api_key: sent as ``Authorization: Bearer <key>`` when given.
+        timeout: seconds per attempt (connect is capped at 5 s).
+        max_retries: retries after the first attempt on 429, 503 and connection failures.
+        backoff: base of the exponential backoff in seconds.
+        headers: extra headers on every request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 30,
+        max_retries: int = 3,
+        backoff: float = 0.2,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(max_retries, backoff)
+        self._http = httpx.Client(**_settings(base_url, api_key, timeout, headers))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: ep.Call) -> Any:
+        return send_sync(self._http, call, self.retry)
+
+    # ------------------------------------------------------------------ scoring
+    def classify(
+        self,
+        images: Sequence[Any],
+        labels: Iterable[str],
+        *,
+        templates: Iterable[str] | None = None,
+        descriptions: Mapping[str, Sequence[str]] | None = None,
+        comparative: bool = False,
+        comparatives: Iterable[ep.Comparative] | None = None,
+        alpha: float | None = None,
+        symmetric: bool | None = None,
+        gate_margin: float | None = None,
+        top_k: int | None = None,
+        encoder: str | None = None,
+        model: str | None = None,
+    ) -> ClassifyResult:
+        """Zero-shot classification of each image over ``labels``.
+
+        ``comparative=True`` enables comparative prompting: with ``comparatives`` (dicts
+        ``{"a", "b", "text"}`` or ``(a, b, text)`` tuples) from the request, otherwise from the
+        model's stored library; ``gate_margin`` limits it to images whose standard top-1 minus
+        top-2 probability is below the threshold.
+        """
+        call = ep.classify(
+            images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
+            comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
+            top_k=top_k, encoder=encoder, model=model,
+        )
+        return ep.parse_classify(self._send(call))
+
+    def rank_pair(
+        self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
+    ) -> PairResult:
+        return ep.parse_pair(self._send(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model)))
+
+    def rank_pairs(
+        self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
+    ) -> list[PairResult]:
+        """Several ``(image_a, image_b, difference)`` pairs in one request, results in order."""
+        return ep.parse_pairs(self._send(ep.rank_pairs(pairs, encoder=encoder, model=model)))
+
+    def rank(
+        self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
+    ) -> RankResult:
+        return ep.parse_rank(self._send(ep.rank(images, difference, encoder=encoder, model=model)))
+
+    def score_dense(
+        self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
+    ) -> DenseResult:
+        return ep.parse_dense(self._send(ep.score_dense(image, texts, return_maps=return_maps, model=model)))
+
+    def embed_texts(
+        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None
+    ) -> EmbedResult:
+        return ep.parse_embed(self._send(ep.embed_texts(texts, encoder=encoder, model=model)))
+
+    def embed_images(self, images: Sequence[Any], *, model: str | None = None) -> EmbedResult:
+        return ep.parse_embed(self._send(ep.embed_images(images, model=model)))
+
+    # ------------------------------------------------------------------ models / health
+    def models(self) -> ModelsInfo:
+        return ep.parse_models(self._send(ep.models()))
+
+    def model(self, name: str) -> ModelInfo:
+        return ep.parse_model(self._send(ep.model_info(name)))
+
+    def _probe(self, path: str) -> bool:
+        # Probes answer a yes/no question, so they never retry and never raise.
+        try:
+            return self._http.get(path).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def health(self) -> bool:
+        """The process is alive (``/healthz`` answered 200)."""
+        return self._probe("/healthz")
+
+    def ready(self) -> bool:
+        """A model is loaded and warm (``/readyz`` answered 200)."""
+        return self._probe("/readyz")
+
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.25) -> None:
+        """Block until :meth:`ready`; raise ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"service not ready after {timeout} s")
+            time.sleep(interval)
+
+
+class AsyncClient(_Base):
+    """Non-blocking client with the same methods as :class:`Client`, as coroutines."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 30,
+        max_retries: int = 3,
+        backoff: float = 0.2,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(max_retries, backoff)
+        self._http = httpx.AsyncClient(**_settings(base_url, api_key, timeout, headers))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: ep.Call) -> Any:
+        return await send_async(self._http, call, self.retry)
+
+    async def classify(
+        self,
+        images: Sequence[Any],
+        labels: Iterable[str],
+        *,
+        templates: Iterable[str] | None = None,
+        descriptions: Mapping[str, Sequence[str]] | None = None,
+        comparative: bool = False,
+        comparatives: Iterable[ep.Comparative] | None = None,
+        alpha: float | None = None,
+        symmetric: bool | None = None,
+        gate_margin: float | None = None,
+        top_k: int | None = None,
+        encoder: str | None = None,
+        model: str | None = None,
+    ) -> ClassifyResult:
+        call = ep.classify(
+            images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
+            comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
+            top_k=top_k, encoder=encoder, model=model,
+        )
+        return ep.parse_classify(await self._send(call))
+
+    async def rank_pair(
+        self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
+    ) -> PairResult:
+        call = ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model)
+        return ep.parse_pair(await self._send(call))
+
+    async def rank_pairs(
+        self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
+    ) -> list[PairResult]:
+        return ep.parse_pairs(await self._send(ep.rank_pairs(pairs, encoder=encoder, model=model)))
+
+    async def rank(
+        self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
+    ) -> RankResult:
+        return ep.parse_rank(await self._send(ep.rank(images, difference, encoder=encoder, model=model)))
+
+    async def score_dense(
+        self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
+    ) -> DenseResult:
+        call = ep.score_dense(image, texts, return_maps=return_maps, model=model)
+        return ep.parse_dense(await self._send(call))
+
+    async def embed_texts(
+        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None
+    ) -> EmbedResult:
+        return ep.parse_embed(await self._send(ep.embed_texts(texts, encoder=encoder, model=model)))
+
+    async def embed_images(self, images: Sequence[Any], *, model: str | None = None) -> EmbedResult:
+        return ep.parse_embed(await self._send(ep.embed_images(images, model=model)))
+
+    async def models(self) -> ModelsInfo:
+        return ep.parse_models(await self._send(ep.models()))
+
+    async def model(self, name: str) -> ModelInfo:
+        return ep.parse_model(await self._send(ep.model_info(name)))
+
+    async def _probe(self, path: str) -> bool:
+        try:
+            return (await self._http.get(path)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def health(self) -> bool:
+        return await self._probe("/healthz")
+
+    async def ready(self) -> bool:
+        return await self._probe("/readyz")
+
+    async def wait_ready(self, timeout: float = 60.0, interval: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout
+        while not await self.ready():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"service not ready after {timeout} s")
+            await asyncio.sleep(interval)

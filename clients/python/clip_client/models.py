@@ -1,0 +1,138 @@
+"""Typed results of the API calls.
+
+Every model allows extra fields so that a newer server adding a field never breaks an older
+client; field names are exactly those of the HTTP API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ClassifyResult",
+    "ComparativeInfo",
+    "DenseResult",
+    "EmbedResult",
+    "ImageClassification",
+    "LabelScore",
+    "ModelInfo",
+    "ModelsInfo",
+    "PairResult",
+    "RankResult",
+    "RankedImage",
+    "VersionInfo",
+]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class LabelScore(_Result):
+    label: str
+    probability: float
+    cosine: float
+
+
+class ImageClassification(_Result):
+    """One image's answer: the top-1 ``label`` and the ``top_k`` list, most probable first."""
+
+    label: str
+    top_k: list[LabelScore]
+
+    def score(self, label: str) -> LabelScore | None:
+        """The entry of ``label`` among the returned top-k, if present."""
+        return next((s for s in self.top_k if s.label == label), None)
+
+
+class ComparativeInfo(_Result):
+    applied: bool
+    pairs: list[tuple[str, str]] = Field(default_factory=list)
+    alpha: float | None = None
+    source: str | None = None
+    images_gated: list[bool] | None = None
+
+
+class ClassifyResult(_Result):
+    model: str
+    comparative: ComparativeInfo | None = None
+    results: list[ImageClassification]
+    truncated_texts: int | None = None
+
+    @property
+    def labels(self) -> list[str]:
+        """Top-1 label per image, in input order."""
+        return [r.label for r in self.results]
+
+
+class PairResult(_Result):
+    """``first == "a"`` when image a is the "first" of the difference text (``score >= 0``)."""
+
+    model: str | None = None
+    first: Literal["a", "b"]
+    score: float
+
+
+class RankedImage(_Result):
+    index: int
+    score: float
+
+
+class RankResult(_Result):
+    model: str
+    ranking: list[RankedImage] = Field(description="best first")
+    scores: list[float] = Field(description="in input order")
+
+    @property
+    def order(self) -> list[int]:
+        """Input indices, best first."""
+        return [r.index for r in self.ranking]
+
+
+class EmbedResult(_Result):
+    model: str
+    dim: int
+    embeddings: list[list[float]]
+    ids: list[str] = Field(default_factory=list)
+    truncated: list[bool] | None = None
+
+    def as_numpy(self) -> Any:
+        """The embeddings as an ``(N, dim)`` float32 numpy array (needs numpy installed)."""
+        try:
+            import numpy as np
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("as_numpy() needs numpy (pip install clip-client[numpy])") from exc
+        return np.asarray(self.embeddings, dtype=np.float32).reshape(len(self.embeddings), self.dim)
+
+
+class DenseResult(_Result):
+    model: str
+    scores: list[float]
+    best: int
+    cosine: list[float] = Field(default_factory=list)
+    maps: list[list[list[float]]] | None = None
+    functional_words: list[list[str]] = Field(default_factory=list)
+
+
+class VersionInfo(_Result):
+    version: str
+    created_at: str | None = None
+    aliases: list[str] = Field(default_factory=list)
+    serving: bool = False
+    text_encoders: list[str] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    eval: dict[str, Any] | None = None
+
+
+class ModelInfo(_Result):
+    name: str
+    aliases: dict[str, str] = Field(default_factory=dict)
+    serving: str | None = None
+    versions: list[VersionInfo] = Field(default_factory=list)
+
+
+class ModelsInfo(_Result):
+    serving: str | None = None
+    models: list[ModelInfo] = Field(default_factory=list)

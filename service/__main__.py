@@ -1,0 +1,66 @@
+"""``python -m service`` / ``clip-service``: run the HTTP service under uvicorn.
+
+Flags mirror the ``CLIP_*`` environment settings and win over them; everything else (limits,
+batching, API keys, ...) is set through the environment (see ``service.config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+
+def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="clip-service", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", help="bind address (CLIP_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (CLIP_PORT, default 8000)")
+    parser.add_argument("--store", help="model store root (CLIP_STORE, default ./models)")
+    parser.add_argument("--model", help="name@alias or name@version (CLIP_MODEL, default default@production)")
+    parser.add_argument("--redis-url", help="redis://host:port/db for the shared cache (CLIP_REDIS_URL)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], help="CLIP_DEVICE, default cpu")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
+                        help="CLIP_LOG_LEVEL, default info")
+    args = vars(parser.parse_args(argv))
+    return {key: value for key, value in args.items() if value is not None}
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    from service.app import create_app
+    from service.config import Settings
+
+    overrides = parse_args(argv)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"invalid settings:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler
+    # that was installed before it started: make that one a clean exit (code 0).
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # the service logs one structured line per request itself
+        timeout_graceful_shutdown=settings.graceful_shutdown_s,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Annotated dependencies shared by the routers: services, the serving runtime, auth."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from model_store import ModelStore
+from service.api.errors import ApiError, ErrorCode
+from service.auth import ApiKeyAuth
+from service.config import Settings
+from service.runtime.cache import EmbeddingCache
+from service.runtime.lifecycle import ModelManager, ModelRuntime
+from service.runtime.metrics import ServiceMetrics
+from service.runtime.pipeline import Pipeline
+
+
+@dataclass
+class Services:
+    """Everything built at startup; one instance per app, on ``app.state.services``."""
+
+    settings: Settings
+    store: ModelStore
+    metrics: ServiceMetrics
+    cache: EmbeddingCache
+    manager: ModelManager
+    pipeline: Pipeline
+    auth: ApiKeyAuth
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def serving_runtime(request: Request, services: ServicesDep) -> AsyncIterator[ModelRuntime]:
+    """The runtime this request uses from start to end, even if a new version is swapped in."""
+    async with services.manager.acquire() as runtime:
+        request.state.model = runtime.ref  # for the access log line
+        yield runtime
+
+
+RuntimeDep = Annotated[ModelRuntime, Depends(serving_runtime)]
+def get_pipeline(services: ServicesDep) -> Pipeline:
+    return services.pipeline
+
+
+PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
+
+
+def ensure_model(services: Services, runtime: ModelRuntime, requested: str | None) -> None:
+    """A request may name the model it expects; anything but the serving one is a 404."""
+    if requested is not None and not services.manager.matches(requested, runtime):
+        raise ApiError(ErrorCode.unknown_model,
+                       f"model {requested!r} is not served here; this server serves {runtime.ref}", "model")

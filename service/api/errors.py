@@ -1,0 +1,180 @@
+"""The one closed set of API errors and the handlers that render them.
+
+Every non-2xx answer has the body ``{"error": {"code", "message", "field"}}``, whatever raised
+it: our own ``ApiError``, FastAPI's request validation, Starlette's routing (404/405), the body
+size guard, or an unexpected exception (500, traceback logged, never details to the client).
+
+Decisions clients can rely on:
+
+* Schema violations (wrong types, missing or extra fields, out-of-range numbers) and malformed
+  JSON bodies are 422 ``validation_error``; ``field`` is the dotted path (``images.0.data``),
+  ``null`` for a body that is not JSON at all.
+* Semantically bad input that passes the schema (empty lists, duplicate labels, a template
+  without exactly one ``{}``, undecodable base64 or images) is 400.
+* Going over a configured limit (body bytes, image bytes or pixels, number of images, labels,
+  texts, pairs, text length) is 413 ``payload_too_large``.
+* A request the serving model version cannot answer because it lacks a component (dense
+  scoring without a DCSM scorer) is 404 ``unknown_component``: retrying will not help until a
+  version with that component serves.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("service.errors")
+
+
+class ErrorCode(StrEnum):
+    bad_input = "bad_input"
+    bad_image = "bad_image"
+    urls_disabled = "urls_disabled"
+    url_forbidden = "url_forbidden"
+    unauthorized = "unauthorized"
+    forbidden = "forbidden"
+    not_found = "not_found"
+    unknown_model = "unknown_model"
+    unknown_image = "unknown_image"
+    unknown_component = "unknown_component"
+    method_not_allowed = "method_not_allowed"
+    payload_too_large = "payload_too_large"
+    validation_error = "validation_error"
+    overloaded = "overloaded"
+    internal_error = "internal_error"
+    bad_gateway = "bad_gateway"
+    not_ready = "not_ready"
+    timeout = "timeout"
+
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.bad_input: 400,
+    ErrorCode.bad_image: 400,
+    ErrorCode.urls_disabled: 400,
+    ErrorCode.url_forbidden: 400,
+    ErrorCode.unauthorized: 401,
+    ErrorCode.forbidden: 403,
+    ErrorCode.not_found: 404,
+    ErrorCode.unknown_model: 404,
+    ErrorCode.unknown_image: 404,
+    ErrorCode.unknown_component: 404,
+    ErrorCode.method_not_allowed: 405,
+    ErrorCode.payload_too_large: 413,
+    ErrorCode.validation_error: 422,
+    ErrorCode.overloaded: 429,
+    ErrorCode.internal_error: 500,
+    ErrorCode.bad_gateway: 502,  # a configured image URL could not be fetched
+    ErrorCode.not_ready: 503,
+    ErrorCode.timeout: 504,
+}
+
+
+class ApiError(Exception):
+    """An error with a fixed code; raised anywhere below the routes, rendered by the handler."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+
+def bad_input(message: str, field: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.bad_input, message, field)
+
+
+def too_large(message: str, field: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.payload_too_large, message, field)
+
+
+def error_body(code: ErrorCode | str, message: str, field: str | None = None) -> dict[str, Any]:
+    return {"error": {"code": str(getattr(code, "value", code)), "message": message, "field": field}}
+
+
+def error_response(
+    code: ErrorCode, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(code, message, field), status_code=STATUS[code], headers=headers)
+
+
+def dotted(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """``("body", "images", 0, "data")`` -> ``"images.0.data"``; the ``body`` prefix is implied."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or None
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.code, exc.message, exc.field, exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return error_response(
+            ErrorCode.validation_error, f"request body is not valid JSON: {first.get('msg', '')}", None
+        )
+    field = dotted(first.get("loc", ()))
+    message = str(first.get("msg", "invalid request"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return error_response(ErrorCode.validation_error, message, field)
+
+
+_HTTP_CODES = {
+    400: ErrorCode.bad_input,
+    401: ErrorCode.unauthorized,
+    403: ErrorCode.forbidden,
+    404: ErrorCode.not_found,
+    405: ErrorCode.method_not_allowed,
+    413: ErrorCode.payload_too_large,
+    422: ErrorCode.validation_error,
+    429: ErrorCode.overloaded,
+    503: ErrorCode.not_ready,
+    504: ErrorCode.timeout,
+}
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    # Starlette raises these for unknown routes and methods; FastAPI for unreadable bodies.
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, ErrorCode.internal_error)
+    message = exc.detail if isinstance(exc.detail, str) else code.value.replace("_", " ")
+    response = error_response(code, message, None, dict(exc.headers or {}))
+    if exc.status_code not in _HTTP_CODES:
+        response.status_code = exc.status_code
+    return response
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(ErrorCode.internal_error, "internal server error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+

@@ -1,0 +1,119 @@
+"""ASGI middleware: API keys (401/403), request body cap (413), metrics and one access-log line.
+
+All are plain ASGI (not ``BaseHTTPMiddleware``) so bodies stream through untouched and the
+cap counts bytes as they arrive, whatever Content-Length claims. Authentication runs before
+the body is read or parsed: an unauthenticated client cannot make the server parse anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.errors import ApiError, ErrorCode, error_response
+from service.auth import PUBLIC_PATHS, ApiKeyAuth
+from service.runtime.metrics import ServiceMetrics
+from service.runtime.pipeline import REQUEST_STAGES, RequestStages
+
+access_log = logging.getLogger("service.access")
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive``; an HTTPException so FastAPI's body reader re-raises it as is."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            response = error_response(ErrorCode.payload_too_large,
+                                      f"request body is larger than {self.max_bytes} bytes",
+                                      headers={"Connection": "close"})
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, auth: ApiKeyAuth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.auth.enabled and scope.get("path") not in PUBLIC_PATHS:
+            header = dict(scope.get("headers") or []).get(b"authorization")
+            try:
+                self.auth.check(header.decode("latin-1") if header is not None else None)
+            except ApiError as exc:
+                await error_response(exc.code, exc.message, exc.field, exc.headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class ObserveMiddleware:
+    """Counts and times every request by route template and logs one JSON line for it."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        stages = RequestStages()
+        token = REQUEST_STAGES.set(stages)
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if stages.batches:
+                    headers = list(message.get("headers", []))
+                    headers.append((b"x-queue-time", f"{stages.queue_s * 1000:.2f}".encode()))
+                    headers.append((b"x-inference-time", f"{stages.inference_s * 1000:.2f}".encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        self.metrics.inflight_requests.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            REQUEST_STAGES.reset(token)
+            self.metrics.inflight_requests.dec()
+            seconds = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            self.metrics.observe_request(route, method, status, seconds)
+            state = scope.get("state") or {}
+            access_log.info(json.dumps({
+                "route": route, "method": method, "status": status, "ms": round(seconds * 1000, 2),
+                "model": state.get("model"),
+            }))

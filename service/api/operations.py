@@ -1,0 +1,183 @@
+"""What each endpoint computes: embeddings from the pipeline, math from ``service.methods``.
+
+No formula lives here; these functions only gather inputs (prompts, comparatives, image and text
+embeddings) in the shapes the pure method functions take and turn their outputs into responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import numpy as np
+
+from service.api.errors import ApiError, bad_input
+from service.api.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
+    ClassifyResult,
+    ComparativeInfo,
+    EmbedRequest,
+    EmbedResponse,
+    LabelScore,
+    PairResult,
+    RankedImage,
+    RankPairRequest,
+    RankPairResponse,
+    RankRequest,
+    RankResponse,
+)
+from service.methods.common import l2_normalize
+from service.methods.comparative import apply_comparatives, gated_probs
+from service.methods.pairwise_rank import pair_decision, pair_scores, rank_images
+from service.methods.zero_shot import (
+    DEFAULT_TEMPLATES,
+    class_embeddings,
+    expand_prompts,
+    top_k,
+    zero_shot_logits,
+    zero_shot_probs,
+)
+from service.runtime.cache import text_digest
+from service.runtime.lifecycle import ModelRuntime
+from service.runtime.pipeline import ImageEmbeddings, Pipeline, TextEmbeddings
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def both(first: Coroutine[Any, Any, A], second: Coroutine[Any, Any, B]) -> tuple[A, B]:
+    """Run two coroutines concurrently (decode images while texts encode); on failure cancel the
+    other and raise the first error as itself, not as an ExceptionGroup."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            a = group.create_task(first)
+            b = group.create_task(second)
+    except BaseExceptionGroup as group_error:
+        errors = list(group_error.exceptions)
+        raise next((e for e in errors if isinstance(e, ApiError)), errors[0]) from None
+    return a.result(), b.result()
+
+
+def select_comparatives(
+    req: ClassifyRequest, library: list[dict[str, Any]], enabled: bool
+) -> tuple[list[tuple[str, str, str]], str]:
+    """Comparatives to apply and where they came from ("request", "library" or "none")."""
+    if not enabled:
+        if req.comparatives is not None:
+            raise bad_input("comparatives are only used with ?comparative=true", "comparatives")
+        return [], "none"
+    if req.comparatives is not None:
+        return [(c.a, c.b, c.text) for c in req.comparatives], "request"
+    labels = set(req.labels)
+    found = [
+        (str(c["a"]), str(c["b"]), str(c["text"]))
+        for c in library
+        if c.get("a") in labels and c.get("b") in labels and c.get("a") != c.get("b") and c.get("text")
+    ]
+    return found, ("library" if found else "none")
+
+
+async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool) -> ClassifyResponse:
+    templates = req.templates if req.templates is not None else DEFAULT_TEMPLATES
+    descriptions = req.descriptions or {}
+    prompts = [expand_prompts(label, templates, descriptions.get(label)) for label in req.labels]
+    comps, source = select_comparatives(req, rt.bundle.comparatives, comparative)
+    texts = [p for group in prompts for p in group] + [text for _, _, text in comps]
+    fields = [f"images.{i}" for i in range(len(req.images))]
+    text_emb, image_emb = await both(
+        pipeline.embed_texts(rt, texts, req.encoder), pipeline.embed_images(rt, req.images, fields)
+    )
+    g = image_emb.vectors
+    groups, offset = [], 0
+    for group in prompts:
+        groups.append(text_emb.vectors[offset:offset + len(group)])
+        offset += len(group)
+    f_c = class_embeddings(groups)
+    scale = rt.bundle.logit_scale
+    probs = zero_shot_probs(g, f_c, scale)
+    _, cosine = zero_shot_logits(g, f_c, scale)
+    gated: list[bool] | None = None
+    if comps:
+        index = {label: i for i, label in enumerate(req.labels)}
+        d = l2_normalize(text_emb.vectors[offset:])  # cached values are float16-rounded
+        triples = [(index[a], index[b], d[k]) for k, (a, b, _) in enumerate(comps)]
+        f_cmp = apply_comparatives(f_c, triples, alpha=req.alpha, symmetric=req.symmetric)
+        probs_cmp = zero_shot_probs(g, f_cmp, scale)
+        _, cosine_cmp = zero_shot_logits(g, f_cmp, scale)
+        probs, applied = gated_probs(probs, probs_cmp, req.gate_margin)
+        cosine = np.where(applied[:, None], cosine_cmp, cosine)
+        if req.gate_margin is not None:
+            gated = [bool(x) for x in applied]
+    results = []
+    for i in range(g.shape[0]):
+        best = top_k(probs[i], cosine[i], req.labels, req.top_k)
+        results.append(ClassifyResult(
+            label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best]
+        ))
+    info = ComparativeInfo(
+        applied=bool(comps), pairs=[(a, b) for a, b, _ in comps], alpha=req.alpha, source=source,  # type: ignore[arg-type]
+        images_gated=gated,
+    )
+    return ClassifyResponse(model=rt.ref, comparative=info, results=results,
+                            truncated_texts=_count(text_emb))
+
+
+async def rank_pair(pipeline: Pipeline, rt: ModelRuntime, req: RankPairRequest) -> RankPairResponse:
+    if req.pairs is None:
+        assert req.image_a is not None and req.image_b is not None and req.difference is not None
+        images, fields, texts = [req.image_a, req.image_b], ["image_a", "image_b"], [req.difference]
+    else:
+        images = [img for p in req.pairs for img in (p.image_a, p.image_b)]
+        fields = [f"pairs.{i}.{side}" for i in range(len(req.pairs)) for side in ("image_a", "image_b")]
+        texts = [p.difference for p in req.pairs]
+    text_emb, image_emb = await both(
+        pipeline.embed_texts(rt, texts, req.encoder), pipeline.embed_images(rt, images, fields)
+    )
+    g = image_emb.vectors
+    scores = pair_scores(g[0::2], g[1::2], l2_normalize(text_emb.vectors))
+    results = [PairResult(first=pair_decision(float(s)), score=float(s)) for s in scores]
+    truncated = _count(text_emb)
+    if req.pairs is None:
+        return RankPairResponse(model=rt.ref, first=results[0].first, score=results[0].score,
+                                truncated_texts=truncated)
+    return RankPairResponse(model=rt.ref, results=results, truncated_texts=truncated)
+
+
+async def rank(pipeline: Pipeline, rt: ModelRuntime, req: RankRequest) -> RankResponse:
+    fields = [f"images.{i}" for i in range(len(req.images))]
+    text_emb, image_emb = await both(
+        pipeline.embed_texts(rt, [req.difference], req.encoder), pipeline.embed_images(rt, req.images, fields)
+    )
+    order, scores = rank_images(image_emb.vectors, l2_normalize(text_emb.vectors[0]))
+    return RankResponse(
+        model=rt.ref,
+        ranking=[RankedImage(index=int(i), score=float(scores[i])) for i in order],
+        scores=[float(s) for s in scores],
+        truncated_texts=_count(text_emb),
+    )
+
+
+async def embed(pipeline: Pipeline, rt: ModelRuntime, req: EmbedRequest) -> EmbedResponse:
+    if req.texts is not None:
+        text_emb = await pipeline.embed_texts(rt, req.texts, req.encoder)
+        return EmbedResponse(
+            model=rt.ref, dim=int(text_emb.vectors.shape[1]), embeddings=_rows(text_emb.vectors),
+            ids=[text_digest(t) for t in req.texts], truncated=text_emb.truncated,
+        )
+    assert req.images is not None
+    image_emb: ImageEmbeddings = await pipeline.embed_images(
+        rt, req.images, [f"images.{i}" for i in range(len(req.images))]
+    )
+    return EmbedResponse(model=rt.ref, dim=int(image_emb.vectors.shape[1]),
+                         embeddings=_rows(image_emb.vectors), ids=image_emb.ids)
+
+
+def _rows(vectors: np.ndarray) -> list[list[float]]:
+    return np.asarray(vectors, dtype=np.float32).tolist()  # type: ignore[no-any-return]
+
+
+def _count(text_emb: TextEmbeddings) -> int | None:
+    n = sum(text_emb.truncated)
+    return n or None

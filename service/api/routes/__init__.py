@@ -1,0 +1,1 @@
+"""One router per endpoint family; each handler validates, calls one operation, returns."""

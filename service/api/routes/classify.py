@@ -1,0 +1,27 @@
+"""POST /classify: zero-shot classification, optionally with comparative prompting."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from service.api import operations
+from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
+from service.api.validation import check_classify
+
+router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
+
+
+@router.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)
+async def classify(
+    req: ClassifyRequest,
+    services: ServicesDep,
+    runtime: RuntimeDep,
+    pipeline: PipelineDep,
+    comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
+) -> ClassifyResponse:
+    ensure_model(services, runtime, req.model)
+    check_classify(req, services.settings.limits)
+    return await operations.classify(pipeline, runtime, req, comparative)

@@ -1,0 +1,48 @@
+"""POST /score/dense (DCSM dense scoring) and POST /score/dense/heatmap (its per-token maps as a PNG)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from service.api import dense_operations
+from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
+from service.api.validation import check_dense, check_heatmap
+
+router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES)
+
+
+class PNGResponse(Response):
+    media_type = "image/png"
+
+
+# FastAPI documents a "model" in the route's media type (image/png here); errors are JSON.
+_JSON_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {**{k: v for k, v in doc.items() if k != "model"},
+             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    for status, doc in ERROR_RESPONSES.items()
+}
+
+
+@router.post("/score/dense", response_model=DenseResponse, response_model_exclude_none=True)
+async def score_dense(
+    req: DenseRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+) -> DenseResponse:
+    ensure_model(services, runtime, req.model)
+    check_dense(req, services.settings.limits)
+    return await dense_operations.score_dense(pipeline, runtime, req)
+
+
+@router.post(
+    "/score/dense/heatmap",
+    response_class=PNGResponse,
+    responses={**_JSON_ERRORS,
+               200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
+                     "description": "PNG: the image beside one patch-grid map per token of the text"}},
+)
+async def dense_heatmap(
+    req: HeatmapRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+) -> PNGResponse:
+    ensure_model(services, runtime, req.model)
+    check_heatmap(req, services.settings.limits)
+    return PNGResponse(await dense_operations.heatmap(pipeline, runtime, req))

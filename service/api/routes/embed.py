@@ -1,0 +1,19 @@
+"""POST /embed: raw embeddings of texts or images (ids usable later as {"sha256": id})."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api import operations
+from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
+from service.api.validation import check_embed
+
+router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
+
+
+@router.post("/embed", response_model=EmbedResponse, response_model_exclude_none=True)
+async def embed(req: EmbedRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> EmbedResponse:
+    ensure_model(services, runtime, req.model)
+    check_embed(req, services.settings.limits)
+    return await operations.embed(pipeline, runtime, req)

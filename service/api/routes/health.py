@@ -1,0 +1,32 @@
+"""Probes and metrics: /healthz (alive), /readyz (a model is loaded and warm), /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from service.api.deps import ServicesDep
+from service.api.errors import ApiError, ErrorCode
+from service.api.schemas import HealthResponse, ReadyResponse, error_response_doc
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthResponse)
+async def healthz() -> HealthResponse:
+    return HealthResponse(status="ok")
+
+
+@router.get("/readyz", response_model=ReadyResponse,
+            responses={503: error_response_doc("not_ready", retry_after=True)})
+async def readyz(services: ServicesDep) -> ReadyResponse:
+    current = services.manager.current
+    if current is None:
+        raise ApiError(ErrorCode.not_ready, services.manager.not_ready_message(), headers={"Retry-After": "1"})
+    return ReadyResponse(ready=True, model=current.ref)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus exposition"}})
+async def metrics(services: ServicesDep) -> Response:
+    body, content_type = services.metrics.render()
+    return Response(content=body, media_type=content_type)

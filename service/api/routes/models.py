@@ -1,0 +1,77 @@
+"""GET /models and GET /models/{name}: what the store holds and which version serves."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+
+from model_store import ModelNotFound, ModelStore, StoreError
+from service.api.deps import ServicesDep
+from service.api.errors import ApiError, ErrorCode
+from service.api.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, VersionInfo
+
+router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
+log = logging.getLogger("service.models")
+# Manifest component keys that every version has; anything else is an optional component.
+CORE_COMPONENTS = frozenset({"weights", "weights_dtype", "text_encoders", "default_text_encoder"})
+
+
+def _eval_annex(store: ModelStore, name: str, version: str) -> dict[str, Any] | None:
+    if "eval.json" not in store.annex_files(name, version):
+        return None
+    try:
+        data = json.loads(store.file_path(name, version, "eval.json").read_text())
+    except (OSError, ValueError) as exc:  # an unreadable report must not hide the model list
+        log.warning("ignoring unreadable eval.json of %s@%s: %s", name, version, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
+    aliases = store.aliases(name)
+    versions = []
+    for version in store.list_versions(name):
+        manifest = store.manifest(name, version)
+        components = manifest.components
+        encoders = ["base", *components.get("text_encoders", {})]
+        versions.append(VersionInfo(
+            version=version,
+            created_at=manifest.created_at,
+            aliases=sorted(a for a, v in aliases.items() if v == version),
+            serving=serving == f"{name}@{version}",
+            text_encoders=encoders,
+            default_text_encoder=str(components.get("default_text_encoder", "base")),
+            components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
+            metrics=dict(manifest.metrics),
+            eval=_eval_annex(store, name, version),
+        ))
+    serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
+    return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions)
+
+
+def _serving(services: ServicesDep) -> str | None:
+    current = services.manager.current
+    return current.ref if current is not None else None
+
+
+# Plain ``def``: FastAPI runs these in its thread pool, so store reads never block the loop.
+@router.get("/models", response_model=ModelsResponse)
+def list_models(services: ServicesDep) -> ModelsResponse:
+    serving = _serving(services)
+    store = services.store
+    try:
+        models = [describe(store, name, serving) for name in sorted(store.list_models())]
+    except StoreError as exc:
+        raise ApiError(ErrorCode.not_ready, f"model store is not readable: {exc}") from None
+    return ModelsResponse(serving=serving, models=models)
+
+
+@router.get("/models/{name}", response_model=ModelInfo)
+def get_model(name: str, services: ServicesDep) -> ModelInfo:
+    try:
+        return describe(services.store, name, _serving(services))
+    except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
+        raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None

@@ -1,0 +1,28 @@
+"""POST /rank-pair and POST /rank: difference-based ordering of images."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api import operations
+from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
+from service.api.validation import check_rank, check_rank_pair
+
+router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
+
+
+@router.post("/rank-pair", response_model=RankPairResponse, response_model_exclude_none=True)
+async def rank_pair(
+    req: RankPairRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+) -> RankPairResponse:
+    ensure_model(services, runtime, req.model)
+    check_rank_pair(req, services.settings.limits)
+    return await operations.rank_pair(pipeline, runtime, req)
+
+
+@router.post("/rank", response_model=RankResponse, response_model_exclude_none=True)
+async def rank(req: RankRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> RankResponse:
+    ensure_model(services, runtime, req.model)
+    check_rank(req, services.settings.limits)
+    return await operations.rank(pipeline, runtime, req)

@@ -1,0 +1,287 @@
+"""Request/response models of the HTTP API (DESIGN section 2), one pair per endpoint.
+
+Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option.
+Limits that depend on settings (how many images, labels, texts) are checked by
+``service.api.validation`` because a schema is fixed at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.api.errors import ErrorCode
+
+SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    code: ErrorCode = Field(description="one of a closed set; branch on it, not on the message")
+    message: str = Field(description="human-readable; its wording may change")
+    field: str | None = Field(default=None, description="dotted path of the offending input, if one")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ImageInput(_Request):
+    """Exactly one of ``data`` (base64 or a ``data:`` URI), ``url`` or ``sha256``."""
+
+    data: str | None = Field(default=None, description="base64 image bytes or a data: URI")
+    url: str | None = Field(default=None, description="http(s) URL; only when the server allows URLs")
+    sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN,
+        description="hex digest of image bytes this model version already embedded",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ImageInput:
+        given = [k for k in ("data", "url", "sha256") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("an image needs exactly one of 'data', 'url' or 'sha256'")
+        return self
+
+
+class ComparativeInput(_Request):
+    a: str = Field(description="the class the text describes first")
+    b: str = Field(description="the class it is contrasted with (the one whose prompts are corrected)")
+    text: str = Field(description='"a ..., while b ..."')
+
+
+# ----------------------------------------------------------------------------- classify
+class ClassifyRequest(_Request):
+    images: list[ImageInput]
+    labels: list[str]
+    templates: list[str] | None = Field(default=None, description="each with exactly one {}")
+    descriptions: dict[str, list[str]] | None = None
+    comparatives: list[ComparativeInput] | None = None
+    alpha: float = Field(default=0.9, ge=0.0, le=1.0)
+    symmetric: bool = False
+    gate_margin: float | None = Field(default=None, ge=0.0)
+    top_k: int = Field(default=5, ge=1)
+    encoder: str | None = None
+    model: str | None = None
+
+
+class LabelScore(BaseModel):
+    label: str
+    probability: float
+    cosine: float
+
+
+class ClassifyResult(BaseModel):
+    label: str
+    top_k: list[LabelScore]
+
+
+class ComparativeInfo(BaseModel):
+    applied: bool
+    pairs: list[tuple[str, str]]
+    alpha: float
+    source: Literal["request", "library", "none"]
+    images_gated: list[bool] | None = Field(
+        default=None, description="with gate_margin: per image, whether the comparative prompts were used"
+    )
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    comparative: ComparativeInfo
+    results: list[ClassifyResult]
+    truncated_texts: int | None = None
+
+
+# ----------------------------------------------------------------------------- rank
+class PairInput(_Request):
+    image_a: ImageInput
+    image_b: ImageInput
+    difference: str
+
+
+class RankPairRequest(_Request):
+    """Either one pair (``image_a``, ``image_b``, ``difference``) or ``pairs``, not both."""
+
+    image_a: ImageInput | None = None
+    image_b: ImageInput | None = None
+    difference: str | None = None
+    pairs: list[PairInput] | None = None
+    encoder: str | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RankPairRequest:
+        single = [self.image_a is not None, self.image_b is not None, self.difference is not None]
+        if self.pairs is not None:
+            if any(single):
+                raise ValueError("give either 'pairs' or 'image_a'/'image_b'/'difference', not both")
+        elif not all(single):
+            raise ValueError("give 'image_a', 'image_b' and 'difference' (or a 'pairs' list)")
+        return self
+
+
+class PairResult(BaseModel):
+    first: Literal["a", "b"]
+    score: float
+
+
+TRUNCATED_TEXTS = "only when some texts were longer than the model context: how many were truncated"
+
+
+class RankPairResponse(BaseModel):
+    model: str
+    first: Literal["a", "b"] | None = None
+    score: float | None = None
+    results: list[PairResult] | None = None
+    truncated_texts: int | None = Field(default=None, description=TRUNCATED_TEXTS)
+
+
+class RankRequest(_Request):
+    images: list[ImageInput]
+    difference: str
+    encoder: str | None = None
+    model: str | None = None
+
+
+class RankedImage(BaseModel):
+    index: int
+    score: float
+
+
+class RankResponse(BaseModel):
+    model: str
+    ranking: list[RankedImage] = Field(description="best first (most like the 'first' side of the text)")
+    scores: list[float] = Field(description="in input order")
+    truncated_texts: int | None = Field(default=None, description=TRUNCATED_TEXTS)
+
+
+# ----------------------------------------------------------------------------- dense (DCSM)
+class DenseRequest(_Request):
+    image: ImageInput
+    texts: list[str] = Field(description="1 to max_texts candidate texts, each scored against the image")
+    return_maps: bool = Field(default=False, description="also return the z-scored token x patch maps")
+    model: str | None = None
+
+
+class DenseResponse(BaseModel):
+    model: str
+    scores: list[float] = Field(description="DCSM score of the image with each text, in input order; higher is a "
+                                "better match. Compare scores of one model version only")
+    best: int = Field(description="index of the highest score (the first one on ties)")
+    cosine: list[float] = Field(description="plain pooled cosine of the image and each text (default text encoder)")
+    maps: list[list[list[float]]] | None = Field(
+        default=None,
+        description="with return_maps, per text: the map the scorer read, one row per text position from the "
+        "start token to the end token (at most L), one column per image token: the class token first, then "
+        "the patches of the grid row by row from the top left. Rows are z-scored over the ordinary "
+        "positions; rows of functional words hold the scorer's fixed row for the word's group",
+    )
+    tokens: list[list[str]] | None = Field(
+        default=None, description="with return_maps, per text: the token text of each map row ('<start>', ...)"
+    )
+    functional_words: list[list[str]] = Field(description="per text, the functional words found, in order")
+    truncated_texts: int | None = Field(
+        default=None, description="only when some texts had more tokens than the scorer's L positions (or the "
+        "model context): how many were truncated",
+    )
+
+
+class HeatmapRequest(_Request):
+    image: ImageInput = Field(description="given as data or url: the picture is drawn into the heatmap")
+    text: str
+    model: str | None = None
+
+
+# ----------------------------------------------------------------------------- embed
+class EmbedRequest(_Request):
+    texts: list[str] | None = None
+    images: list[ImageInput] | None = None
+    encoder: str | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EmbedRequest:
+        if (self.texts is None) == (self.images is None):
+            raise ValueError("give exactly one of 'texts' or 'images'")
+        if self.images is not None and self.encoder is not None:
+            raise ValueError("'encoder' selects a text encoder; it does not apply to images")
+        return self
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    dim: int
+    embeddings: list[list[float]]
+    ids: list[str] = Field(description="sha256 hex of each text (UTF-8) or image's bytes")
+    truncated: list[bool] | None = Field(default=None, description="texts only: cut to the model context")
+
+
+# ----------------------------------------------------------------------------- models / health
+class VersionInfo(BaseModel):
+    version: str
+    created_at: str
+    aliases: list[str]
+    serving: bool
+    text_encoders: list[str]
+    default_text_encoder: str = Field(description="the variant used when a request names no encoder")
+    components: list[str] = Field(description="optional components this version has, e.g. 'dcsm' (dense scoring)")
+    metrics: dict[str, float]
+    eval: dict[str, object] | None = None
+
+
+class ModelInfo(BaseModel):
+    name: str
+    aliases: dict[str, str]
+    serving: str | None = Field(default=None, description="the version this server answers with, if any")
+    versions: list[VersionInfo]
+
+
+class ModelsResponse(BaseModel):
+    serving: str | None
+    models: list[ModelInfo]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    model: str | None
+
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before retrying (always on 429; on 503 when the wait is known)",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+
+def error_response_doc(description: str, retry_after: bool = False) -> dict[str, object]:
+    """An OpenAPI ``responses`` entry: the error envelope, and Retry-After where it is sent."""
+    doc: dict[str, object] = {"model": ErrorResponse, "description": description}
+    if retry_after:
+        doc["headers"] = RETRY_AFTER
+    return doc
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    400: error_response_doc("bad input (bad_input, bad_image, urls_disabled, url_forbidden)"),
+    401: error_response_doc("unauthorized: missing or malformed API key"),
+    403: error_response_doc("forbidden: wrong API key"),
+    404: error_response_doc("unknown_model, unknown_image, or unknown_component (the serving version lacks "
+                            "the component the endpoint needs)"),
+    413: error_response_doc("payload_too_large"),
+    422: error_response_doc("validation_error"),
+    429: error_response_doc("overloaded; retry after Retry-After seconds", retry_after=True),
+    500: error_response_doc("internal_error"),
+    503: error_response_doc("not_ready (no model loaded yet, or the version is being replaced); retry after "
+                            "Retry-After seconds", retry_after=True),
+    504: error_response_doc("timeout"),
+}

@@ -1,0 +1,88 @@
+"""The FastAPI application: ``create_app(settings)`` wires settings, store, model, cache and routes.
+
+Startup order (lifespan): store -> embedding cache (Redis optional) -> model manager, which
+loads and warms the model in the background (so /healthz answers at once and /readyz says 503
+until the model is warm) and then watches its alias for hot swaps. Shutdown reverses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.security import HTTPBearer
+
+from model_store import ModelStore
+from service.api.deps import Services
+from service.api.errors import install_error_handlers
+from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
+from service.api.routes import classify, dense, embed, health, models, rank
+from service.auth import ApiKeyAuth
+from service.config import Settings
+from service.runtime.cache import EmbeddingCache
+from service.runtime.lifecycle import ModelManager
+from service.runtime.metrics import ServiceMetrics
+from service.runtime.pipeline import Pipeline
+
+log = logging.getLogger("service")
+
+
+def build_services(settings: Settings) -> Services:
+    metrics = ServiceMetrics()
+    store = ModelStore(settings.store)
+    cache = EmbeddingCache(
+        settings.redis_url_value(), ttl_s=settings.cache_ttl_s, lru_items=settings.lru_items,
+        timeout_s=settings.redis_timeout_s, retry_after_s=settings.redis_retry_after_s, metrics=metrics,
+    )
+    return Services(
+        settings=settings, store=store, metrics=metrics, cache=cache,
+        manager=ModelManager(settings, store, metrics), pipeline=Pipeline(settings, cache, metrics),
+        auth=ApiKeyAuth(settings),
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings if settings is not None else Settings()
+    services = build_services(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        log.info("starting with settings %s", json.dumps(settings.redacted(), sort_keys=True))
+        if settings.redis_url is not None and not await services.cache.ping():
+            log.warning("redis at the configured redis_url is unreachable; serving with the in-process cache "
+                        "only until it comes back")
+        await services.manager.start()
+        try:
+            yield
+        finally:
+            await services.manager.close()
+            await services.pipeline.close()
+            await services.cache.close()
+
+    app = FastAPI(
+        title="CLIP difference & composition scoring service",
+        version="1.0",
+        lifespan=lifespan,
+        description="Zero-shot classification, comparative prompting and difference ranking with CLIP models. "
+        'Errors are always {"error": {"code", "message", "field"}}.',
+    )
+    app.state.services = services
+    install_error_handlers(app)
+    # Keys are enforced by AuthMiddleware; this only documents the scheme in the OpenAPI spec.
+    documented = [Depends(HTTPBearer(auto_error=False, description="API key, when the server has keys"))]
+    for module in (classify, rank, dense, embed, models):
+        app.include_router(module.router, dependencies=documented)
+    app.include_router(health.router)
+    # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> routes,
+    # so metrics and the access log see every answer and CORS preflights need no key.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(AuthMiddleware, auth=services.auth)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(ObserveMiddleware, metrics=services.metrics)
+    return app

@@ -1,0 +1,128 @@
+"""Typed service settings: every field is an environment variable (``CLIP_*``) and most are flags.
+
+Settings are built once, inside ``create_app`` (or by ``python -m service``), never at import
+time, so tests can run several differently configured apps in one process. Nested groups use a
+double underscore in the environment: ``CLIP_LIMITS__MAX_IMAGES=16``,
+``CLIP_BATCHING__MAX_WAIT_MS=2``. List fields take JSON: ``CLIP_API_KEYS='["k1","k2"]'``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model_store import parse_ref
+
+MiB = 1024 * 1024
+
+
+class Limits(BaseModel):
+    """Request limits; exceeding a count or size limit answers 413 ``payload_too_large``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(default=20 * MiB, gt=0)
+    max_images: int = Field(default=64, ge=1)
+    max_labels: int = Field(default=1000, ge=2)
+    max_texts: int = Field(default=256, ge=1)
+    max_text_chars: int = Field(default=2000, ge=1)
+    # Checked from the image header before any pixel is decoded (decompression-bomb guard).
+    max_pixels: int = Field(default=40_000_000, gt=0)
+    max_image_bytes: int = Field(default=10 * MiB, gt=0)
+    max_pairs: int = Field(default=64, ge=1)
+    max_prompts_per_label: int = Field(default=64, ge=1)
+    max_comparatives: int = Field(default=256, ge=0)
+
+
+class Batching(BaseModel):
+    """Dynamic batching and backpressure (a full queue answers 429 with ``Retry-After``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_images: int = Field(default=64, ge=1)
+    max_batch_texts: int = Field(default=256, ge=1)
+    max_wait_ms: float = Field(default=5.0, ge=0)
+    max_queue: int = Field(default=4096, ge=1)
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    decode_workers: int = Field(default=2, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CLIP_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    store: str = "models"
+    model: str = "default@production"
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    redis_url: SecretStr | None = None  # may carry a password: redacted like a key
+    cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
+    lru_items: int = Field(default=50_000, ge=0)
+    redis_timeout_s: float = Field(default=0.05, gt=0)
+    # After a Redis failure the cache skips Redis this long before probing it again.
+    redis_retry_after_s: float = Field(default=5.0, gt=0)
+    limits: Limits = Field(default_factory=lambda: Limits())
+    batching: Batching = Field(default_factory=lambda: Batching())
+    allow_url_images: bool = False
+    # Hosts (exact names or IP literals) that may be fetched even when they resolve to private,
+    # loopback or link-local addresses; everything else must resolve to public addresses only.
+    url_allowlist: list[str] = Field(default_factory=list)
+    url_timeout_s: float = Field(default=5.0, gt=0)
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    api_keys_file: Path | None = None
+    watch_interval_s: float = Field(default=2.0, gt=0)
+    # How long a swapped-out version may keep finishing requests before its batchers stop.
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    graceful_shutdown_s: int = Field(default=20, ge=0)
+    warmup: bool = True
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    cors_origins: list[str] = Field(default_factory=list)  # empty: no CORS headers at all
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("model")
+    @classmethod
+    def _valid_ref(cls, value: str) -> str:
+        parse_ref(value)  # "name", "name@alias" or "name@version"; raises ValueError otherwise
+        return value
+
+    @field_validator("api_keys", mode="after")
+    @classmethod
+    def _no_empty_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        if any(not k.get_secret_value().strip() for k in value):
+            raise ValueError("API keys must not be empty")
+        return value
+
+    def redacted(self) -> dict[str, Any]:
+        """Settings for the startup log line: secrets are replaced by ``**********``."""
+        data = self.model_dump(mode="json")
+        data["api_keys"] = ["**********" for _ in self.api_keys]
+        if self.redis_url is not None:
+            data["redis_url"] = _without_password(self.redis_url.get_secret_value())
+        return data
+
+    def redis_url_value(self) -> str | None:
+        return self.redis_url.get_secret_value() if self.redis_url is not None else None
+
+
+def _without_password(url: str) -> str:
+    """``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0`` (host stays visible)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    except ValueError:
+        return "**********"

@@ -1,0 +1,165 @@
+"""Turning untrusted image payloads into pixels, safely.
+
+Order of checks, cheapest first, so a hostile payload costs little: size of the base64 text
+(before decoding it), strict base64, then the image header only (format and dimensions; a
+20000x20000 PNG of a few KB is refused here, before a single pixel is inflated), then the pixels.
+Everything here is synchronous and CPU-bound: callers run it in a thread pool.
+
+Image URLs are off by default. When on, only http(s) is fetched, every hop (redirects are
+followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses unless its host is
+allowlisted, and the body is streamed with a byte cap and a total time limit. The address check
+and the connection each resolve the name, so a hostile DNS server could still answer differently
+the second time; run the service where its egress is also firewalled if that matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import ipaddress
+import re
+import socket
+import struct
+from collections.abc import Sequence
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+from PIL import Image, ImageFile, UnidentifiedImageError
+
+from service.api.errors import ApiError, ErrorCode, bad_input, too_large
+
+FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+MAX_REDIRECTS = 3
+_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*),", re.ASCII)
+_WHITESPACE = re.compile(r"\s+")
+
+# Truncated files must fail loudly, never decode as half-grey pictures.
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+
+def _bad_image(message: str, field: str) -> ApiError:
+    return ApiError(ErrorCode.bad_image, message, field)
+
+
+def decode_base64(value: str, field: str, max_bytes: int) -> bytes:
+    """Strict base64 (or ``data:...;base64,`` URI) -> bytes; the size is checked before decoding."""
+    payload = value
+    if value.startswith("data:"):
+        match = _DATA_URI.match(value)
+        if match is None or ";base64" not in match.group("params"):
+            raise bad_input("data URIs must be base64 encoded (data:<type>;base64,...)", field)
+        payload = value[match.end():]
+    if len(payload) // 4 * 3 > max_bytes + 3:
+        raise too_large(f"image is larger than {max_bytes} bytes", field)
+    # Line breaks are common (MIME wraps at 76 columns) and harmless; anything else is not.
+    payload = _WHITESPACE.sub("", payload)
+    if not payload:
+        raise bad_input("image data is empty", field)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_input("image data is not valid base64 (truncated or with invalid characters)", field) from None
+    if len(data) > max_bytes:
+        raise too_large(f"image is larger than {max_bytes} bytes", field)
+    return data
+
+
+def decode_image(data: bytes, field: str, max_pixels: int) -> Image.Image:
+    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ApiError``."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:
+        raise too_large(f"image has more than {max_pixels} pixels", field) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise _bad_image(f"not an image in a supported format ({', '.join(FORMATS)})", field) from None
+    with image:
+        width, height = image.size  # from the header: nothing decoded yet
+        if width <= 0 or height <= 0:
+            raise _bad_image("image has no pixels", field)
+        if width * height > max_pixels:
+            raise too_large(f"image is {width}x{height}, more than {max_pixels} pixels", field)
+        try:
+            image.seek(0)
+            image.load()
+            return to_rgb(image)
+        except Image.DecompressionBombError:
+            raise too_large(f"image has more than {max_pixels} pixels", field) from None
+        except (OSError, ValueError, SyntaxError, EOFError, struct.error):
+            raise _bad_image("image data is corrupt or truncated", field) from None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB copy; transparency is flattened onto white (the renderers draw on light backgrounds)."""
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+# ----------------------------------------------------------------------------- URLs
+def _host_allowed(host: str, allowlist: Sequence[str]) -> bool:
+    return host.lower().strip("[]") in {h.lower().strip("[]") for h in allowlist}
+
+
+def is_public_address(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
+    """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ApiError(ErrorCode.url_forbidden, "only http and https image URLs are allowed", field)
+    if parts.username or parts.password:
+        raise ApiError(ErrorCode.url_forbidden, "image URLs must not carry credentials", field)
+    host = parts.hostname
+    if _host_allowed(host, allowlist):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise _bad_image(f"cannot resolve image host {host!r}", field) from None
+    addresses = {info[4][0] for info in infos}
+    if not addresses or not all(is_public_address(str(a)) for a in addresses):
+        raise ApiError(
+            ErrorCode.url_forbidden, f"image host {host!r} resolves to a non-public address", field
+        )
+
+
+async def fetch_url(
+    client: httpx.AsyncClient, url: str, field: str, *, allowlist: Sequence[str], max_bytes: int, timeout_s: float
+) -> bytes:
+    """GET an image URL with the SSRF guard on every hop, a byte cap and a total deadline."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            for _ in range(MAX_REDIRECTS + 1):
+                await check_url(url, field, allowlist)
+                async with client.stream("GET", url, follow_redirects=False) as response:
+                    if response.is_redirect and "location" in response.headers:
+                        url = urljoin(url, response.headers["location"])
+                        continue
+                    if response.status_code != 200:
+                        raise _bad_image(f"image URL answered HTTP {response.status_code}", field)
+                    declared = response.headers.get("content-length")
+                    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                        raise too_large(f"image is larger than {max_bytes} bytes", field)
+                    chunks: list[bytes] = []
+                    total = 0
+                    async for chunk in response.aiter_bytes():
+                        total += len(chunk)
+                        if total > max_bytes:
+                            raise too_large(f"image is larger than {max_bytes} bytes", field)
+                        chunks.append(chunk)
+                    return b"".join(chunks)
+            raise _bad_image(f"image URL redirected more than {MAX_REDIRECTS} times", field)
+    except TimeoutError:
+        raise _bad_image(f"image URL did not answer within {timeout_s:g}s", field) from None
+    except httpx.HTTPError as exc:
+        raise _bad_image(f"could not fetch image URL ({type(exc).__name__})", field) from None

@@ -1,0 +1,28 @@
+"""Serving runtime: dynamic batching, the embedding cache and metrics (no HTTP here)."""
+
+from service.runtime.batcher import (
+    BatcherClosed,
+    BatcherError,
+    DeadlineExceeded,
+    DynamicBatcher,
+    QueueFull,
+    RequestTooLarge,
+    SubmitTimings,
+)
+from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, text_digest
+from service.runtime.metrics import ServiceMetrics
+
+__all__ = [
+    "BatcherClosed",
+    "BatcherError",
+    "DeadlineExceeded",
+    "DynamicBatcher",
+    "EmbeddingCache",
+    "QueueFull",
+    "RequestTooLarge",
+    "ServiceMetrics",
+    "SubmitTimings",
+    "bytes_digest",
+    "embedding_key",
+    "text_digest",
+]

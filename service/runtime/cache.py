@@ -1,0 +1,307 @@
+"""Two-level embedding cache: an in-process LRU in front of an optional shared Redis.
+
+Keys always carry the exact model version (``emb:v1:default@v3:text:pcclip:<sha256>``), so a
+model swap can never serve embeddings of another version, and no invalidation is needed.
+
+Value format (``FORMAT_F16``), chosen so any reader can decode a value without knowing the model:
+``tag (1 byte, 0x01) | ndim (1 byte) | ndim x uint32 little-endian dims | float16 LE data``.
+float16 halves the memory and network cost; for L2-normalised embeddings the rounding error is
+below 1e-3 per component. Values come back as read-only float32 arrays of the stored shape, and
+the LRU holds the same float16-rounded values, so a result never depends on which layer hit.
+
+Redis is an optimisation, never a dependency: every Redis error or timeout becomes a miss, is
+counted, and opens a circuit breaker that skips Redis for ``retry_after_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import struct
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from service.runtime.metrics import ServiceMetrics
+
+__all__ = [
+    "FORMAT_F16",
+    "EmbeddingCache",
+    "bytes_digest",
+    "decode_value",
+    "embedding_key",
+    "encode_value",
+    "quantize",
+    "text_digest",
+]
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "emb:v1"
+FORMAT_F16 = 0x01
+_MAX_NDIM = 8
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_.\-]+$")
+# At most one Redis warning per interval: a dead Redis must not flood the logs per request.
+_WARN_INTERVAL_S = 30.0
+
+
+def text_digest(text: str) -> str:
+    """sha256 hex of the exact UTF-8 text (no normalisation: the model sees the exact text)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def bytes_digest(data: bytes) -> str:
+    """sha256 hex of the image bytes as sent (what clients pass back as ``{"sha256": ...}``)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def embedding_key(model_ref: str, kind: str, variant: str, digest: str) -> str:
+    """Cache key for one embedding; ``model_ref`` must be the resolved ``name@version``."""
+    name, sep, version = model_ref.partition("@")
+    if not sep or not name or not version or ":" in model_ref:
+        raise ValueError(f"model_ref must be 'name@version' without ':', got {model_ref!r}")
+    for label, part in (("kind", kind), ("variant", variant)):
+        if not _TOKEN.match(part):
+            raise ValueError(f"{label} must match [A-Za-z0-9_.-]+, got {part!r}")
+    digest = digest.lower()
+    if not _HEX64.match(digest):
+        raise ValueError("digest must be a sha256 hex string")
+    return f"{KEY_PREFIX}:{model_ref}:{kind}:{variant}:{digest}"
+
+
+def encode_value(array: np.ndarray) -> bytes:
+    arr = np.asarray(array)
+    if arr.ndim > _MAX_NDIM:
+        raise ValueError(f"at most {_MAX_NDIM} dimensions, got {arr.ndim}")
+    header = struct.pack(f"<BB{arr.ndim}I", FORMAT_F16, arr.ndim, *arr.shape)
+    return header + np.ascontiguousarray(arr, dtype="<f2").tobytes()
+
+
+def decode_value(data: bytes) -> np.ndarray:
+    """Inverse of ``encode_value``: a read-only float32 array; ValueError on a malformed value."""
+    if len(data) < 2 or data[0] != FORMAT_F16:
+        raise ValueError("unknown cache value format")
+    ndim = data[1]
+    if ndim > _MAX_NDIM:
+        raise ValueError("bad ndim")
+    head = 2 + 4 * ndim
+    shape = struct.unpack_from(f"<{ndim}I", data, 2)
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(data) != head + 2 * count:
+        raise ValueError("cache value length does not match its shape")
+    arr = np.frombuffer(data, dtype="<f2", count=count, offset=head).astype(np.float32)
+    arr = arr.reshape(shape)
+    arr.setflags(write=False)
+    return arr
+
+
+def quantize(array: np.ndarray) -> np.ndarray:
+    """The read-only float32 array a cache hit would return for ``array``."""
+    arr = np.asarray(array, dtype=np.float16).astype(np.float32)
+    arr.setflags(write=False)
+    return arr
+
+
+class EmbeddingCache:
+    """LRU (bounded by items and bytes) in front of an optional Redis.
+
+    The LRU is only touched from the event loop thread and no method awaits in the middle of
+    an LRU update, so it needs no lock. Returned arrays are shared and read-only: copy before
+    changing them.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None,
+        *,
+        ttl_s: int = 7 * 24 * 3600,
+        lru_items: int = 50_000,
+        timeout_s: float = 0.05,
+        retry_after_s: float = 5.0,
+        metrics: ServiceMetrics | None = None,
+        lru_max_bytes: int = 512 * 1024 * 1024,
+    ) -> None:
+        self.ttl_s = int(ttl_s)
+        self.lru_items = int(lru_items)
+        self.lru_max_bytes = int(lru_max_bytes)
+        self.timeout_s = float(timeout_s)
+        self.retry_after_s = float(retry_after_s)
+        self._metrics = metrics
+        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lru_bytes = 0
+        self._redis: Any = None
+        self._state = "disabled"
+        self._down_until = 0.0
+        self._last_warn = -_WARN_INTERVAL_S
+        self._suppressed = 0
+        if redis_url:
+            self._redis = _make_client(redis_url, self.timeout_s)
+            self._state = "up"  # optimistic: the first failure opens the breaker
+
+    # -- public -------------------------------------------------------------------------------
+
+    @property
+    def redis_state(self) -> str:
+        """"disabled" (no URL), "up", or "down" (breaker open or last attempt failed)."""
+        return self._state
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    async def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
+        """Values in key order, None for misses; LRU first, then one MGET for the rest."""
+        out: list[np.ndarray | None] = [None] * len(keys)
+        missing: list[int] = []
+        for i, key in enumerate(keys):
+            value = self._lru.get(key)
+            if value is None:
+                missing.append(i)
+            else:
+                self._lru.move_to_end(key)
+                out[i] = value
+        self._count("lru", "hit", len(keys) - len(missing))
+        self._count("lru", "miss", len(missing))
+        if not missing or not self._redis_usable():
+            return out
+        miss_keys = [keys[i] for i in missing]
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                raw = await self._redis.mget(miss_keys)
+        except Exception as exc:  # any Redis or network failure degrades to misses
+            self._on_error("get", exc, len(miss_keys))
+            return out
+        self._on_success()
+        hits = 0
+        for i, data in zip(missing, raw, strict=True):
+            if data is None:
+                continue
+            try:
+                value = decode_value(data)
+            except ValueError:
+                log.debug("ignoring malformed cache value for %s", keys[i])
+                continue
+            out[i] = value
+            self._lru_set(keys[i], value)
+            hits += 1
+        self._count("redis", "hit", hits)
+        self._count("redis", "miss", len(missing) - hits)
+        return out
+
+    async def put_many(self, items: Mapping[str, np.ndarray]) -> None:
+        """Store values in the LRU and (one pipelined round trip of SET EX) in Redis."""
+        if not items:
+            return
+        encoded: dict[str, bytes] = {}
+        for key, array in items.items():
+            data = encode_value(array)
+            encoded[key] = data
+            self._lru_set(key, decode_value(data))
+        if not self._redis_usable():
+            return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                pipe = self._redis.pipeline(transaction=False)
+                for key, data in encoded.items():
+                    pipe.set(key, data, ex=self.ttl_s)
+                await pipe.execute()
+        except Exception as exc:
+            self._on_error("put", exc, len(encoded))
+            return
+        self._on_success()
+
+    async def ping(self) -> bool:
+        """Probe Redis now, ignoring the breaker (for readiness/status); False when disabled."""
+        if self._redis is None:
+            return False
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._redis.ping()
+        except Exception as exc:
+            self._on_error("ping", exc, 0)
+            return False
+        self._on_success()
+        return True
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            try:
+                await self._redis.aclose()
+            except Exception as exc:  # closing a dead connection must not fail shutdown
+                log.debug("closing redis client: %s", exc)
+            self._redis = None
+            self._state = "disabled"
+
+    def clear_lru(self) -> None:
+        self._lru.clear()
+        self._lru_bytes = 0
+
+    # -- LRU ----------------------------------------------------------------------------------
+
+    def _lru_set(self, key: str, value: np.ndarray) -> None:
+        if value.nbytes > self.lru_max_bytes or self.lru_items <= 0:
+            return
+        old = self._lru.pop(key, None)
+        if old is not None:
+            self._lru_bytes -= old.nbytes
+        self._lru[key] = value
+        self._lru_bytes += value.nbytes
+        while len(self._lru) > self.lru_items or self._lru_bytes > self.lru_max_bytes:
+            _, evicted = self._lru.popitem(last=False)
+            self._lru_bytes -= evicted.nbytes
+
+    # -- Redis circuit breaker ----------------------------------------------------------------
+
+    def _redis_usable(self) -> bool:
+        if self._redis is None:
+            return False
+        # While the breaker is open, skip Redis; after retry_after_s the next call probes it.
+        return self._state == "up" or time.monotonic() >= self._down_until
+
+    def _on_success(self) -> None:
+        if self._state == "down":
+            log.info("redis cache reachable again")
+        self._state = "up"
+
+    def _on_error(self, op: str, exc: BaseException, keys: int) -> None:
+        self._count("redis", "error", max(keys, 1))
+        was_up = self._state == "up"
+        self._state = "down"
+        self._down_until = time.monotonic() + self.retry_after_s
+        now = time.monotonic()
+        if was_up or now - self._last_warn >= _WARN_INTERVAL_S:
+            log.warning(
+                "redis cache %s failed (%s: %s); skipping redis for %.1fs (%d errors suppressed)",
+                op, type(exc).__name__, exc, self.retry_after_s, self._suppressed,
+            )
+            self._last_warn = now
+            self._suppressed = 0
+        else:
+            self._suppressed += 1
+
+    def _count(self, layer: str, result: str, n: int) -> None:
+        if self._metrics is not None and n > 0:
+            self._metrics.cache_event(layer, result, n)
+
+
+def _make_client(url: str, timeout_s: float) -> Any:
+    # Imported here so the service runs without Redis installed when no URL is configured.
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # No client-side retries: a retry multiplies the latency of a dead Redis; the breaker
+    # above decides when to try again.
+    return Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )

@@ -1,0 +1,300 @@
+"""Which model version serves, and how it is replaced without failing a request.
+
+A ``ModelRuntime`` is one loaded version with its own batchers (one for images, one per
+text-encoder variant, and for a version with a DCSM scorer one each for dense image and dense
+text features) sharing a single worker thread, so model calls of one version never overlap.
+Requests ``acquire`` the current runtime and keep that reference to the end: a swap never
+changes the model under a running request, and the old runtime is only stopped once the
+requests holding it are done (or after ``drain_timeout_s``).
+
+The ``ModelManager`` loads the configured ref at start (retrying until it succeeds, while
+/readyz says 503) and, for ``name@alias`` refs, polls the alias. A new target is loaded beside
+the serving one in a thread (checksums verified by the store), warmed up, and swapped in. A
+version that fails verification or warm-up is refused, logged and counted, and the old one
+keeps serving; it is not retried until the alias moves again (versions are immutable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from model_store import ModelStore, StoreError, parse_ref
+from service.api.errors import ApiError, ErrorCode
+from service.config import Settings
+from service.encoders.bundle import ModelBundle
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.metrics import ServiceMetrics
+
+log = logging.getLogger("service.lifecycle")
+T = TypeVar("T")
+
+IMAGE_BATCHER = "image"
+DENSE_IMAGE_BATCHER = "dense-image"
+DENSE_TEXT_BATCHER = "dense-text"
+WARMUP_TEXT = "a red circle to the left of a blue square"
+
+
+@dataclass(eq=False)
+class ModelRuntime:
+    bundle: ModelBundle
+    image_batcher: DynamicBatcher[np.ndarray, np.ndarray]
+    text_batchers: dict[str, DynamicBatcher[str, np.ndarray]]
+    executor: concurrent.futures.ThreadPoolExecutor
+    # Only for versions with a DCSM component; None otherwise.
+    dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
+    dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
+    active: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ref(self) -> str:
+        return self.bundle.ref
+
+    @property
+    def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]
+        dense = [b for b in (self.dense_image_batcher, self.dense_text_batcher) if b is not None]
+        return [self.image_batcher, *self.text_batchers.values(), *dense]
+
+    async def start(self) -> None:
+        self.idle.set()
+        for batcher in self.batchers:
+            await batcher.start()
+
+    async def stop(self) -> None:
+        for batcher in self.batchers:
+            await batcher.stop(drain=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run model work (not batched, e.g. DCSM scoring) on this version's model thread."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        except RuntimeError as exc:
+            if "shutdown" not in str(exc):
+                raise
+            # Only after a drain timeout: the version was stopped under a slow request.
+            raise ApiError(ErrorCode.not_ready, "model is being replaced; retry",
+                           headers={"Retry-After": "1"}) from None
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def warm_up(bundle: ModelBundle) -> None:
+    """Run every tower once (first calls allocate and compile); refuse non-finite outputs."""
+    size = bundle.image_size
+    image = bundle.encode_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
+    outputs = [image]
+    for variant in bundle.text_models:
+        outputs.append(bundle.encode_texts(["a photo of a red circle."], variant))
+    if bundle.dcsm is not None:
+        tokens = bundle.encode_dense_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
+        texts = bundle.encode_dense_texts([WARMUP_TEXT])
+        scores, _ = bundle.score_dense(tokens[0], texts, bundle.dense_layouts([WARMUP_TEXT]))
+        outputs += [tokens, texts]
+        if not np.all(np.isfinite(scores)):
+            raise ValueError(f"warm-up of the DCSM scorer of {bundle.ref} produced non-finite scores")
+    for out in outputs:
+        if out.shape[-1] != bundle.embed_dim or not np.all(np.isfinite(out)):
+            raise ValueError(f"warm-up of {bundle.ref} produced invalid embeddings {out.shape}")
+
+
+def build_runtime(bundle: ModelBundle, settings: Settings, metrics: ServiceMetrics) -> ModelRuntime:
+    b = settings.batching
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{bundle.version}")
+
+    def encode_images(items: list[np.ndarray]) -> list[np.ndarray]:
+        return list(bundle.encode_images(np.stack(items)))
+
+    def text_fn(variant: str):
+        def encode_texts(items: list[str]) -> list[np.ndarray]:
+            tokens, _ = bundle.tokenize(items)
+            return list(bundle.encode_tokens(tokens, variant))
+
+        return encode_texts
+
+    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, executor=executor, metrics=metrics)
+    images = DynamicBatcher(IMAGE_BATCHER, encode_images, max_batch=b.max_batch_images, **common)  # type: ignore[arg-type]
+    texts = {
+        v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]
+        for v in bundle.text_models
+    }
+    runtime = ModelRuntime(bundle, images, texts, executor)
+    if bundle.dcsm is not None:
+        # Dense and pooled features are different model calls, so they cannot share a batch;
+        # they still share the one model thread, so they never run at the same time.
+        def dense_images(items: list[np.ndarray]) -> list[np.ndarray]:
+            return list(bundle.encode_dense_images(np.stack(items)))
+
+        def dense_texts(items: list[str]) -> list[np.ndarray]:
+            return list(bundle.encode_dense_texts(items))
+
+        runtime.dense_image_batcher = DynamicBatcher(
+            DENSE_IMAGE_BATCHER, dense_images, max_batch=b.max_batch_images, **common  # type: ignore[arg-type]
+        )
+        runtime.dense_text_batcher = DynamicBatcher(
+            DENSE_TEXT_BATCHER, dense_texts, max_batch=b.max_batch_texts, **common  # type: ignore[arg-type]
+        )
+    return runtime
+
+
+class ModelManager:
+    def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.name, self.selector = parse_ref(settings.model)
+        self.device = resolve_device(settings.device)
+        self.current: ModelRuntime | None = None
+        self.alias: str | None = None  # set once we know the selector names an alias
+        self.last_error: str | None = None
+        self._refused: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.current is not None
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._retiring):
+            task.cancel()
+        current, self.current = self.current, None
+        if current is not None:
+            await current.stop()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[ModelRuntime]:
+        """The serving runtime, held for the whole request (no await between read and count)."""
+        runtime = self.current
+        if runtime is None:
+            raise ApiError(ErrorCode.not_ready, self.not_ready_message(), headers={"Retry-After": "1"})
+        runtime.active += 1
+        runtime.idle.clear()
+        try:
+            yield runtime
+        finally:
+            runtime.active -= 1
+            if runtime.active == 0:
+                runtime.idle.set()
+
+    def not_ready_message(self) -> str:
+        detail = f": {self.last_error}" if self.last_error else ""
+        return f"model {self.settings.model} is not loaded yet{detail}"
+
+    def matches(self, requested: str, runtime: ModelRuntime) -> bool:
+        """Whether a request's ``model`` field names the serving version."""
+        accepted = {runtime.bundle.name, runtime.ref}
+        if self.alias is not None:
+            accepted.add(f"{runtime.bundle.name}@{self.alias}")
+        return requested in accepted
+
+    # ------------------------------------------------------------------ loading
+    async def _run(self) -> None:
+        last_logged = 0.0
+        while self.current is None:
+            try:
+                name, version = await asyncio.to_thread(self.store.resolve, self.settings.model)
+                aliases = await asyncio.to_thread(self.store.aliases, name)
+                runtime = await self._load(name, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep retrying: the store may be mounted or filled later
+                error = f"{type(exc).__name__}: {exc}"
+                # A new problem is an error; the same one again is repeated once a minute at most.
+                if error != self.last_error or time.monotonic() - last_logged >= 60.0:
+                    log.error("cannot load %s (%s); retrying every %.1fs", self.settings.model, error,
+                              self.settings.watch_interval_s)
+                    last_logged = time.monotonic()
+                self.last_error = error
+                await asyncio.sleep(self.settings.watch_interval_s)
+                continue
+            self.alias = self.selector if self.selector in aliases else None
+            self._install(runtime, initial=True)
+        if self.alias is None:
+            log.info("serving %s pinned (not an alias): no hot swap", self.current.ref)
+            return
+        while True:
+            await asyncio.sleep(self.settings.watch_interval_s)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        assert self.alias is not None and self.current is not None
+        try:
+            target = await asyncio.to_thread(self.store.alias_target, self.name, self.alias)
+        except StoreError as exc:
+            log.warning("cannot read alias %s@%s: %s", self.name, self.alias, exc)
+            return
+        if target is None or target == self.current.bundle.version or target == self._refused:
+            return
+        log.info("alias %s@%s moved to %s; loading beside %s", self.name, self.alias, target, self.current.ref)
+        try:
+            runtime = await self._load(self.name, target)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._refused = target
+            self.metrics.model_swap("refused")
+            log.error("refusing %s@%s (%s: %s); %s keeps serving", self.name, target, type(exc).__name__, exc,
+                      self.current.ref)
+            return
+        self._install(runtime, initial=False)
+
+    async def _load(self, name: str, version: str) -> ModelRuntime:
+        started = time.perf_counter()
+
+        def load_and_warm() -> ModelBundle:
+            bundle = ModelBundle.load(self.store, f"{name}@{version}", self.device)  # verifies checksums
+            if self.settings.warmup:
+                warm_up(bundle)
+            return bundle
+
+        bundle = await asyncio.to_thread(load_and_warm)
+        runtime = build_runtime(bundle, self.settings, self.metrics)
+        await runtime.start()
+        log.info("loaded %s on %s in %.2fs (text encoders: %s; dcsm: %s)", bundle.ref, self.device,
+                 time.perf_counter() - started, ", ".join(sorted(bundle.text_models)),
+                 "yes" if bundle.dcsm is not None else "no")
+        return runtime
+
+    def _install(self, runtime: ModelRuntime, initial: bool) -> None:
+        old, self.current = self.current, runtime  # one assignment: requests see old or new
+        self.last_error = None
+        self._refused = None
+        self.metrics.set_serving_model(runtime.bundle.name, runtime.bundle.version, sorted(runtime.text_batchers))
+        if not initial:
+            self.metrics.model_swap("ok")
+        if old is not None:
+            log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
+            task = asyncio.get_running_loop().create_task(self._retire(old))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, runtime: ModelRuntime) -> None:
+        try:
+            await asyncio.wait_for(runtime.idle.wait(), self.settings.drain_timeout_s)
+        except TimeoutError:
+            log.warning("%s still has %d requests after %.0fs; stopping it anyway", runtime.ref, runtime.active,
+                        self.settings.drain_timeout_s)
+        await runtime.stop()
+        log.info("retired %s", runtime.ref)

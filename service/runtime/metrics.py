@@ -1,0 +1,145 @@
+"""Prometheus metrics for one service instance.
+
+Each ``ServiceMetrics`` owns its own ``CollectorRegistry`` rather than the process-global one, so
+several apps (and their tests) can live in one process without duplicate-metric errors.
+Metric names are part of the operations contract (dashboards, autoscaling on queue time): change
+them only together with the deploy files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["BATCH_SIZE_BUCKETS", "ServiceMetrics"]
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Sub-millisecond resolution matters: LRU hits and tiny-model batches finish in well under 1 ms.
+_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+
+
+class ServiceMetrics:
+    """All metrics of one app; the attributes are plain prometheus_client metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests_total = Counter(
+            "http_requests_total", "HTTP requests by route template, method and status code.",
+            ["route", "method", "status"], registry=r,
+        )
+        self.http_request_duration_seconds = Histogram(
+            "http_request_duration_seconds", "HTTP request latency by route template.",
+            ["route", "method"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "batch_size", "Items per batch handed to the model.",
+            ["batcher"], buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )
+        self.batch_wait_seconds = Histogram(
+            "batch_wait_seconds", "Time the oldest item of a batch spent queued before it ran.",
+            ["batcher"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.encode_seconds = Histogram(
+            "encode_seconds", "Model run time per batch.",
+            ["batcher"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.queue_depth = Gauge(
+            "queue_depth", "Items waiting in a batcher queue.", ["batcher"], registry=r,
+        )
+        self.batcher_rejected_total = Counter(
+            "batcher_rejected_total",
+            "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled).",
+            ["batcher", "reason"], registry=r,
+        )
+        self.batch_failures_total = Counter(
+            "batch_failures_total", "Batches whose model call raised.", ["batcher"], registry=r,
+        )
+        self.cache_requests_total = Counter(
+            "cache_requests_total", "Embedding cache lookups per key, by layer and result.",
+            ["layer", "result"], registry=r,
+        )
+        self.model_info = Gauge(
+            "model_info", "1 for each serving model version and text encoder.",
+            ["name", "version", "encoder"], registry=r,
+        )
+        self.model_swaps_total = Counter(
+            "model_swaps_total", "Model version swaps by result (ok, refused, ...).",
+            ["result"], registry=r,
+        )
+        self.inflight_requests = Gauge(
+            "inflight_requests", "HTTP requests being handled right now.", registry=r,
+        )
+        self.images_decoded_total = Counter(
+            "images_decoded_total", "Images decoded from request payloads.", registry=r,
+        )
+        self.texts_truncated_total = Counter(
+            "texts_truncated_total", "Texts cut to the model context length.", registry=r,
+        )
+        # Label sets currently exported by model_info, per model name, so a swap can remove them.
+        self._model_labels: dict[str, list[tuple[str, str, str]]] = {}
+
+    # -- convenience recorders (keep call sites one line) -------------------------------------
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Record one finished HTTP request; ``route`` is the template, never the raw path."""
+        self.http_requests_total.labels(route=route, method=method, status=str(status)).inc()
+        self.http_request_duration_seconds.labels(route=route, method=method).observe(seconds)
+
+    def observe_batch(self, batcher: str, size: int, wait_s: float, run_s: float) -> None:
+        self.batch_size.labels(batcher=batcher).observe(size)
+        self.batch_wait_seconds.labels(batcher=batcher).observe(wait_s)
+        self.encode_seconds.labels(batcher=batcher).observe(run_s)
+
+    def set_queue_depth(self, batcher: str, depth: int) -> None:
+        self.queue_depth.labels(batcher=batcher).set(depth)
+
+    def batcher_rejected(self, batcher: str, reason: str) -> None:
+        self.batcher_rejected_total.labels(batcher=batcher, reason=reason).inc()
+
+    def batch_failed(self, batcher: str) -> None:
+        self.batch_failures_total.labels(batcher=batcher).inc()
+
+    def cache_event(self, layer: str, result: str, count: int = 1) -> None:
+        """``layer`` is "lru" or "redis"; ``result`` is "hit", "miss" or "error"."""
+        if count > 0:
+            self.cache_requests_total.labels(layer=layer, result=result).inc(count)
+
+    def set_serving_model(self, name: str, version: str, encoders: Iterable[str]) -> None:
+        """Export ``name@version`` as serving; earlier versions of ``name`` are removed."""
+        self.clear_model(name)
+        labels = [(name, version, enc) for enc in encoders]
+        for lbl in labels:
+            self.model_info.labels(*lbl).set(1)
+        self._model_labels[name] = labels
+
+    def clear_model(self, name: str) -> None:
+        for lbl in self._model_labels.pop(name, []):
+            try:
+                self.model_info.remove(*lbl)
+            except KeyError:  # already removed by a caller using the raw gauge
+                pass
+
+    def model_swap(self, result: str) -> None:
+        self.model_swaps_total.labels(result=result).inc()
+
+    def image_decoded(self, count: int = 1) -> None:
+        self.images_decoded_total.inc(count)
+
+    def texts_truncated(self, count: int = 1) -> None:
+        if count > 0:
+            self.texts_truncated_total.inc(count)
+
+    def render(self) -> tuple[bytes, str]:
+        """Exposition body and its content type, for the /metrics route."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

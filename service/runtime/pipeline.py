@@ -1,0 +1,309 @@
+"""The one data path from request inputs to embeddings: cache first, batched encodes of misses.
+
+Images are keyed by the sha256 of their bytes, texts by their exact UTF-8 text, both under the
+serving version and encoder variant (``embedding_key``). Only misses are decoded and encoded,
+in chunks no larger than a batch (so a request never needs more queue room than one batch and
+what one chunk computed is cached even if a later chunk is refused). Decoding runs in a thread
+pool, encoding in the runtime's batchers; the event loop only moves arrays around.
+
+DCSM features take the same path under their own cache kinds: ``dense`` (class + patch tokens
+of an image, by image sha256) and ``dense_text`` (per-position text features, by text), each
+with its own batcher. An image needed both pooled and dense is decoded once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from service.api.errors import ApiError, ErrorCode, bad_input, too_large
+from service.api.schemas import ImageInput
+from service.config import Settings
+from service.encoders.bundle import BASE_ENCODER, DenseLayout
+from service.encoders.clip_model import tokenizer_for
+from service.images import decode_base64, decode_image, fetch_url
+from service.runtime.batcher import BatcherClosed, DeadlineExceeded, DynamicBatcher, QueueFull, RequestTooLarge
+from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
+from service.runtime.lifecycle import ModelRuntime
+from service.runtime.metrics import ServiceMetrics
+
+T = TypeVar("T")
+IMAGE_VARIANT = "visual"
+_TRUNCATION_MEMO = 100_000
+
+
+@dataclass(frozen=True)
+class TextEmbeddings:
+    vectors: np.ndarray  # (N, D) in input order
+    truncated: list[bool]
+
+
+@dataclass(frozen=True)
+class ImageEmbeddings:
+    vectors: np.ndarray  # (N, D) in input order
+    ids: list[str]  # sha256 of each image's bytes
+
+
+@dataclass(frozen=True)
+class DenseTexts:
+    tokens: np.ndarray  # (N, L, D) per-position features, rows past the end token 0
+    layouts: list[DenseLayout]  # per text: valid positions, functional rows and words, labels
+
+
+@dataclass(frozen=True)
+class DenseImages:
+    tokens: np.ndarray  # (N, 1+P, D): class token, then the patches in row-major grid order
+    pooled: np.ndarray | None  # (N, D): the same embeddings /embed returns
+    ids: list[str]
+    pixels: list[np.ndarray | None]  # with_pixels: (S, S, 3) uint8 model input, None for references
+
+
+@dataclass
+class _ReadImages:
+    """Request images after their bytes were read: ids, bytes by id, and pixels decoded so far."""
+
+    ids: list[str] = field(default_factory=list)
+    raw: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    first_field: dict[str, str] = field(default_factory=dict)
+    decoded: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class RequestStages:
+    """Per-request stage times (seconds, summed over its batches) and its encode deadline.
+
+    The HTTP middleware installs one per request and reports the times as X-Queue-Time /
+    X-Inference-Time (what load tests read); all batched encodes of one request share one
+    ``request_timeout_s`` budget, counted from its first submit.
+    """
+
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    deadline: float | None = None
+    batches: int = 0
+
+
+REQUEST_STAGES: ContextVar[RequestStages | None] = ContextVar("request_stages", default=None)
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, cache: EmbeddingCache, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.metrics = metrics
+        self.decode_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=settings.batching.decode_workers, thread_name_prefix="decode"
+        )
+        self.http: httpx.AsyncClient | None = None
+        if settings.allow_url_images:
+            self.http = httpx.AsyncClient(timeout=settings.url_timeout_s, trust_env=False)
+        self._truncation: OrderedDict[tuple[int, str], bool] = OrderedDict()
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ texts
+    def encoder_name(self, runtime: ModelRuntime, encoder: str | None) -> str:
+        name = encoder or runtime.bundle.default_text_encoder
+        if name not in runtime.text_batchers:
+            known = ", ".join(sorted(runtime.text_batchers))
+            raise bad_input(f"unknown text encoder {name!r}; {runtime.ref} has: {known}", "encoder")
+        return name
+
+    async def embed_texts(self, runtime: ModelRuntime, texts: Sequence[str], encoder: str | None) -> TextEmbeddings:
+        variant = self.encoder_name(runtime, encoder)
+        stacked = await self._encode_texts(runtime, texts, "text", variant, runtime.text_batchers[variant])
+        truncated = self.truncated(runtime, texts)
+        self.metrics.texts_truncated(sum(truncated))
+        return TextEmbeddings(stacked, truncated)
+
+    async def dense_texts(self, runtime: ModelRuntime, texts: Sequence[str]) -> DenseTexts:
+        """Per-token features of texts for DCSM (cache kind ``dense_text``) and their layouts."""
+        assert runtime.dense_text_batcher is not None, "dense_texts needs a version with a DCSM component"
+        tokens = await self._encode_texts(runtime, texts, "dense_text", BASE_ENCODER, runtime.dense_text_batcher)
+        unique = list(dict.fromkeys(texts))
+        layouts = dict(zip(unique, await runtime.run(lambda: runtime.bundle.dense_layouts(unique)), strict=True))
+        return DenseTexts(tokens, [layouts[t] for t in texts])
+
+    async def _encode_texts(
+        self, runtime: ModelRuntime, texts: Sequence[str], kind: str, variant: str,
+        batcher: DynamicBatcher[Any, np.ndarray],
+    ) -> np.ndarray:
+        unique = list(dict.fromkeys(texts))
+        keys = [embedding_key(runtime.ref, kind, variant, text_digest(t)) for t in unique]
+        found = await self.cache.get_many(keys)
+        missing = [i for i, value in enumerate(found) if value is None]
+        step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)
+        for start in range(0, len(missing), step):
+            chunk = missing[start:start + step]
+            vectors = await self._submit(batcher, [unique[i] for i in chunk])
+            await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
+            for i, v in zip(chunk, vectors, strict=True):
+                found[i] = v
+        index = {t: i for i, t in enumerate(unique)}
+        return np.stack([found[index[t]] for t in texts]).astype(np.float32, copy=False)  # type: ignore[misc]
+
+    def truncated(self, runtime: ModelRuntime, texts: Sequence[str]) -> list[bool]:
+        """Whether each text was cut to the model context (memoised: tokenizing costs ~0.1 ms)."""
+        ctx = runtime.bundle.context_length
+        out: list[bool] = []
+        for text in texts:
+            # Each BPE token covers at least one byte, so short ASCII texts cannot overflow.
+            if text.isascii() and len(text) + 2 <= ctx:
+                out.append(False)
+                continue
+            memo_key = (ctx, text)
+            flag = self._truncation.get(memo_key)
+            if flag is None:
+                flag = len(tokenizer_for(ctx).encode(text)) + 2 > ctx
+                self._truncation[memo_key] = flag
+                if len(self._truncation) > _TRUNCATION_MEMO:
+                    self._truncation.popitem(last=False)
+            out.append(flag)
+        return out
+
+    # ------------------------------------------------------------------ images
+    async def embed_images(
+        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str]
+    ) -> ImageEmbeddings:
+        """Embeddings of request images; ``fields`` are their paths for errors (``images.0``)."""
+        read = await self._read_images(images, fields)
+        vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher)
+        return ImageEmbeddings(vectors, read.ids)
+
+    async def dense_images(
+        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str], *,
+        pooled: bool = True, with_pixels: bool = False,
+    ) -> DenseImages:
+        """Class + patch tokens (cache kind ``dense``) and, with ``pooled``, the pooled
+        embeddings of request images, each image decoded at most once; ``with_pixels`` also
+        returns the model-input pixels of images sent as data or URL (references have none)."""
+        assert runtime.dense_image_batcher is not None, "dense_images needs a version with a DCSM component"
+        read = await self._read_images(images, fields)
+        if with_pixels:
+            await self._decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
+        vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher) if pooled else None
+        tokens = await self._encode_images(runtime, read, "dense", runtime.dense_image_batcher)
+        pixels = [read.decoded.get(d) for d in read.ids] if with_pixels else []
+        return DenseImages(tokens, vectors, read.ids, pixels)
+
+    async def _read_images(self, images: Sequence[ImageInput], fields: Sequence[str]) -> _ReadImages:
+        payloads = await asyncio.gather(*(self._image_bytes(img, f) for img, f in zip(images, fields, strict=True)))
+        read = _ReadImages()
+        for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
+            digest = img.sha256.lower() if img.sha256 is not None else bytes_digest(data or b"")
+            read.ids.append(digest)
+            read.first_field.setdefault(digest, fields[i])
+            if data is not None and digest not in read.raw:
+                read.raw[digest] = (data, f"{fields[i]}.{'data' if img.data is not None else 'url'}")
+        return read
+
+    async def _encode_images(
+        self, runtime: ModelRuntime, read: _ReadImages, kind: str, batcher: DynamicBatcher[Any, np.ndarray]
+    ) -> np.ndarray:
+        unique = list(dict.fromkeys(read.ids))
+        keys = [embedding_key(runtime.ref, kind, IMAGE_VARIANT, d) for d in unique]
+        found = await self.cache.get_many(keys)
+        missing = [i for i, value in enumerate(found) if value is None]
+        for i in missing:
+            if unique[i] not in read.raw:
+                what = "dense features" if kind == "dense" else "embedding"
+                raise ApiError(
+                    ErrorCode.unknown_image,
+                    f"no {what} of image {unique[i]} for {runtime.ref}; send its data instead",
+                    f"{read.first_field[unique[i]]}.sha256",
+                )
+        step = min(self.settings.batching.max_batch_images, self.settings.batching.max_queue)
+        for start in range(0, len(missing), step):
+            chunk = missing[start:start + step]
+            pixels = await self._decode(runtime, read, [unique[i] for i in chunk])
+            vectors = await self._submit(batcher, pixels)
+            await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
+            for i, v in zip(chunk, vectors, strict=True):
+                found[i] = v
+        index = {d: i for i, d in enumerate(unique)}
+        return np.stack([found[index[d]] for d in read.ids]).astype(np.float32, copy=False)  # type: ignore[misc]
+
+    async def _decode(self, runtime: ModelRuntime, read: _ReadImages, digests: Sequence[str]) -> list[np.ndarray]:
+        """Model-input pixels of these images, decoding only those this request has not yet."""
+        todo = [d for d in digests if d not in read.decoded]
+        pixels = await asyncio.gather(*(self._pixels(runtime, *read.raw[d]) for d in todo))
+        self.metrics.image_decoded(len(pixels))
+        read.decoded.update(zip(todo, pixels, strict=True))
+        return [read.decoded[d] for d in digests]
+
+    async def _image_bytes(self, image: ImageInput, field: str) -> bytes | None:
+        """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache)."""
+        limits = self.settings.limits
+        if image.data is not None:
+            if len(image.data) > 2 * limits.max_image_bytes:  # cheap early refusal of huge strings
+                raise too_large(f"image is larger than {limits.max_image_bytes} bytes", f"{field}.data")
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self.decode_pool, decode_base64, image.data, f"{field}.data", limits.max_image_bytes
+            )
+        if image.url is not None:
+            if self.http is None:
+                raise ApiError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
+            return await fetch_url(
+                self.http, image.url, f"{field}.url", allowlist=self.settings.url_allowlist,
+                max_bytes=limits.max_image_bytes, timeout_s=self.settings.url_timeout_s,
+            )
+        return None  # sha256: resolved through the cache
+
+    async def _pixels(self, runtime: ModelRuntime, data: bytes, field: str) -> np.ndarray:
+        max_pixels = self.settings.limits.max_pixels
+
+        def work() -> np.ndarray:
+            return runtime.bundle.preprocess(decode_image(data, field, max_pixels))
+
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work)
+
+    async def offload(self, fn: Callable[[], T]) -> T:
+        """CPU work that is not model work (drawing a heatmap) in the decode pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, fn)
+
+    # ------------------------------------------------------------------ batching
+    async def _submit(self, batcher: DynamicBatcher, items: list) -> list[np.ndarray]:  # type: ignore[type-arg]
+        """Encode ``items``; results are rounded exactly as a cache hit would return them, so an
+        answer never depends on whether its embeddings were cached."""
+        budget = self.settings.batching.request_timeout_s
+        stages = REQUEST_STAGES.get()
+        timeout = budget
+        if stages is not None:
+            now = asyncio.get_running_loop().time()
+            if stages.deadline is None:
+                stages.deadline = now + budget
+            timeout = max(stages.deadline - now, 0.001)
+        try:
+            vectors, timings = await batcher.submit_timed(items, timeout_s=timeout)
+            if stages is not None:
+                stages.queue_s += timings.queue_s
+                stages.inference_s += timings.run_s
+                stages.batches += timings.batches
+            return [quantize(v) for v in vectors]
+        except BatcherClosed as exc:
+            raise ApiError(ErrorCode.not_ready, "model is being replaced; retry",
+                           headers={"Retry-After": _seconds(exc.retry_after)}) from None
+        except QueueFull as exc:
+            raise ApiError(ErrorCode.overloaded, "server is overloaded; retry later",
+                           headers={"Retry-After": _seconds(exc.retry_after)}) from None
+        except RequestTooLarge as exc:
+            raise too_large(str(exc)) from None
+        except DeadlineExceeded:
+            raise ApiError(ErrorCode.timeout, "request did not finish within "
+                           f"{self.settings.batching.request_timeout_s:g}s") from None
+
+
+def _seconds(value: float) -> str:
+    return str(max(1, int(np.ceil(value))))

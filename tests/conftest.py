@@ -1,0 +1,255 @@
+"""Shared fixtures for service-level tests: real redis-server, real tiny model store, real uvicorn.
+
+Everything listens on 127.0.0.1 only. The tiny model is ``training/configs/shapes-smoke.json``
+with random weights (fast to build, load and run); tests that need a model that means something
+use the committed default model instead and skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_CONFIG = REPO / "training" / "configs" / "shapes-smoke.json"
+TINY_COMPARATIVES = [
+    {"a": "red circle", "b": "blue circle", "text": "the first is red, while the second is blue."},
+    {"a": "green square", "b": "green circle", "text": "the first has corners, while the second is round."},
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ----------------------------------------------------------------------------- redis
+class RedisProcess:
+    """A redis-server on a free 127.0.0.1 port, persisting nothing, that tests may kill."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", str(self.workdir)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+def require_redis() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+
+
+@pytest.fixture(scope="session")
+def service_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """One redis-server for the whole session (never kill it; use ``private_redis`` for that)."""
+    require_redis()
+    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    require_redis()
+    server = RedisProcess(tmp_path).start()
+    yield server
+    server.stop()
+
+
+# ----------------------------------------------------------------------------- model store
+def publish_tiny(
+    root: Path | str,
+    name: str = "tiny",
+    *,
+    seed: int = 0,
+    aliases: tuple[str, ...] = ("production",),
+    comparatives: list[dict[str, str]] | None = None,
+) -> str:
+    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version."""
+    import torch
+
+    from model_store import ModelStore
+    from service.encoders.clip_model import build_model
+    from training.publish import publish_bundle
+
+    config = json.loads(SMOKE_CONFIG.read_text())
+    torch.manual_seed(seed)
+    model = build_model(config)
+    generator = torch.Generator().manual_seed(seed + 1)
+    variant = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator) if k.startswith("transformer.") else v
+        for k, v in model.state_dict().items()
+    }
+    manifest = publish_bundle(
+        ModelStore(root), name, model, config, text_variants={"pcclip": variant},
+        default_text_encoder="base",
+        comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
+        aliases=list(aliases), fp16=False, training={"seed": seed}, metrics={"smoke.random": 0.5},
+    )
+    return manifest.version
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding ``tiny@v1`` (alias production): read-only, shared by the session."""
+    root = tmp_path_factory.mktemp("store")
+    publish_tiny(root)
+    return root
+
+
+# ----------------------------------------------------------------------------- server
+@dataclass
+class RunningServer:
+    url: str
+    app: Any
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not become ready within {timeout}s")
+
+
+@contextmanager
+def serve(settings: Any = None, *, ready: bool = True, **overrides: Any) -> Iterator[RunningServer]:
+    """Run ``create_app(settings)`` under uvicorn in a background thread on a free port."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.config import Settings
+
+    if settings is None:
+        settings = Settings(**overrides)
+    elif overrides:
+        settings = settings.model_copy(update=overrides)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    running = RunningServer(f"http://127.0.0.1:{port}", app, server, thread)
+    try:
+        if ready:
+            wait_ready(running.url)
+        yield running
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_store: Path, service_redis: RedisProcess) -> Iterator[RunningServer]:
+    """The real app on ``tiny@production`` with the session Redis; shared by a test module."""
+    with serve(store=str(tiny_store), model="tiny@production", redis_url=service_redis.url,
+               watch_interval_s=0.5) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def base_url(tiny_server: RunningServer) -> str:
+    return tiny_server.url
+
+
+# ----------------------------------------------------------------------------- images
+def png_b64(image: Any, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def shape_image(shape: str = "circle", colour: str = "red", size: str = "medium", *, x: float = 0.5,
+                y: float = 0.5, px: int = 96) -> Any:
+    """A clean single-object picture from the shapes world."""
+    from training.world.render import draw_scene_pil
+    from training.world.scene import Scene, SceneObject
+    from training.world.vocab import SIZE_RANGES
+
+    low, high = SIZE_RANGES[size]
+    obj = SceneObject(shape, colour, size, (low + high) / 2, x, y)
+    return draw_scene_pil(Scene(objects=(obj,), relation=None), size=px)
+
+
+def image_json(shape: str = "circle", colour: str = "red", size: str = "medium", **kw: Any) -> dict[str, str]:
+    return {"data": png_b64(shape_image(shape, colour, size, **kw))}
+
+
+@pytest.fixture(scope="session")
+def make_image() -> Any:
+    """``make_image(shape, colour, size, x=, y=, px=) -> {"data": base64 PNG}``."""
+    return image_json
+
+
+@pytest.fixture(scope="session")
+def serve_app() -> Any:
+    """``with serve_app(store=..., model=..., ...) as running:`` for tests needing their own settings."""
+    return serve
+
+
+@pytest.fixture(scope="session")
+def publish_model() -> Any:
+    """``publish_model(root, name, seed=, aliases=) -> version``: a random shapes-smoke model."""
+    return publish_tiny

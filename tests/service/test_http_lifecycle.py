@@ -1,0 +1,224 @@
+"""Readiness, backpressure and hot swaps, with real servers on their own tmp stores.
+
+Hot swap: a client thread sends requests without pause while a new version is published and
+promoted; no request may fail and later answers must name the new version. A promoted version
+whose weights were damaged after publishing is refused and the old version keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from model_store import ModelStore
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    with serve_app(store=str(root), model="late@production", watch_interval_s=0.2, ready=False) as running:
+        r = httpx.get(f"{running.url}/readyz")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "not_ready" and "late@production" in r.json()["error"]["message"]
+        assert r.headers["retry-after"] == "1"
+        r = httpx.post(f"{running.url}/classify", json={"images": [make_image()], "labels": ["a", "b"]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        assert httpx.get(f"{running.url}/healthz").status_code == 200
+        assert httpx.get(f"{running.url}/models").json() == {"serving": None, "models": []}
+        publish_model(root, "late", seed=5)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{running.url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "late@v1"}
+
+
+def test_queue_full_is_429_with_retry_after(tmp_path: Path, serve_app: Any, publish_model: Any,
+                                            make_image: Any) -> None:
+    publish_model(tmp_path, "busy", seed=6)
+    # A long batching window keeps the first request's images queued; the queue holds 2 items.
+    batching = {"max_queue": 2, "max_batch_images": 64, "max_wait_ms": 1500}
+    with serve_app(store=str(tmp_path), model="busy@production", batching=batching) as running:
+        images = [make_image("circle", c) for c in ("red", "blue", "green", "cyan", "purple", "orange")]
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=running.url, timeout=30) as c:
+                calls = [c.post("/embed", json={"images": images[2 * i:2 * i + 2]}) for i in range(3)]
+                return await asyncio.gather(*calls)
+
+        responses = asyncio.run(burst())
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses[0] == 200 and 429 in statuses, statuses
+        for r in responses:
+            if r.status_code == 429:
+                assert r.json()["error"]["code"] == "overloaded"
+                assert int(r.headers["retry-after"]) >= 1
+        assert metric_value(running.url, "batcher_rejected_total", reason="queue_full") >= 1
+
+
+def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: list[tuple[int, str]]) -> None:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        while not stop.is_set():
+            r = c.post("/classify", json=body)
+            seen.append((r.status_code, r.json().get("model", r.text)))
+
+
+def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publish_model: Any,
+                                          make_image: Any) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "swap", seed=7)
+    body = {"images": [make_image("circle", "red")], "labels": ["red circle", "blue square", "green cross"]}
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+    with serve_app(store=str(root), model="swap@production", watch_interval_s=0.2) as running:
+        threads = [threading.Thread(target=_client_loop, args=(running.url, body, stop, seen)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        publish_model(root, "swap", seed=8, aliases=())  # v2, not yet promoted
+        time.sleep(0.5)
+        assert all(model == "swap@v1" for _, model in seen)
+        ModelStore(root).promote("swap", "production", "v2")
+        deadline = time.monotonic() + 30
+        while not seen or seen[-1][1] != "swap@v2":
+            assert time.monotonic() < deadline, "the new version was never served"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        swaps = metric_value(running.url, "model_swaps_total", result="ok")
+        info = httpx.get(f"{running.url}/metrics").text
+    assert {status for status, _ in seen} == {200}, [s for s in seen if s[0] != 200][:5]
+    models = [m for _, m in seen]
+    first_new = models.index("swap@v2")
+    assert set(models[:first_new]) == {"swap@v1"}
+    assert models.count("swap@v1") > 0 and models.count("swap@v2") > 0
+    assert swaps == 1
+    assert 'version="v2"' in info and 'version="v1"' not in info
+
+
+def test_corrupt_version_is_refused_old_keeps_serving(tmp_path: Path, serve_app: Any, publish_model: Any,
+                                                      make_image: Any) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "guarded", seed=9)
+    body = {"images": [make_image("square", "blue")], "labels": ["red circle", "blue square"]}
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+    with serve_app(store=str(root), model="guarded@production", watch_interval_s=0.2) as running:
+        thread = threading.Thread(target=_client_loop, args=(running.url, body, stop, seen))
+        thread.start()
+        store = ModelStore(root)
+        version = publish_model(root, "guarded", seed=10, aliases=())
+        weights = store.version_dir("guarded", version) / "model.safetensors"
+        raw = bytearray(weights.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF  # bit rot after publishing
+        weights.write_bytes(bytes(raw))
+        store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
+        store.promote("guarded", "production", version)
+        deadline = time.monotonic() + 30
+        while metric_value(running.url, "model_swaps_total", result="refused") < 1:
+            assert time.monotonic() < deadline, "the corrupt version was not refused"
+            time.sleep(0.1)
+        time.sleep(0.6)  # a few more polls: it must not be retried or swapped in
+        stop.set()
+        thread.join(timeout=60)
+        ready = httpx.get(f"{running.url}/readyz").json()
+        refused = metric_value(running.url, "model_swaps_total", result="refused")
+        models = httpx.get(f"{running.url}/models").json()
+    assert ready == {"ready": True, "model": "guarded@v1"}
+    assert refused == 1
+    assert seen and {status for status, _ in seen} == {200}
+    assert {m for _, m in seen} == {"guarded@v1"}
+    assert models["models"][0]["aliases"] == {"production": "v2"} and models["models"][0]["serving"] == "v1"
+
+
+def test_pinned_version_is_not_swapped(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    publish_model(tmp_path, "pinned", seed=11)
+    with serve_app(store=str(tmp_path), model="pinned@v1", watch_interval_s=0.1) as running:
+        publish_model(tmp_path, "pinned", seed=12)  # v2 becomes production
+        time.sleep(0.5)
+        assert httpx.get(f"{running.url}/readyz").json()["model"] == "pinned@v1"
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["a"], "model": "pinned@production"})
+        assert r.status_code == 404  # the server does not follow the alias, so it does not claim it
+        assert json.loads(r.text)["error"]["code"] == "unknown_model"
+
+
+@pytest.mark.parametrize("redis_url", ["redis://127.0.0.1:1/0"])
+def test_unreachable_redis_at_start_still_serves(tmp_path: Path, serve_app: Any, publish_model: Any,
+                                                 redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    publish_model(tmp_path, "noredis", seed=13)
+    with (
+        caplog.at_level("WARNING"),
+        serve_app(store=str(tmp_path), model="noredis@production", redis_url=redis_url) as running,
+    ):
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["hello"]})
+        assert r.status_code == 200
+        assert running.services.cache.redis_state == "down"
+    assert any("unreachable" in rec.getMessage() for rec in caplog.records)
+
+
+def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    import torch
+
+    from service.encoders.clip_model import build_model
+    from training.publish import publish_bundle
+
+    publish_model(tmp_path, "warm", seed=15)
+    with serve_app(store=str(tmp_path), model="warm@production", watch_interval_s=0.2) as running:
+        config = json.loads((Path(__file__).resolve().parents[2] / "training/configs/shapes-smoke.json").read_text())
+        broken = build_model(config)
+        with torch.no_grad():
+            broken.text_projection.fill_(float("nan"))  # checksums fine, embeddings NaN
+        publish_bundle(ModelStore(tmp_path), "warm", broken, config, aliases=["production"], fp16=False)
+        deadline = time.monotonic() + 30
+        while metric_value(running.url, "model_swaps_total", result="refused") < 1:
+            assert time.monotonic() < deadline, "a version that fails warm-up was swapped in"
+            time.sleep(0.1)
+        assert httpx.get(f"{running.url}/readyz").json()["model"] == "warm@v1"
+        assert httpx.post(f"{running.url}/embed", json={"texts": ["still fine"]}).status_code == 200
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(tmp_path: Path, serve_app: Any, publish_model: Any,
+                                                       make_image: Any) -> None:
+    publish_model(tmp_path, "drain", seed=16)
+    results: list[int] = []
+    with serve_app(store=str(tmp_path), model="drain@production", batching={"max_wait_ms": 800}) as running:
+
+        def call() -> None:
+            r = httpx.post(f"{running.url}/embed", json={"images": [make_image("cross", "purple")]}, timeout=30)
+            results.append(r.status_code)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.3)  # the request is now waiting in the batcher
+        running.server.should_exit = True
+        thread.join(timeout=30)
+    assert results == [200]
+
+
+def test_request_past_its_deadline_is_504(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    publish_model(tmp_path, "slow", seed=17)
+    batching = {"request_timeout_s": 0.05, "max_wait_ms": 1000, "max_batch_texts": 64}
+    with serve_app(store=str(tmp_path), model="slow@production", batching=batching) as running:
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["waits in the queue past its deadline"]})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert metric_value(running.url, "batcher_rejected_total", reason="deadline") >= 1

@@ -1,0 +1,142 @@
+"""Image decoding guards and URL images (SSRF guard, allowlist, size and time limits)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from service.api.errors import ApiError
+from service.images import decode_base64, decode_image, is_public_address
+
+# ----------------------------------------------------------------------------- unit
+
+
+def png_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+def test_decode_base64_strict_and_sized() -> None:
+    data = b"\x00\x01binary"
+    assert decode_base64(base64.b64encode(data).decode(), "f", 100) == data
+    assert decode_base64("data:image/png;base64," + base64.b64encode(data).decode(), "f", 100) == data
+    for bad in ("abc", "ab!=", "===="):
+        with pytest.raises(ApiError) as info:
+            decode_base64(bad, "images.0.data", 100)
+        assert info.value.status == 400 and info.value.field == "images.0.data"
+    with pytest.raises(ApiError) as info:
+        decode_base64(base64.b64encode(b"x" * 200).decode(), "f", 100)
+    assert info.value.status == 413
+
+
+def test_decode_image_checks_pixels_before_loading() -> None:
+    bomb = png_bytes(Image.new("1", (20000, 20000)))
+    with pytest.raises(ApiError) as info:
+        decode_image(bomb, "f", 40_000_000)
+    assert info.value.status == 413
+    with pytest.raises(ApiError) as info:
+        decode_image(png_bytes(Image.new("RGB", (101, 100))), "f", 100 * 100)
+    assert info.value.status == 413
+
+
+def test_decode_image_flattens_alpha_and_takes_first_gif_frame() -> None:
+    clear = decode_image(png_bytes(Image.new("RGBA", (4, 4), (0, 0, 0, 0))), "f", 10_000)
+    assert clear.mode == "RGB" and clear.getpixel((0, 0)) == (255, 255, 255)
+    frames = [Image.new("RGB", (8, 8), c).convert("P") for c in ((255, 0, 0), (0, 0, 255))]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    first = decode_image(buf.getvalue(), "f", 10_000)
+    r, _g, b = first.getpixel((0, 0))
+    assert r > 200 and b < 50
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [("8.8.8.8", True), ("127.0.0.1", False), ("10.1.2.3", False), ("192.168.0.1", False),
+     ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("::1", False),
+     ("fe80::1", False), ("fd00::1", False), ("::ffff:127.0.0.1", False), ("2001:4860:4860::8888", True),
+     ("224.0.0.1", False)],
+)
+def test_ssrf_address_classification(address: str, public: bool) -> None:
+    assert is_public_address(address) is public
+
+
+# ----------------------------------------------------------------------------- over HTTP
+class _Images(http.server.BaseHTTPRequestHandler):
+    png = png_bytes(Image.new("RGB", (32, 32), (0, 200, 0)))
+
+    def do_GET(self) -> None:
+        if self.path == "/img.png":
+            self._send(200, self.png)
+        elif self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/img.png")
+            self.end_headers()
+        elif self.path == "/big.png":
+            self._send(200, b"\0" * 300_000)
+        else:
+            self._send(404, b"no")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url_servers(serve_app: Any, tiny_store: Path) -> Iterator[tuple[str, str]]:
+    common = {"store": str(tiny_store), "model": "tiny@production", "allow_url_images": True,
+              "limits": {"max_image_bytes": 100_000}}
+    with serve_app(**common) as guarded, serve_app(**common, url_allowlist=["127.0.0.1"]) as allowed:
+        yield guarded.url, allowed.url
+
+
+def embed(url: str, image: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{url}/embed", json={"images": [image]}, timeout=30)
+
+
+def test_loopback_url_refused_without_allowlist(url_servers: tuple[str, str], image_host: str) -> None:
+    guarded, _ = url_servers
+    r = embed(guarded, {"url": f"{image_host}/img.png"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "url_forbidden"
+    assert r.json()["error"]["field"] == "images.0.url"
+    for url in ("file:///etc/passwd", "ftp://127.0.0.1/x", "http://user:pw@example.com/x.png", "gopher://x"):
+        r = embed(guarded, {"url": url})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "url_forbidden", url
+
+
+def test_allowlisted_url_is_fetched(url_servers: tuple[str, str], image_host: str) -> None:
+    _, allowed = url_servers
+    direct = embed(allowed, {"url": f"{image_host}/img.png"})
+    assert direct.status_code == 200, direct.text
+    data = {"data": base64.b64encode(_Images.png).decode()}
+    assert embed(allowed, data).json()["ids"] == direct.json()["ids"]
+    assert embed(allowed, {"url": f"{image_host}/redirect"}).json()["ids"] == direct.json()["ids"]
+    missing = embed(allowed, {"url": f"{image_host}/missing.png"})
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "bad_image"
+    big = embed(allowed, {"url": f"{image_host}/big.png"})
+    assert big.status_code == 413

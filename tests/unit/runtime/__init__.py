@@ -1,0 +1,1 @@
+"""Tests of service.runtime (batcher, cache, metrics)."""

@@ -1,0 +1,94 @@
+"""The heatmap drawing (pure numpy + PIL): layout size, colours, functional-token marking."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.heatmap import (
+    BORDER,
+    CELL,
+    CLIP_Z,
+    COLUMNS,
+    FUNCTIONAL,
+    IMAGE_PX,
+    LABEL_H,
+    PAD,
+    TITLE_H,
+    colourise,
+    heatmap_png,
+    heatmap_size,
+)
+
+
+def _maps(n: int, grid: int = 4, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 1 + grid * grid)).astype(np.float32)
+
+
+def _image(size: int = 32) -> np.ndarray:
+    return np.full((size, size, 3), 200, dtype=np.uint8)
+
+
+def test_size_grows_by_columns_then_rows() -> None:
+    one = heatmap_size(1)
+    assert one == (PAD + IMAGE_PX + PAD + CELL + PAD, TITLE_H + PAD + IMAGE_PX + PAD)
+    full_row = heatmap_size(COLUMNS)
+    assert full_row[0] == one[0] + (COLUMNS - 1) * (CELL + PAD) and full_row[1] == one[1]
+    assert heatmap_size(COLUMNS + 1)[0] == full_row[0]  # wraps instead of widening
+    many = heatmap_size(4 * COLUMNS)  # four rows of cells are taller than the image
+    assert many[1] == TITLE_H + PAD + 4 * (CELL + LABEL_H + PAD) - PAD + PAD
+    with pytest.raises(ValueError):
+        heatmap_size(0)
+
+
+def test_colourise_is_diverging_and_saturates() -> None:
+    rgb = colourise(np.array([0.0, CLIP_Z, -CLIP_Z, 10 * CLIP_Z, np.float32(0.5)]))
+    assert rgb.dtype == np.uint8 and rgb.shape == (5, 3)
+    assert tuple(rgb[0]) == (255, 255, 255)
+    assert rgb[1][0] > rgb[1][2] and rgb[2][2] > rgb[2][0]  # red above the mean, blue below
+    assert tuple(rgb[3]) == tuple(rgb[1])  # clipped at CLIP_Z
+    assert 200 < rgb[4][0] <= 255 and rgb[4][1] < 255  # a little above the mean: light red
+
+
+def test_png_decodes_with_the_layout_size_and_marks_functional_tokens() -> None:
+    n = 11
+    functional = [k == 3 for k in range(n)]
+    data = heatmap_png(_image(), _maps(n), [f"t{k}" for k in range(n)], functional, title="a title")
+    png = Image.open(io.BytesIO(data))
+    assert png.format == "PNG" and png.size == heatmap_size(n)
+    rgb = np.asarray(png.convert("RGB"))
+    top = TITLE_H + PAD
+    left = PAD + IMAGE_PX + PAD
+    x3 = left + 3 * (CELL + PAD)
+    assert tuple(rgb[top + CELL // 2, x3 + BORDER // 2]) == FUNCTIONAL  # framed in the functional colour
+    x2 = left + 2 * (CELL + PAD)
+    assert tuple(rgb[top + CELL // 2, x2 + BORDER // 2]) != FUNCTIONAL
+    assert tuple(rgb[top + 5, PAD + 5]) == (200, 200, 200)  # the image panel
+
+
+def test_map_cells_follow_the_patch_grid_row_major() -> None:
+    grid = 4
+    maps = np.zeros((1, 1 + grid * grid), dtype=np.float32)
+    maps[0, 0] = 9.0  # the class token is not drawn
+    maps[0, 1 + 1] = CLIP_Z  # patch (row 0, column 1): strongly red
+    maps[0, 1 + grid * 3] = -CLIP_Z  # patch (row 3, column 0): strongly blue
+    rgb = np.asarray(Image.open(io.BytesIO(heatmap_png(_image(), maps, ["x"], [False]))).convert("RGB"))
+    top, left, step = TITLE_H + PAD, PAD + IMAGE_PX + PAD, CELL // grid
+    centre = step // 2
+
+    def at(row: int, col: int) -> tuple[int, ...]:
+        return tuple(int(v) for v in rgb[top + row * step + centre, left + col * step + centre])
+
+    assert at(0, 1) == tuple(colourise(np.float32(CLIP_Z)))
+    assert at(3, 0) == tuple(colourise(np.float32(-CLIP_Z)))
+    assert at(0, 0) == (255, 255, 255)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="1 \\+ grid"):
+        heatmap_png(_image(), np.zeros((2, 11)), ["a", "b"], [False, False])
+    with pytest.raises(ValueError, match="labels"):
+        heatmap_png(_image(), _maps(2), ["a"], [False, False])
