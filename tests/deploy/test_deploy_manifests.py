@@ -1,0 +1,271 @@
+"""Invariants of the Kubernetes manifests, Dockerfiles and compose file (fast, offline).
+
+The overlays are rendered with deploy/render_kustomize.py, the fallback renderer that
+deploy/validate.sh uses where kustomize is not installed; where kubectl is installed the two
+renderings are also compared, object for object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from service.config import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAYS = ("cpu", "gpu")
+Obj = dict[str, Any]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "deploy" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render_kustomize = _load("render_kustomize")
+check_compose = _load("check_compose")
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Obj]]:
+    return request.param, render_kustomize.render(REPO / "k8s" / "overlays" / request.param)
+
+
+def one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+
+
+def pod_spec(obj: Obj) -> Obj:
+    if obj["kind"] == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return obj["spec"]["template"]["spec"]
+
+
+def workloads(objs: list[Obj]) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] in {"Deployment", "StatefulSet", "Job", "CronJob"})
+
+
+def all_containers(spec: Obj) -> list[Obj]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def mount(container: Obj, path: str) -> Obj:
+    found = [m for m in container.get("volumeMounts", []) if m["mountPath"] == path]
+    assert found, f"{container['name']}: nothing mounted at {path}"
+    return found[0]
+
+
+def volume(spec: Obj, name: str) -> Obj:
+    return next(v for v in spec["volumes"] if v["name"] == name)
+
+
+def config(objs: list[Obj]) -> dict[str, str]:
+    return one(objs, "ConfigMap", "clip-config")["data"]
+
+
+def test_every_object_is_namespaced_and_labelled(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    for obj in objs:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "clip-service"
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == "clip", obj["metadata"]["name"]
+
+
+def test_service_probes_and_graceful_termination(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    deploy = one(objs, "Deployment", "clip-service")
+    spec = pod_spec(deploy)
+    (api,) = spec["containers"]
+    assert api["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    startup = api["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 180, "model load needs minutes"
+    sleep = int(api["lifecycle"]["preStop"]["exec"]["command"][-1])
+    graceful = float(config(objs)["CLIP_GRACEFUL_SHUTDOWN_S"])
+    assert spec["terminationGracePeriodSeconds"] > sleep + graceful
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert "replicas" not in deploy["spec"], "the HPA owns the replica count"
+    term = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_service_mounts_store_read_only_and_keys_from_secret(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    spec = pod_spec(one(objs, "Deployment", "clip-service"))
+    (api,) = spec["containers"]
+    models = mount(api, "/models")
+    assert models["readOnly"] is True
+    assert volume(spec, models["name"])["persistentVolumeClaim"] == {"claimName": "clip-models", "readOnly": True}
+    assert "emptyDir" in volume(spec, mount(api, "/tmp")["name"])
+    keys_file = next(e["value"] for e in api["env"] if e["name"] == "CLIP_API_KEYS_FILE")
+    keys_mount = mount(api, str(Path(keys_file).parent))
+    assert keys_mount["readOnly"] is True
+    secret = volume(spec, keys_mount["name"])["secret"]
+    assert [i["path"] for i in secret["items"]] == [Path(keys_file).name]
+    assert api["envFrom"] == [{"configMapRef": {"name": "clip-config"}}]
+
+
+def test_jobs_mount_store_read_write(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    train = one(objs, "Job", "clip-train")
+    assert train["spec"]["suspend"] is True, "applying the manifests must not start a training run"
+    spec = pod_spec(train)
+    (trainer,) = spec["initContainers"]
+    (promoter,) = spec["containers"]
+    assert trainer["args"][:3] == ["build-default", "--store", "/models"]
+    assert promoter["command"] == ["model-store"] and "promote" in promoter["args"]
+    for container in (trainer, promoter):
+        assert not mount(container, "/models").get("readOnly", False)
+    assert "readOnly" not in volume(spec, "models")["persistentVolumeClaim"]
+    cron = one(objs, "CronJob", "clip-train-nightly")
+    assert cron["spec"]["suspend"] is True
+    assert not mount(pod_spec(cron)["containers"][0], "/models").get("readOnly", False)
+    seed = pod_spec(one(objs, "Job", "clip-model-seed"))["containers"][0]
+    assert not mount(seed, "/store").get("readOnly", False)
+
+
+def test_restricted_security_context_everywhere(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    for obj in workloads(objs):
+        spec = pod_spec(obj)
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in all_containers(spec):
+            sc = c["securityContext"]
+            where = f"{obj['kind']}/{obj['metadata']['name']}/{c['name']}"
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert sc["runAsUser"] >= 10000, where
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), where
+            mount(c, "/tmp" if c["name"] != "redis" else "/data")
+
+
+def test_gpu_overlay_requests_gpus_and_cpu_does_not(overlay: tuple[str, list[Obj]]) -> None:
+    name, objs = overlay
+    gpu_workloads = [one(objs, "Deployment", "clip-service"), one(objs, "Job", "clip-train"),
+                     one(objs, "CronJob", "clip-train-nightly")]  # fmt: skip
+    for obj in gpu_workloads:
+        spec = pod_spec(obj)
+        limits = [c["resources"]["limits"].get("nvidia.com/gpu") for c in all_containers(spec)]
+        if name == "gpu":
+            assert 1 in limits, obj["metadata"]["name"]
+            assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+            assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+        else:
+            assert set(limits) == {None} and "nodeSelector" not in spec
+    assert config(objs)["CLIP_DEVICE"] == ("cuda" if name == "gpu" else "cpu")
+    trainer = pod_spec(one(objs, "Job", "clip-train"))["initContainers"][0]
+    assert trainer["args"][trainer["args"].index("--device") + 1] == ("cuda" if name == "gpu" else "cpu")
+    for obj in workloads(objs):
+        for c in all_containers(pod_spec(obj)):
+            if c["name"] != "redis":
+                assert c["image"].startswith("registry.example.com/clip/"), c["image"]
+                assert c["image"].endswith(f"-{'cuda' if name == 'gpu' else 'cpu'}"), c["image"]
+
+
+def test_supporting_objects(overlay: tuple[str, list[Obj]]) -> None:
+    _, objs = overlay
+    svc = one(objs, "Service", "clip-service")
+    assert svc["spec"]["type"] == "LoadBalancer"
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    hpa = one(objs, "HorizontalPodAutoscaler", "clip-service")
+    assert hpa["apiVersion"] == "autoscaling/v2" and hpa["spec"]["minReplicas"] >= 2
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert one(objs, "PodDisruptionBudget", "clip-service")["spec"]["minAvailable"] == 1
+    pvc = one(objs, "PersistentVolumeClaim", "clip-models")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    cfg = config(objs)
+    assert cfg["CLIP_MODEL"] == "default@production"
+    assert cfg["CLIP_REDIS_URL"] == "redis://redis:6379/0"
+    assert one(objs, "Service", "redis")["spec"]["ports"][0]["port"] == 6379
+    redis_policy = one(objs, "NetworkPolicy", "redis-from-clip-service")
+    sources = redis_policy["spec"]["ingress"][0]["from"]
+    assert sources == [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "clip-service", "app.kubernetes.io/component": "api"}
+            }
+        }
+    ]
+    assert one(objs, "NetworkPolicy", "default-deny-ingress")["spec"]["podSelector"] == {}
+
+
+def test_configmap_keys_are_real_settings(overlay: tuple[str, list[Obj]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt CLIP_* key would be silently ignored by the service: catch it here."""
+    _, objs = overlay
+    data = config(objs)
+    for key in data:
+        assert key.startswith("CLIP_"), key
+        top, _, nested = key.removeprefix("CLIP_").lower().partition("__")
+        assert top in Settings.model_fields, key
+        if nested:
+            nested_model = Settings.model_fields[top].annotation
+            assert nested in nested_model.model_fields, key  # type: ignore[union-attr]
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.model == "default@production" and settings.store == "/models"
+
+
+def test_fallback_renderer_matches_kubectl(overlay: tuple[str, list[Obj]]) -> None:
+    name, objs = overlay
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / name)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    reference = [d for d in yaml.safe_load_all(out) if d]
+    assert render_kustomize.differences(objs, reference) == []
+
+
+def test_renderer_rejects_what_it_does_not_implement(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nconfigMapGenerator: []\n")
+    with pytest.raises(render_kustomize.KustomizeError, match="unsupported"):
+        render_kustomize.render(tmp_path)
+
+
+def test_images_match_the_manifests() -> None:
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    assert cmd is not None
+    spec = pod_spec(one(render_kustomize.render(REPO / "k8s" / "overlays" / "cpu"), "Deployment", "clip-service"))
+    assert yaml.safe_load(cmd.group(1)) == spec["containers"][0]["args"]
+    assert "USER 10001:10001" in dockerfile and "EXPOSE 8000" in dockerfile
+    assert "/healthz" in dockerfile.split("HEALTHCHECK", 1)[1].split("\n\n", 1)[0]
+    final = "\n".join(line for line in dockerfile.rsplit("FROM ", 1)[1].splitlines() if not line.startswith("#"))
+    assert not re.search(r"\b(gcc|build-essential|curl|wget)\b", final), "no build tools in the final stage"
+    seed = pod_spec(one(render_kustomize.render(REPO / "k8s" / "overlays" / "cpu"), "Job", "clip-model-seed"))
+    script = seed["containers"][0]["command"][-1]
+    assert f"COPY deploy/seed_store.py {script}" in dockerfile
+    assert "!deploy/seed_store.py" in (REPO / ".dockerignore").read_text()
+    train = (REPO / "deploy" / "Dockerfile.train").read_text()
+    assert 'ENTRYPOINT ["clip-train"]' in train and "USER 10001:10001" in train
+
+
+def test_compose_invariants() -> None:
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    assert check_compose.problems(compose) == []
+    assert check_compose.GRACEFUL_SHUTDOWN_S == Settings.model_fields["graceful_shutdown_s"].default
