@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
 from model_store.naming import MANIFEST_FILE, validate_filename, validate_name
 
@@ -58,7 +58,7 @@ class Manifest(BaseModel):
     files: dict[str, FileEntry] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     data: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, FiniteFloat] = Field(default_factory=dict)  # NaN would break read-back checks
     notes: str = ""
 
     @field_validator("schema_version")

@@ -6,6 +6,7 @@ Separate from the server; everything it produces goes through the model store.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from dataclasses import asdict
@@ -111,7 +112,13 @@ def _build(
     pc_cfg = PCClipConfig(steps=pcclip_steps, seed=seed, device=device,
                           pairs=12000 if pcclip_steps > 50 else 512, batch_size=128 if pcclip_steps > 50 else 32)  # fmt: skip
     t0 = time.time()
-    pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=console.print)
+    pc_path = run_dir / "pcclip.pt"
+    if pc_path.exists() and torch.load(pc_path, weights_only=False)["config"] == vars(pc_cfg):
+        pc_state = torch.load(pc_path, weights_only=False)["state"]  # a rerun resumes after this stage
+        console.print(f"pcclip: reusing {pc_path}")
+    else:
+        pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=console.print)
+        torch.save({"config": vars(pc_cfg), "state": pc_state}, pc_path)
     pc_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
@@ -131,7 +138,9 @@ def _build(
         scratch = ModelStore(tmp)
         publish_bundle(scratch, name, model.cpu(), arch, **kwargs)  # type: ignore[arg-type]
         report = evaluate(ModelBundle.load(scratch, f"{name}@v1", device=device), eval_cfg, log=console.print)
-    flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr")}
+    (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    # Undefined figures (e.g. an empty subset) stay in eval.json as NaN; the manifest holds numbers.
+    flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr") and math.isfinite(v)}
     manifest = publish_bundle(store, name, model.cpu(), arch, metrics=flat, aliases=aliases,
                               notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.", **kwargs)  # type: ignore[arg-type]
     report["model"] = manifest.ref
@@ -253,6 +262,24 @@ def pcclip_sweep(
     for r in rows:
         console.print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |",
                       markup=False)  # fmt: skip
+
+
+@app.command("heatmap")
+def heatmap(
+    ref: str,
+    image: Annotated[Path, typer.Argument(help="Image file (any format PIL reads).")],
+    text: str,
+    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("heatmap.png"),
+    store: StoreOpt = Path("models"),
+) -> None:
+    """Render the DCSM token x patch maps of IMAGE and TEXT as a PNG (as POST /score/dense/heatmap)."""
+    from PIL import Image
+
+    from service.heatmap import render_heatmap_png
+
+    bundle = ModelBundle.load(ModelStore(store), ref)
+    out.write_bytes(render_heatmap_png(bundle, Image.open(image), text))
+    console.print(f"wrote {out}")
 
 
 @app.command("init-random")

@@ -176,3 +176,10 @@ def test_manifest_version_field_may_repeat_argument(store: ModelStore) -> None:
 def test_plain_string_sources_are_refused(store: ModelStore) -> None:
     with pytest.raises(TypeError):
         store.publish("clip", {"m.bin": "is this a path or content?"}, manifest_fields())  # type: ignore[dict-item]
+
+
+def test_non_finite_metrics_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    with pytest.raises(InvalidManifest):
+        store.publish("clip", {"model.safetensors": b"w"}, manifest_fields(metrics={"acc": float("nan")}))
+    assert store.list_models() == [] or store.list_versions("clip") == []
