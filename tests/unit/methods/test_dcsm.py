@@ -28,7 +28,7 @@ from service.methods.dcsm import (
 )
 
 SMOKE = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"
-GROUP = {g: i for i, g in enumerate(FUNCTIONAL_GROUPS)}
+GROUP = {g: i for i, g in enumerate(sorted(FUNCTIONAL_GROUPS))}  # rows follow group names
 
 
 @pytest.fixture(autouse=True)
