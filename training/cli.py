@@ -235,6 +235,8 @@ def pcclip_sweep(
     temperatures: str = "0.05,0.1,0.3,1.0",
     losses: str = "contrastive",
     steps: int = 300,
+    fine_size_fraction: float = 0.2,
+    caption_weight: float = 1.0,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
@@ -244,7 +246,8 @@ def pcclip_sweep(
     rows = []
     for loss in losses.split(","):
         for temperature in map(float, temperatures.split(",")):
-            cfg = PCClipConfig(steps=steps, temperature=temperature, loss=loss, device=device)
+            cfg = PCClipConfig(steps=steps, temperature=temperature, loss=loss, device=device,
+                               fine_size_fraction=fine_size_fraction, caption_weight=caption_weight)
             state = train_pcclip(base, cfg, log=lambda _: None)
             with tempfile.TemporaryDirectory() as tmp:
                 scratch = ModelStore(tmp)

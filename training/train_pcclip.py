@@ -39,6 +39,7 @@ class PCClipConfig:
     temperature: float = 0.1
     loss: str = "contrastive"  # or "mse"
     caption_weight: float = 1.0
+    fine_size_fraction: float = 0.2  # pairs of one size class that differ in radius
     ensemble_weight: float = 1.0  # w * finetuned + (1 - w) * base
     seed: int = 0
     device: str = "cpu"
@@ -46,7 +47,8 @@ class PCClipConfig:
 
 def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
     """Image embeddings of every pair (computed once) plus texts and attributes."""
-    pairs = [sample_difference_pair(Split.TRAIN, cfg.seed, i) for i in range(cfg.pairs)]
+    pairs = [sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction)
+             for i in range(cfg.pairs)]
     rng = np.random.default_rng([cfg.seed, 5])
     firsts = render_batch([p.first for p in pairs], 64, seed=int(rng.integers(2**31)))
     seconds = render_batch([p.second for p in pairs], 64, seed=int(rng.integers(2**31)))

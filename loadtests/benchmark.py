@@ -1,0 +1,230 @@
+"""Service vs naive server vs model-only ceiling, on one model version, in one run.
+
+1. Loads the model version in-process and measures the image tower's best throughput over a few
+   batch sizes (the model-only ceiling: no HTTP, no decoding, no text work).
+2. Starts ``python -m service`` (no Redis: the in-process LRU only) and ``loadtests/naive_server.py``
+   on free 127.0.0.1 ports, both on the same ``name@version``.
+3. Runs ``/classify`` (one image, the same 20 labels every time) and ``/rank-pair`` against each at
+   concurrency 1, 8 and 32, with a fresh image in every request (images never repeat, so the
+   service's embedding cache does not help; the repeated labels do hit its text cache, which is
+   the point of the scenario), and prints throughput, latency and the ratios service / naive and
+   service images/s over the ceiling.
+
+``--arch ViT-B-32`` publishes a random-weights open_clip ViT-B-32 into a temporary store first
+(speed does not depend on weight values) and benchmarks that instead of ``--model``.
+
+    .venv/bin/python loadtests/benchmark.py --store models --model default@production
+    .venv/bin/python loadtests/benchmark.py --arch ViT-B-32 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtests.bench_latency import free_port  # noqa: E402
+from loadtests.run import ImagePool, RunResult, run_load  # noqa: E402
+from model_store import ModelStore  # noqa: E402
+from service.encoders.bundle import ModelBundle  # noqa: E402
+
+ENDPOINTS = {"classify": ("/classify", 1), "rank-pair": ("/rank-pair", 2)}  # scenario -> (name, images/request)
+
+
+def publish_random_arch(root: Path, arch: str) -> str:
+    """Publish a random-weights open_clip ``arch`` as ``bench@production``; returns its ref."""
+    import open_clip
+    import torch
+
+    from training.publish import publish_bundle
+
+    torch.manual_seed(0)
+    model = open_clip.create_model(arch, pretrained=None)
+    manifest = publish_bundle(
+        ModelStore(root),
+        "bench",
+        model,
+        {"open_clip_name": arch},  # type: ignore[arg-type]
+        aliases=["production"],
+        fp16=True,
+        notes=f"random {arch} for benchmarks",
+    )
+    return f"bench@{manifest.version}"
+
+
+def model_ceiling(bundle: ModelBundle, batch_sizes: list[int], min_s: float) -> dict[int, tuple[float, float]]:
+    """Image-tower images/s per batch size on preprocessed uint8 input, in this process.
+
+    From the median time of one call (at least 3 calls, ``min_s`` seconds in all): on a shared
+    machine other processes steal whole time slices, and the median keeps those out of the ceiling.
+    Returns ``{batch size: (images/s at the median call, images/s at the fastest call)}``.
+    """
+    rng = np.random.default_rng(0)
+    out = {}
+    for bs in batch_sizes:
+        batch = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
+        bundle.encode_images(batch)  # warm-up
+        times: list[float] = []
+        t_start = time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - t_start < min_s:
+            t0 = time.perf_counter()
+            bundle.encode_images(batch)
+            times.append(time.perf_counter() - t0)
+        out[bs] = (bs / float(np.median(times)), bs / min(times))
+    return out
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"{url} did not become ready")
+
+
+@contextmanager
+def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
+    if threads is not None:  # torch reads these at start: both servers get the same setting
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.pop("CLIP_REDIS_URL", None)
+    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def measure(url: str, scenario: str, concurrency: int, duration_s: float, pool: ImagePool, warmup: int) -> RunResult:
+    return asyncio.run(
+        run_load(url, scenario, concurrency=concurrency, duration_s=duration_s, pool=pool, warmup=warmup, timeout_s=600)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default="models")
+    parser.add_argument("--model", default="default@production")
+    parser.add_argument("--arch", default=None, help="benchmark a random-weights open_clip architecture instead")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--scenarios", nargs="+", default=list(ENDPOINTS), choices=list(ENDPOINTS))
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per (server, scenario, concurrency)")
+    parser.add_argument("--naive-duration", type=float, default=None, help="default: --duration")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=None, help="distinct images (default from the ceiling)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="intra-op threads for the ceiling and both servers (default: torch's own)",
+    )
+    args = parser.parse_args()
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
+
+    tmp = tempfile.TemporaryDirectory(prefix="bench-store-") if args.arch else None
+    try:
+        if tmp is not None:
+            store_root = Path(tmp.name)
+            t0 = time.perf_counter()
+            ref = publish_random_arch(store_root, args.arch)
+            print(f"published random {args.arch} as {ref} in {time.perf_counter() - t0:.0f} s")
+        else:
+            store_root = Path(args.store) if Path(args.store).is_absolute() else ROOT / args.store
+            name, version = ModelStore(store_root).resolve(args.model)
+            ref = f"{name}@{version}"  # pin the version: both servers must serve the same one
+
+        bundle = ModelBundle.load(ModelStore(store_root), ref)
+        ceiling = model_ceiling(bundle, args.batch_sizes, min_s=2.0 if args.arch is None else 4.0)
+        best_bs = max(ceiling, key=lambda bs: ceiling[bs][0])
+        best = ceiling[best_bs][0]
+        image_size = bundle.image_size
+        del bundle  # free its memory before two servers load the same weights
+        print(
+            f"\nmodel {ref}, image size {image_size}, torch intra-op threads per process: "
+            f"{args.torch_threads or f'default ({torch.get_num_threads()})'}\n"
+        )
+        print("| batch size | image tower images/s (median call) | images/s (fastest call) |\n|---|---|---|")
+        for bs, (ips, fastest) in ceiling.items():
+            print(f"| {bs} | {ips:.1f} | {fastest:.1f} |")
+        print(f"\nceiling: {best:.1f} images/s at batch {best_bs}\n")
+
+        per_run_images = best * args.duration * 2 * 1.5  # rank-pair sends 2 per request; headroom
+        pool_size = args.pool or int(min(40_000, max(2_000, per_run_images * len(args.concurrency))))
+        pool = ImagePool(pool_size, px=image_size, seed=1)
+        store_arg = str(store_root)
+        svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", store_arg, "--model", ref]
+        naive_cmd = [sys.executable, str(ROOT / "loadtests" / "naive_server.py"), "--store", store_arg, "--model", ref]
+        results: dict[tuple[str, str, int], RunResult] = {}
+        for label, cmd, duration in (
+            ("service", svc_cmd, args.duration),
+            ("naive", naive_cmd, args.naive_duration or args.duration),
+        ):
+            with server(cmd, args.torch_threads) as url:
+                for scenario in args.scenarios:
+                    for c in args.concurrency:
+                        res = measure(url, scenario, c, duration, pool, args.warmup)
+                        results[(label, scenario, c)] = res
+                        s = res.summary()[ENDPOINTS[scenario][0]]
+                        print(
+                            f"{label:8s} {scenario:10s} c={c:<3d} {s['throughput']:.2f} req/s "
+                            f"p50 {s['p50']:.0f} ms p99 {s['p99']:.0f} ms errors {s['errors']:.0f}",
+                            flush=True,
+                        )
+        wrapped = pool.handed_out > len(pool.items)
+        print(
+            f"\n{pool.handed_out} images sent from a pool of {len(pool.items)}"
+            f"{' (wrapped: some repeated)' if wrapped else ' (none repeated)'}\n"
+        )
+        print(
+            "| endpoint | conc. | naive req/s | service req/s | service / naive | service images/s | "
+            "% of ceiling | service p50 ms | service p99 ms | p99 / p50 | naive p50 ms | errors (svc/naive) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for scenario in args.scenarios:
+            name, per_req = ENDPOINTS[scenario]
+            for c in args.concurrency:
+                sv = results[("service", scenario, c)].summary()[name]
+                nv = results[("naive", scenario, c)].summary()[name]
+                ratio = sv["throughput"] / nv["throughput"] if nv["throughput"] else float("inf")
+                ips = sv["throughput"] * per_req
+                print(
+                    f"| {name} | {c} | {nv['throughput']:.2f} | {sv['throughput']:.2f} | {ratio:.1f}x | "
+                    f"{ips:.1f} | {100 * ips / best:.0f}% | {sv['p50']:.1f} | {sv['p99']:.1f} | "
+                    f"{sv['p99'] / sv['p50']:.2f} | {nv['p50']:.1f} | {sv['errors']:.0f}/{nv['errors']:.0f} |"
+                )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

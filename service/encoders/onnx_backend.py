@@ -1,0 +1,352 @@
+"""ONNX Runtime backend for a model version's image and text towers, behind a parity gate.
+
+The exported graphs take exactly what the torch path takes and return what it returns:
+
+- image: ``(N, S, S, 3)`` uint8 preprocessed pixels -> ``(N, D)`` L2-normalised float32 (the
+  mean/std normalisation is inside the graph, so the backend is a drop-in for
+  ``ModelBundle.encode_images``);
+- text: ``(N, context_length)`` int64 token ids -> ``(N, D)`` L2-normalised float32. Tokens are
+  padded to the full context: the causal mask makes that exact, and a fixed length keeps the
+  graph free of data-dependent slicing.
+
+Both have a dynamic batch axis. Exports carry a sidecar ``onnx.json`` with the sha256 of each
+graph (checked on load, like the store's checksums), and a backend is only used after
+``require_parity`` found every probe embedding within cosine 0.999 of torch fp32.
+
+    .venv/bin/python -m service.encoders.onnx_backend --store models --model default@production
+    .venv/bin/python -m service.encoders.onnx_backend --arch ViT-B-32
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+from torch import nn
+
+from service.encoders.bundle import ModelBundle
+from service.encoders.clip_model import image_features, normalize, text_features
+from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD
+
+PARITY_THRESHOLD = 0.999
+OPSET = 17
+SIDECAR = "onnx.json"
+# Fixed probe texts: short and long, functional words, one longer than any small context.
+PROBE_TEXTS = (
+    "a red circle.",
+    "a photo of a small blue square.",
+    "a green triangle to the left of a purple diamond",
+    "The first image contains a larger shape, while the second contains a smaller shape.",
+    "a square without a triangle",
+    "cyan cross",
+    " ".join(["a yellow circle above an orange square"] * 12),
+)
+
+
+class BackendError(Exception):
+    """An ONNX export or session that must not serve (bad file, checksum, parity)."""
+
+
+class ImageTower(nn.Module):
+    """uint8 NHWC pixels -> normalised image embeddings, normalisation included."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, model: CLIP, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = pixels.permute(0, 3, 1, 2).float() / 255.0
+        x = (x - self.mean) / self.std
+        return normalize(image_features(self.model, x)[0]).float()
+
+
+class TextTower(nn.Module):
+    """Full-context token ids -> normalised pooled text embeddings."""
+
+    def __init__(self, model: CLIP) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return normalize(text_features(self.model, tokens)[0]).float()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def export_towers(
+    model: CLIP,
+    out_dir: Path,
+    *,
+    image_size: int,
+    context_length: int,
+    mean: Sequence[float] = OPENAI_MEAN,
+    std: Sequence[float] = OPENAI_STD,
+) -> dict[str, Path]:
+    """Export ``image.onnx`` and ``text.onnx`` (+ the checksum sidecar) into ``out_dir``."""
+    # open_clip attention takes torch's fused MHA fast path in eval mode; that op cannot be
+    # exported, so the plain math path must be traced (and the fast path restored afterwards:
+    # it is the quicker one for torch serving in this process).
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    paths = {"image": out_dir / "image.onnx", "text": out_dir / "text.onnx"}
+    pixels = torch.zeros(2, image_size, image_size, 3, dtype=torch.uint8)
+    tokens = torch.zeros(2, context_length, dtype=torch.long)
+    tokens[:, 0], tokens[:, 1] = 49406, 49407  # start, end: a valid (empty) text
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+        # The exporter restores each wrapper's own train/eval flag recursively afterwards: a new
+        # module is in train mode, which would leave the served model with BatchNorm updating.
+        for kind, module, example, in_name in (
+            ("image", ImageTower(model, mean, std).eval(), pixels, "pixels"),
+            ("text", TextTower(model).eval(), tokens, "tokens"),
+        ):
+            torch.onnx.export(
+                module,
+                (example,),
+                str(paths[kind]),
+                input_names=[in_name],
+                output_names=["embedding"],
+                opset_version=OPSET,
+                dynamo=False,
+                dynamic_axes={in_name: {0: "batch"}, "embedding": {0: "batch"}},
+            )
+    model.train(was_training)
+    torch.backends.mha.set_fastpath_enabled(fastpath)
+    sidecar = {
+        "opset": OPSET,
+        "image_size": image_size,
+        "context_length": context_length,
+        "files": {p.name: _sha256(p) for p in paths.values()},
+    }
+    (out_dir / SIDECAR).write_text(json.dumps(sidecar, indent=2))
+    return paths
+
+
+def export_bundle(bundle: ModelBundle, out_dir: Path) -> dict[str, Path]:
+    """Export the towers serving ``bundle``: its image tower and its default text encoder."""
+    pre = bundle.manifest.preprocess
+    return export_towers(
+        bundle.text_model(None),
+        out_dir,
+        image_size=bundle.image_size,
+        context_length=bundle.context_length,
+        mean=pre.get("mean", OPENAI_MEAN),
+        std=pre.get("std", OPENAI_STD),
+    )
+
+
+def providers(device: str = "auto") -> list[str]:
+    """CUDA when asked for (or ``auto``) and present in this onnxruntime build, else CPU."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device in ("cuda", "auto") and "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+@dataclass
+class OnnxTowers:
+    image: object  # onnxruntime.InferenceSession (kept untyped: onnxruntime ships no stubs)
+    text: object
+    context_length: int
+
+    def encode_images(self, images: np.ndarray) -> np.ndarray:
+        return self.image.run(None, {"pixels": np.ascontiguousarray(images, dtype=np.uint8)})[0]  # type: ignore[attr-defined]
+
+    def encode_tokens(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.shape[1] > self.context_length:
+            raise ValueError(f"tokens are longer than the context ({ids.shape[1]} > {self.context_length})")
+        padded = np.zeros((ids.shape[0], self.context_length), dtype=np.int64)
+        padded[:, : ids.shape[1]] = ids
+        return self.text.run(None, {"tokens": padded})[0]  # type: ignore[attr-defined]
+
+
+def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None) -> OnnxTowers:
+    """Sessions over an export; refuses files whose digests differ from the sidecar's."""
+    import onnxruntime as ort
+
+    try:
+        sidecar = json.loads((out_dir / SIDECAR).read_text())
+    except (OSError, ValueError) as exc:
+        raise BackendError(f"no readable {SIDECAR} in {out_dir}: {exc}") from exc
+    bad = {
+        name: "missing" if not (out_dir / name).exists() else "sha256 differs"
+        for name, digest in sidecar["files"].items()
+        if not (out_dir / name).exists() or _sha256(out_dir / name) != digest
+    }
+    if bad:
+        raise BackendError(f"ONNX export in {out_dir} is corrupted: {bad}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    try:
+        sessions = {
+            kind: ort.InferenceSession(str(out_dir / f"{kind}.onnx"), options, providers=providers(device))
+            for kind in ("image", "text")
+        }
+    except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
+        raise BackendError(f"onnxruntime cannot load the export in {out_dir}: {exc}") from exc
+    return OnnxTowers(sessions["image"], sessions["text"], int(sidecar["context_length"]))
+
+
+def ensure_towers(
+    bundle: ModelBundle, export_dir: Path, device: str = "auto", threads: int | None = None
+) -> OnnxTowers:
+    """The serving entry point: reuse (or create) the export in ``export_dir``, load, gate.
+
+    ``export_dir`` should be keyed by name and version (exports are per version, like cache keys).
+    A corrupted or stale export is re-created once; a backend that still fails parity raises
+    ``BackendError``, and the caller refuses the version (or keeps torch).
+    """
+    if not (export_dir / SIDECAR).exists():
+        export_bundle(bundle, export_dir)
+    try:
+        towers = load_towers(export_dir, device, threads)
+    except BackendError:
+        export_bundle(bundle, export_dir)
+        towers = load_towers(export_dir, device, threads)
+    require_parity(bundle, towers)
+    return towers
+
+
+def probe_images(image_size: int, n: int = 6) -> np.ndarray:
+    """Fixed probe pixels: seeded noise, flat colours, gradients (no files, no renderer)."""
+    rng = np.random.default_rng(1234)
+    images = [rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8) for _ in range(n // 2)]
+    ramp = np.linspace(0, 255, image_size, dtype=np.float32)
+    for i in range(n - len(images)):
+        img = np.empty((image_size, image_size, 3), dtype=np.float32)
+        img[..., 0] = ramp[None, :]
+        img[..., 1] = ramp[:, None]
+        img[..., 2] = 60.0 * (i + 1)
+        images.append(img.astype(np.uint8))
+    return np.stack(images)
+
+
+def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.shape != b.shape:
+        return np.full(max(len(a), 1), -1.0)
+    num = (a * b).sum(axis=1)
+    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cos = num / np.maximum(den, 1e-12)
+    return np.where(np.isfinite(cos), cos, -1.0)  # NaN / inf from a broken graph counts as -1
+
+
+def check_parity(bundle: ModelBundle, towers: OnnxTowers) -> float:
+    """Min cosine between torch fp32 and ONNX embeddings over the fixed probe images and texts."""
+    images = probe_images(bundle.image_size)
+    tokens, _ = bundle.tokenize(list(PROBE_TEXTS))
+    with torch.no_grad():
+        ref_img = bundle.encode_images(images)
+        ref_txt = bundle.encode_tokens(tokens, None)
+    cos = np.concatenate(
+        [_row_cosines(ref_img, towers.encode_images(images)), _row_cosines(ref_txt, towers.encode_tokens(tokens))]
+    )
+    return float(cos.min())
+
+
+def require_parity(bundle: ModelBundle, towers: OnnxTowers, threshold: float = PARITY_THRESHOLD) -> float:
+    """The gate: raise ``BackendError`` unless every probe embedding has cosine >= ``threshold``."""
+    worst = check_parity(bundle, towers)
+    if not worst >= threshold:
+        raise BackendError(f"ONNX backend for {bundle.ref} refused: min probe cosine {worst:.6f} < {threshold}")
+    return worst
+
+
+def image_throughput(encode: object, images: np.ndarray, min_s: float) -> float:
+    """Images/s of ``encode(images)`` over at least ``min_s`` seconds, after one warm-up call."""
+    fn = encode  # a callable; typed loosely so torch and onnx encoders fit alike
+    fn(images)  # type: ignore[operator]
+    n, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < min_s or n == 0:
+        fn(images)  # type: ignore[operator]
+        n += len(images)
+    return n / elapsed
+
+
+def _random_bundle(arch: str, directory: Path) -> ModelBundle:
+    """A random-weights open_clip ``arch`` as a bundle (speed does not depend on weight values)."""
+    import open_clip
+
+    from model_store import Manifest
+
+    cfg = open_clip.get_model_config(arch)
+    if cfg is None:
+        raise SystemExit(f"unknown open_clip architecture {arch!r}")
+    manifest = Manifest(
+        name="bench",
+        version="random",
+        architecture={"open_clip_name": arch},
+        context_length=cfg["text_cfg"].get("context_length", 77),
+        embed_dim=cfg["embed_dim"],
+        image_size=cfg["vision_cfg"].get("image_size", 224),
+        preprocess={"mean": list(OPENAI_MEAN), "std": list(OPENAI_STD)},
+    )
+    torch.manual_seed(0)
+    return ModelBundle.from_directory(manifest, directory)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="export to ONNX, gate on parity, compare image throughput")
+    parser.add_argument("--store", default="models")
+    parser.add_argument("--model", default="default@production")
+    parser.add_argument("--arch", default=None, help="a random-weights open_clip architecture instead of --model")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--min-seconds", type=float, default=3.0)
+    parser.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads for torch and onnxruntime alike")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory(prefix="onnx-export-") as tmp:
+        if args.arch:
+            bundle = _random_bundle(args.arch, Path(tmp))
+        else:
+            from model_store import ModelStore
+
+            bundle = ModelBundle.load(ModelStore(args.store), args.model)
+        t0 = time.perf_counter()
+        export_bundle(bundle, Path(tmp) / "onnx")
+        towers = load_towers(Path(tmp) / "onnx", device=args.device, threads=args.threads)
+        used = towers.image.get_providers()  # type: ignore[attr-defined]
+        name = bundle.ref if not args.arch else f"{args.arch} (random weights)"
+        print(f"model {name}: exported in {time.perf_counter() - t0:.1f} s, providers {used}")
+        worst = require_parity(bundle, towers)
+        print(
+            f"parity: min cosine {worst:.6f} over {len(probe_images(bundle.image_size))} probe images and "
+            f"{len(PROBE_TEXTS)} texts (gate >= {PARITY_THRESHOLD})\n"
+        )
+        print("| batch | torch eager images/s | onnxruntime images/s | onnx / torch |\n|---|---|---|---|")
+        rng = np.random.default_rng(0)
+        for bs in args.batch_sizes:
+            images = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
+            t = image_throughput(bundle.encode_images, images, args.min_seconds)
+            o = image_throughput(towers.encode_images, images, args.min_seconds)
+            print(f"| {bs} | {t:.1f} | {o:.1f} | {o / t:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
