@@ -90,8 +90,23 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
     env.pop("CLIP_REDIS_URL", None)
-    server = subprocess.Popen([sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port),
-                               "--store", args.store, "--model", args.model], cwd=ROOT, env=env)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--store",
+            args.store,
+            "--model",
+            args.model,
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         for _ in range(600):
@@ -104,10 +119,13 @@ def main() -> None:
         else:
             raise SystemExit("service did not become ready")
 
-        bundle = ModelBundle.load(ModelStore(ROOT / args.store if not Path(args.store).is_absolute() else args.store),
-                                  args.model)  # fmt: skip
-        arrays = {k: bundle.preprocess(Image.open(io.BytesIO(v))) for k, v in
-                  {"pair": img_pair, "big": img_big, "small": img_small}.items()}  # fmt: skip
+        bundle = ModelBundle.load(
+            ModelStore(ROOT / args.store if not Path(args.store).is_absolute() else args.store), args.model
+        )
+        arrays = {
+            k: bundle.preprocess(Image.open(io.BytesIO(v)))
+            for k, v in {"pair": img_pair, "big": img_big, "small": img_small}.items()
+        }
         labels = ["circle", "square", "triangle", "diamond", "cross"]
 
         def post(path: str, body: dict) -> Callable[[], object]:
@@ -119,22 +137,39 @@ def main() -> None:
             return call
 
         cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
-            ("POST /score/dense (1 image, 4 texts)",
-             post("/score/dense", {"image": {"data": b64["pair"]}, "texts": DENSE_TEXTS}),
-             lambda: bundle.score_dense(bundle.encode_dense_images(arrays["pair"][None])[0],
-                                        bundle.encode_dense_texts(DENSE_TEXTS), bundle.dense_layouts(DENSE_TEXTS))),
-            ("POST /rank-pair",
-             post("/rank-pair", {"image_a": {"data": b64["big"]}, "image_b": {"data": b64["small"]},
-                                 "difference": SIZE_TEXT}),
-             lambda: (bundle.encode_images(np.stack([arrays["big"], arrays["small"]])),
-                      bundle.encode_texts([SIZE_TEXT]))),
-            ("POST /classify (1 image, 5 labels)",
-             post("/classify", {"images": [{"data": b64["big"]}], "labels": labels}),
-             lambda: (bundle.encode_images(arrays["big"][None]),
-                      bundle.encode_texts([f"a photo of a {x}." for x in labels] * 5))),
-        ]  # fmt: skip
-        print(f"model {bundle.ref}, n={args.n} sequential requests each (the service caches repeated inputs; "
-              "the model-only column recomputes everything)\n")  # fmt: skip
+            (
+                "POST /score/dense (1 image, 4 texts)",
+                post("/score/dense", {"image": {"data": b64["pair"]}, "texts": DENSE_TEXTS}),
+                lambda: bundle.score_dense(
+                    bundle.encode_dense_images(arrays["pair"][None])[0],
+                    bundle.encode_dense_texts(DENSE_TEXTS),
+                    bundle.dense_layouts(DENSE_TEXTS),
+                ),
+            ),
+            (
+                "POST /rank-pair",
+                post(
+                    "/rank-pair",
+                    {"image_a": {"data": b64["big"]}, "image_b": {"data": b64["small"]}, "difference": SIZE_TEXT},
+                ),
+                lambda: (
+                    bundle.encode_images(np.stack([arrays["big"], arrays["small"]])),
+                    bundle.encode_texts([SIZE_TEXT]),
+                ),
+            ),
+            (
+                "POST /classify (1 image, 5 labels)",
+                post("/classify", {"images": [{"data": b64["big"]}], "labels": labels}),
+                lambda: (
+                    bundle.encode_images(arrays["big"][None]),
+                    bundle.encode_texts([f"a photo of a {x}." for x in labels] * 5),
+                ),
+            ),
+        ]
+        print(
+            f"model {bundle.ref}, n={args.n} sequential requests each (the service caches repeated inputs; "
+            "the model-only column recomputes everything)\n"
+        )
         print("| endpoint | service p50 ms | service p95 ms | model-only p50 ms | ratio p50 |")
         print("|---|---|---|---|---|")
         for name, http_call, direct in cases:

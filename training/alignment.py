@@ -71,9 +71,13 @@ class AlignmentTargets:
 
 
 def mask_alignment_loss(
-    patch_tok: torch.Tensor, text_tok: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-    targets: torch.Tensor, temperature: float = 0.05,
-) -> torch.Tensor:  # fmt: skip
+    patch_tok: torch.Tensor,
+    text_tok: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 0.05,
+) -> torch.Tensor:
     """Cross-entropy between each named token's patch softmax and its object's mask.
 
     ``patch_tok`` (B, P, D) patch tokens (no class token), ``text_tok`` (B, L, D); both are

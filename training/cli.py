@@ -71,8 +71,10 @@ def world_bench(n: int = 2000, seed: int = 0) -> None:
     t1 = time.perf_counter()
     render_batch(scenes, 64, seed=seed)
     t2 = time.perf_counter()
-    console.print(f"sample {n / (t1 - t0):,.0f} scenes/s, render 64x64 {n / (t2 - t1):,.0f} scenes/s, "
-                  f"end to end {n / (t2 - t0):,.0f} scenes/s")  # fmt: skip
+    console.print(
+        f"sample {n / (t1 - t0):,.0f} scenes/s, render 64x64 {n / (t2 - t1):,.0f} scenes/s, "
+        f"end to end {n / (t2 - t0):,.0f} scenes/s"
+    )
 
 
 @app.command("base")
@@ -88,20 +90,44 @@ def base_cmd(
     """Train the base CLIP from scratch (resumes from OUT/checkpoint.pt)."""
     if threads:
         torch.set_num_threads(threads)
-    cfg = BaseTrainConfig(model_config=model_config(config), steps=steps, batch_size=batch_size, seed=seed,
-                          device=device, bf16=device == "cpu" or device.startswith("cuda"))  # fmt: skip
+    cfg = BaseTrainConfig(
+        model_config=model_config(config),
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+        device=device,
+        bf16=device == "cpu" or device.startswith("cuda"),
+    )
     train_base(cfg, out, log=console.print)
 
 
 def _build(
-    store: ModelStore, name: str, config: str, run_dir: Path, steps: int, schedule_steps: int, align_start: int,
-    pcclip_steps: int, seed: int, device: str, eval_cfg: EvalConfig, aliases: list[str],
-) -> dict:  # fmt: skip
+    store: ModelStore,
+    name: str,
+    config: str,
+    run_dir: Path,
+    steps: int,
+    schedule_steps: int,
+    align_start: int,
+    pcclip_steps: int,
+    seed: int,
+    device: str,
+    eval_cfg: EvalConfig,
+    aliases: list[str],
+) -> dict:
     arch = model_config(config)
-    base_cfg = BaseTrainConfig(model_config=arch, steps=steps, seed=seed, device=device,
-                               eval_every=max(1, min(250, steps)), checkpoint_every=max(1, min(200, steps)),
-                               schedule_steps=schedule_steps, phase2_start=align_start, align_start=align_start,
-                               align_weight=1.0)  # fmt: skip
+    base_cfg = BaseTrainConfig(
+        model_config=arch,
+        steps=steps,
+        seed=seed,
+        device=device,
+        eval_every=max(1, min(250, steps)),
+        checkpoint_every=max(1, min(200, steps)),
+        schedule_steps=schedule_steps,
+        phase2_start=align_start,
+        align_start=align_start,
+        align_weight=1.0,
+    )
     if steps <= 50:  # smoke configurations: shorter warm-up phases
         base_cfg.text_freeze_steps = base_cfg.filip_start = steps // 3
         base_cfg.warmup_steps = max(1, steps // 5)
@@ -109,8 +135,13 @@ def _build(
     t0 = time.time()
     model = train_base(base_cfg, run_dir / "base", log=console.print)
     base_seconds = time.time() - t0
-    pc_cfg = PCClipConfig(steps=pcclip_steps, seed=seed, device=device,
-                          pairs=12000 if pcclip_steps > 50 else 512, batch_size=128 if pcclip_steps > 50 else 32)  # fmt: skip
+    pc_cfg = PCClipConfig(
+        steps=pcclip_steps,
+        seed=seed,
+        device=device,
+        pairs=12000 if pcclip_steps > 50 else 512,
+        batch_size=128 if pcclip_steps > 50 else 32,
+    )
     t0 = time.time()
     pc_path = run_dir / "pcclip.pt"
     if pc_path.exists() and torch.load(pc_path, weights_only=False)["config"] == vars(pc_cfg):
@@ -122,17 +153,35 @@ def _build(
     pc_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
-    dcsm_files, dcsm_component = train_dcsm_files(model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm",
-                                                  log=console.print)  # fmt: skip
+    dcsm_files, dcsm_component = train_dcsm_files(
+        model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm", log=console.print
+    )
     dcsm_seconds = time.time() - t0
-    training = {"base": {k: v for k, v in vars(base_cfg).items() if k != "model_config"}, "base_seconds": base_seconds,
-                "pcclip": vars(pc_cfg), "pcclip_seconds": pc_seconds, "dcsm": asdict(dcsm_cfg),
-                "dcsm_seconds": dcsm_seconds}  # fmt: skip
-    data = {"world": "shapes", "image_size": 64, "train_split": "TRAIN", "held_out_combos": sorted(map(list, HELD_OUT_COMBOS)),
-            "pcclip_pairs": pc_cfg.pairs, "base_scenes_seen": steps * base_cfg.batch_size}  # fmt: skip
-    kwargs = dict(text_variants={"pcclip": pc_state}, default_text_encoder="pcclip",
-                  comparatives=comparatives_library(), training=training, data=data,
-                  extra_files=dcsm_files, components={"dcsm": dcsm_component})  # fmt: skip
+    training = {
+        "base": {k: v for k, v in vars(base_cfg).items() if k != "model_config"},
+        "base_seconds": base_seconds,
+        "pcclip": vars(pc_cfg),
+        "pcclip_seconds": pc_seconds,
+        "dcsm": asdict(dcsm_cfg),
+        "dcsm_seconds": dcsm_seconds,
+    }
+    data = {
+        "world": "shapes",
+        "image_size": 64,
+        "train_split": "TRAIN",
+        "held_out_combos": sorted(map(list, HELD_OUT_COMBOS)),
+        "pcclip_pairs": pc_cfg.pairs,
+        "base_scenes_seen": steps * base_cfg.batch_size,
+    }
+    kwargs = dict(
+        text_variants={"pcclip": pc_state},
+        default_text_encoder="pcclip",
+        comparatives=comparatives_library(),
+        training=training,
+        data=data,
+        extra_files=dcsm_files,
+        components={"dcsm": dcsm_component},
+    )
     with tempfile.TemporaryDirectory() as tmp:
         # Evaluate exactly what will be served: the stored (fp16) weights, loaded back.
         scratch = ModelStore(tmp)
@@ -141,8 +190,16 @@ def _build(
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
     # Undefined figures (e.g. an empty subset) stay in eval.json as NaN; the manifest holds numbers.
     flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr") and math.isfinite(v)}
-    manifest = publish_bundle(store, name, model.cpu(), arch, metrics=flat, aliases=aliases,
-                              notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.", **kwargs)  # type: ignore[arg-type]
+    manifest = publish_bundle(
+        store,
+        name,
+        model.cpu(),
+        arch,
+        metrics=flat,
+        aliases=aliases,
+        notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.",
+        **kwargs,
+    )  # type: ignore[arg-type]
     report["model"] = manifest.ref
     store.write_annex(name, manifest.version, "eval.json", json.dumps(report, indent=2).encode())
     return report
@@ -152,8 +209,9 @@ def _print_report(report: dict) -> None:
     metrics = report["metrics"]
     encoders = sorted({k.split(".")[0] for k in metrics if ".zeroshot." in k}, key=lambda e: (e != "base", e))
     console.print(f"\n## Evaluation of {report['model']} (mean ± stderr over seeds {report['seeds']})\n")
-    console.print(metrics_table({k: v for k, v in metrics.items() if k.split(".")[0] in encoders}, encoders),
-                  markup=False)  # fmt: skip
+    console.print(
+        metrics_table({k: v for k, v in metrics.items() if k.split(".")[0] in encoders}, encoders), markup=False
+    )
     dense = {k: v for k, v in metrics.items() if k.split(".")[0] in ("cosine", "dcsm", "readout", "dense")}
     if dense:
         console.print("\n### Dense scoring (2-way: caption vs its hard negative) and localisation\n")
@@ -163,11 +221,15 @@ def _print_report(report: dict) -> None:
     for enc in encoders:
         comp = first.get(f"{enc}.comparative")
         if comp:
-            console.print(f"\n### Comparative prompting sweep, {enc} (seed {report['seeds'][0]}; pairs {comp['pairs']})\n")
+            console.print(
+                f"\n### Comparative prompting sweep, {enc} (seed {report['seeds'][0]}; pairs {comp['pairs']})\n"
+            )
             console.print(sweep_table(comp["sweep"]), markup=False)
         geo = first.get(f"{enc}.text_geometry")
         if geo:
-            console.print(f"\ntext geometry ({enc}): " + ", ".join(f"{k} {v:.3f}" for k, v in geo.items()), markup=False)
+            console.print(
+                f"\ntext geometry ({enc}): " + ", ".join(f"{k} {v:.3f}" for k, v in geo.items()), markup=False
+            )
 
 
 @app.command("build-default")
@@ -179,10 +241,10 @@ def build_default(
     steps: Annotated[int, typer.Option(help="Base training steps in all.")] = 1700,
     schedule_steps: Annotated[int, typer.Option(help="Horizon of the warm-up + cosine schedule.")] = 2200,
     align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400,
-    pcclip_steps: int = 500,
+    pcclip_steps: int = 800,
     seed: int = 0,
     device: DeviceOpt = "cpu",
-    promote: Annotated[list[str], typer.Option(help="Aliases to point at the new version.")] = ["production"],
+    promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
     eval_seeds: int = 3,
     smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False,
 ) -> None:
@@ -193,9 +255,29 @@ def build_default(
     if smoke:
         config, steps, pcclip_steps = "shapes-smoke", min(steps, 30), min(pcclip_steps, 20)
         schedule_steps, align_start = steps, 2 * steps // 3
-        eval_cfg = EvalConfig(seeds=tuple(range(min(eval_seeds, 2))), n_zeroshot=60, n_pairs=40, n_compositional=40, n_pil=20, n_calibration=60)
-    report = _build(ModelStore(store), name, config, run_dir, steps, schedule_steps, align_start, pcclip_steps, seed,
-                    device, eval_cfg, promote)  # fmt: skip
+        eval_cfg = EvalConfig(
+            seeds=tuple(range(min(eval_seeds, 2))),
+            n_zeroshot=60,
+            n_pairs=40,
+            n_compositional=40,
+            n_pil=20,
+            n_calibration=60,
+        )
+    aliases = promote if promote is not None else ["production"]
+    report = _build(
+        ModelStore(store),
+        name,
+        config,
+        run_dir,
+        steps,
+        schedule_steps,
+        align_start,
+        pcclip_steps,
+        seed,
+        device,
+        eval_cfg,
+        aliases,
+    )
     _print_report(report)
 
 
@@ -235,8 +317,8 @@ def pcclip_sweep(
     temperatures: str = "0.05,0.1,0.3,1.0",
     losses: str = "contrastive",
     steps: int = 300,
-    fine_size_fraction: float = 0.2,
-    caption_weight: float = 1.0,
+    fine_size_fraction: float = 0.5,
+    caption_weight: float = 0.3,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
@@ -246,8 +328,14 @@ def pcclip_sweep(
     rows = []
     for loss in losses.split(","):
         for temperature in map(float, temperatures.split(",")):
-            cfg = PCClipConfig(steps=steps, temperature=temperature, loss=loss, device=device,
-                               fine_size_fraction=fine_size_fraction, caption_weight=caption_weight)
+            cfg = PCClipConfig(
+                steps=steps,
+                temperature=temperature,
+                loss=loss,
+                device=device,
+                fine_size_fraction=fine_size_fraction,
+                caption_weight=caption_weight,
+            )
             state = train_pcclip(base, cfg, log=lambda _: None)
             with tempfile.TemporaryDirectory() as tmp:
                 scratch = ModelStore(tmp)
@@ -257,14 +345,21 @@ def pcclip_sweep(
                 ranks = ev.rank_accuracy(ev.rank_pairs(1000, 300), generator_images, ["pcclip"])["pcclip"]
                 scenes = [sample_scene(Split.TEST, 1000, i, n_objects=1) for i in range(300)]
                 zs = ev.zero_shot(scenes, ev.images(generator_images(scenes)), "pcclip")
-            rows.append({"loss": loss, "temperature": temperature, **{f"rank.{k}": v for k, v in ranks.items()},
-                         **{f"zeroshot.{k}": v for k, v in zs.items()}})  # fmt: skip
+            rows.append(
+                {
+                    "loss": loss,
+                    "temperature": temperature,
+                    **{f"rank.{k}": v for k, v in ranks.items()},
+                    **{f"zeroshot.{k}": v for k, v in zs.items()},
+                }
+            )
             console.print(rows[-1])
     keys = list(rows[0])
     console.print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys), markup=False)
     for r in rows:
-        console.print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |",
-                      markup=False)  # fmt: skip
+        console.print(
+            "| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |", markup=False
+        )
 
 
 @app.command("heatmap")
@@ -286,12 +381,23 @@ def heatmap(
 
 
 @app.command("init-random")
-def init_random(name: str, store: StoreOpt = Path("models"), config: str = "shapes-smoke", seed: int = 0,
-                alias: list[str] = ["production"]) -> None:  # fmt: skip
+def init_random(
+    name: str,
+    store: StoreOpt = Path("models"),
+    config: str = "shapes-smoke",
+    seed: int = 0,
+    alias: list[str] | None = None,
+) -> None:
     """Publish a randomly initialised model (for load tests of real-sized architectures)."""
     torch.manual_seed(seed)
-    manifest = publish_bundle(ModelStore(store), name, build_model(model_config(config)), model_config(config),
-                              aliases=alias, notes="random weights: for speed and plumbing tests only")  # fmt: skip
+    manifest = publish_bundle(
+        ModelStore(store),
+        name,
+        build_model(model_config(config)),
+        model_config(config),
+        aliases=alias if alias is not None else ["production"],
+        notes="random weights: for speed and plumbing tests only",
+    )
     console.print(f"published {manifest.ref}")
 
 

@@ -33,8 +33,15 @@ from training.world.scene import Scene, Split, sample_scene
 from training.world.vocab import COLOUR_NAMES, SHAPES
 
 PIL_BACKGROUNDS = ((255, 255, 255), (0, 0, 0), (235, 235, 235), (40, 40, 40))
-RELATION_WORDS = {"left": "left of", "right": "right of", "above": "above", "over": "above",
-                  "below": "below", "under": "below", "beneath": "below"}  # fmt: skip
+RELATION_WORDS = {
+    "left": "left of",
+    "right": "right of",
+    "above": "above",
+    "over": "above",
+    "below": "below",
+    "under": "below",
+    "beneath": "below",
+}
 SPAN_OFFSET = 10**6  # evaluation item indices never coincide with training ones
 
 
@@ -86,8 +93,11 @@ def localisation(
             best = int((img_tok[b, 1:] @ text.tokens[b, end - 1]).argmax())
             hits[attribute].append(float(target[best]))
             chance.append(float(np.mean(target)))
-    return {"colour": float(np.mean(hits["colour"])), "shape": float(np.mean(hits["shape"])),
-            "chance": float(np.mean(chance))}  # fmt: skip
+    return {
+        "colour": float(np.mean(hits["colour"])),
+        "shape": float(np.mean(hits["shape"])),
+        "chance": float(np.mean(chance)),
+    }
 
 
 def _centroid(probs: torch.Tensor, grid: int) -> tuple[float, float]:
@@ -137,12 +147,17 @@ def readout(encoder: DenseEncoder, items: Sequence[HardNegative], img_tok: torch
                     scores.append(_spatial_score(probs, relation_words.spans(texts[row]), grid))
                 else:
                     # Adjacent (colour, shape) word pairs: overlap of their patch distributions.
-                    overlaps = [float(torch.sqrt(probs[a] * probs[b]).sum()) for a, b in pairwise(spans)
-                                if a[2] in COLOUR_NAMES and b[2] in SHAPES and b[0] == a[1]]  # fmt: skip
+                    overlaps = [
+                        float(torch.sqrt(probs[a] * probs[b]).sum())
+                        for a, b in pairwise(spans)
+                        if a[2] in COLOUR_NAMES and b[2] in SHAPES and b[0] == a[1]
+                    ]
                     scores.append(float(np.mean(overlaps)) if overlaps else 0.0)
             (spatial if kind == "spatial" else binding).append(float(scores[0] > scores[1]))
-    return {"spatial": float(np.mean(spatial)) if spatial else float("nan"),
-            "binding": float(np.mean(binding)) if binding else float("nan")}  # fmt: skip
+    return {
+        "spatial": float(np.mean(spatial)) if spatial else float("nan"),
+        "binding": float(np.mean(binding)) if binding else float("nan"),
+    }
 
 
 def _pil_images(scenes: Sequence[Scene], image_size: int) -> np.ndarray:
@@ -153,8 +168,9 @@ def _pil_images(scenes: Sequence[Scene], image_size: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def two_way(encoder: DenseEncoder, head: DCSMHead | None, items: Sequence[HardNegative], images: np.ndarray
-            ) -> tuple[dict[str, np.ndarray], torch.Tensor]:  # fmt: skip
+def two_way(
+    encoder: DenseEncoder, head: DCSMHead | None, items: Sequence[HardNegative], images: np.ndarray
+) -> tuple[dict[str, np.ndarray], torch.Tensor]:
     """Per item: DCSM and cosine wins (positive caption above the negative); image tokens."""
     pooled, img_tok = encoder.image_features(images)
     pos, neg = (
@@ -190,8 +206,11 @@ def dense_metrics(
     encoder = DenseEncoder(model, context_length or int(model.context_length), groups, length, mean, std, device)
     image_size = int(model.visual.image_size[0])
     flat: dict[str, float] = {}
-    for prefix, split, source in (("", Split.TEST, "generator"), ("heldout.", Split.HELDOUT, "generator"),
-                                  ("pil.", Split.TEST, "pil")):  # fmt: skip
+    for prefix, split, source in (
+        ("", Split.TEST, "generator"),
+        ("heldout.", Split.HELDOUT, "generator"),
+        ("pil.", Split.TEST, "pil"),
+    ):
         items = [sample_hard_negative(split, seed, SPAN_OFFSET + i, kind) for kind in KINDS for i in range(n)]
         scenes = [it.scene for it in items]
         images = (

@@ -133,9 +133,15 @@ class Evaluator:
         hard negatives, plus the localisation of the dense features (training/dense_eval.py)."""
         pre = self.bundle.manifest.preprocess
         return dense_metrics(
-            self.bundle.model, getattr(self.bundle, "dcsm", None), seed, n=self.cfg.n_compositional,
-            context_length=self.bundle.context_length, mean=pre["mean"], std=pre["std"], device=self.bundle.device,
-        )  # fmt: skip
+            self.bundle.model,
+            getattr(self.bundle, "dcsm", None),
+            seed,
+            n=self.cfg.n_compositional,
+            context_length=self.bundle.context_length,
+            mean=pre["mean"],
+            std=pre["std"],
+            device=self.bundle.device,
+        )
 
     # ------------------------------------------------------------------ comparative prompting
     def comparative(self, seed: int, encoder: str) -> dict[str, object]:
@@ -155,7 +161,9 @@ class Evaluator:
         def split_set(offset: int) -> tuple[np.ndarray, np.ndarray]:
             key = (seed, offset)
             if key not in self._image_sets:  # shared by every encoder
-                scenes = [sample_scene(Split.TEST, seed, offset + i, n_objects=1) for i in range(self.cfg.n_calibration)]
+                scenes = [
+                    sample_scene(Split.TEST, seed, offset + i, n_objects=1) for i in range(self.cfg.n_calibration)
+                ]
                 y = np.array([labels.index(f"{s.objects[0].colour} {s.objects[0].shape}") for s in scenes])
                 self._image_sets[key] = (self.images(generator_images(scenes)), y)
             return self._image_sets[key]
@@ -186,8 +194,17 @@ class Evaluator:
                 for gate in (None, 0.2, 0.5):
                     cal = accuracy(cal_x, cal_y, alpha, sym, gate)
                     test = accuracy(test_x, test_y, alpha, sym, gate)
-                    sweep.append({"alpha": alpha, "symmetric": sym, "gate": gate, "cal_confused": cal[0],
-                                  "cal_overall": cal[1], "confused": test[0], "overall": test[1]})  # fmt: skip
+                    sweep.append(
+                        {
+                            "alpha": alpha,
+                            "symmetric": sym,
+                            "gate": gate,
+                            "cal_confused": cal[0],
+                            "cal_overall": cal[1],
+                            "confused": test[0],
+                            "overall": test[1],
+                        }
+                    )
         base_test = accuracy(test_x, test_y, 1.0, False, None)
         base_cal_overall = accuracy(cal_x, cal_y, 1.0, False, None)[1]
 
@@ -198,12 +215,16 @@ class Evaluator:
         best = max(sweep, key=selection_score)
         return {
             "pairs": [(labels[a], labels[b], int(n)) for a, b, n in pairs],
-            "standard.confused": base_test[0], "standard.overall": base_test[1],
-            "selected.confused": best["confused"], "selected.overall": best["overall"],
+            "standard.confused": base_test[0],
+            "standard.overall": base_test[1],
+            "selected.confused": best["confused"],
+            "selected.overall": best["overall"],
             "selected": {k: best[k] for k in ("alpha", "symmetric", "gate")},
-            "paper_default.confused": next(r["confused"] for r in sweep if r["alpha"] == 0.9 and not r["symmetric"] and r["gate"] is None),
+            "paper_default.confused": next(
+                r["confused"] for r in sweep if r["alpha"] == 0.9 and not r["symmetric"] and r["gate"] is None
+            ),
             "sweep": sweep,
-        }  # fmt: skip
+        }
 
     # ------------------------------------------------------------------ text geometry
     def text_geometry(self, encoder: str) -> dict[str, float]:
@@ -221,15 +242,23 @@ class Evaluator:
             for j, b in enumerate(labels):
                 if i == j:
                     continue
-                t_ab, t_ba = self.texts([f"The first shape is {a}, while the second is {b}.",
-                                         f"The first shape is {b}, while the second is {a}."], encoder)  # fmt: skip
+                t_ab, t_ba = self.texts(
+                    [
+                        f"The first shape is {a}, while the second is {b}.",
+                        f"The first shape is {b}, while the second is {a}.",
+                    ],
+                    encoder,
+                )
                 diff = cls[i] - cls[j]
                 align.append(float(t_ab @ diff / (np.linalg.norm(diff) + 1e-12)))
                 rev.append(float(t_ab @ t_ba))
         sims = cls @ cls.T
         off = sims[~np.eye(len(labels), dtype=bool)]
-        return {"difference_alignment": float(np.mean(align)), "reversal_cosine": float(np.mean(rev)),
-                "prompt_distance": float(np.mean(1 - off))}  # fmt: skip
+        return {
+            "difference_alignment": float(np.mean(align)),
+            "reversal_cosine": float(np.mean(rev)),
+            "prompt_distance": float(np.mean(1 - off)),
+        }
 
     # ------------------------------------------------------------------ one seed
     def run_seed(self, seed: int) -> tuple[dict[str, float], dict[str, object]]:
@@ -256,7 +285,13 @@ class Evaluator:
         flat.update(self.dense(seed))
         for enc in self.encoders:
             comp = self.comparative(seed, enc)
-            for k in ("standard.confused", "standard.overall", "selected.confused", "selected.overall", "paper_default.confused"):
+            for k in (
+                "standard.confused",
+                "standard.overall",
+                "selected.confused",
+                "selected.overall",
+                "paper_default.confused",
+            ):
                 flat[f"{enc}.comparative.{k}"] = comp[k]  # type: ignore[assignment]
             details[f"{enc}.comparative"] = {k: comp[k] for k in ("pairs", "selected", "sweep")}
             details[f"{enc}.text_geometry"] = self.text_geometry(enc)
@@ -278,6 +313,11 @@ def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[
         values = np.array([r[key] for r in runs], dtype=float)
         metrics[key] = float(np.mean(values))
         metrics[f"{key}.stderr"] = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
-    samples = {"zeroshot": cfg.n_zeroshot, "rank_pair": cfg.n_pairs, "pil": cfg.n_pil,
-               "compositional": cfg.n_compositional, "comparative": cfg.n_calibration}  # fmt: skip
+    samples = {
+        "zeroshot": cfg.n_zeroshot,
+        "rank_pair": cfg.n_pairs,
+        "pil": cfg.n_pil,
+        "compositional": cfg.n_compositional,
+        "comparative": cfg.n_calibration,
+    }
     return {"model": bundle.ref, "metrics": metrics, "seeds": list(cfg.seeds), "samples": samples, "details": details}

@@ -69,8 +69,12 @@ def publish_bundle(
         "context_length": int(model.context_length),
         "embed_dim": int(model.text_projection.shape[1]),
         "image_size": int(vis.get("image_size", 224)),
-        "preprocess": {"mean": list(OPENAI_MEAN), "std": list(OPENAI_STD), "interpolation": "bicubic",
-                       "resize_mode": "shortest"},  # fmt: skip
+        "preprocess": {
+            "mean": list(OPENAI_MEAN),
+            "std": list(OPENAI_STD),
+            "interpolation": "bicubic",
+            "resize_mode": "shortest",
+        },
         "components": {
             "weights": "model.safetensors",
             "weights_dtype": "float16" if fp16 else "float32",

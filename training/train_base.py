@@ -66,7 +66,9 @@ class BaseTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def filip_loss(img_tok: torch.Tensor, txt_tok: torch.Tensor, txt_mask: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+def filip_loss(
+    img_tok: torch.Tensor, txt_tok: torch.Tensor, txt_mask: torch.Tensor, logit_scale: torch.Tensor
+) -> torch.Tensor:
     """Token-level (FILIP) contrastive loss between patch tokens and word tokens.
 
     sim[i, j] = mean over words t of text j of max over patches p of image i of cos(p, t),
@@ -141,8 +143,14 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
     probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes)
     autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
     t0 = time.time()
-    columns = [TextColumn("[bold]base"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]  # fmt: skip
+    columns = [
+        TextColumn("[bold]base"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=cfg.steps, completed=start, info="")
         for step in range(start, cfg.steps):
@@ -158,14 +166,23 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
                 img_pooled, img_tok = image_features(model, images, dense=use_filip or use_align)
                 txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip or use_align)
                 scale = model.logit_scale.exp().clamp(max=100)
-                loss = clip_contrastive_loss(F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale)
+                loss = clip_contrastive_loss(
+                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                )
                 if use_filip:
-                    loss = loss + cfg.filip_weight * filip_loss(img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale)
+                    loss = loss + cfg.filip_weight * filip_loss(
+                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
+                    )
                 if use_align:
                     rows, cols, targets = align_targets(scenes, tokens.cpu())
                     loss = loss + cfg.align_weight * mask_alignment_loss(
-                        img_tok[:, 1:].float(), txt_tok.float(), rows.to(cfg.device), cols.to(cfg.device),
-                        targets, cfg.align_temperature)  # fmt: skip
+                        img_tok[:, 1:].float(),
+                        txt_tok.float(),
+                        rows.to(cfg.device),
+                        cols.to(cfg.device),
+                        targets,
+                        cfg.align_temperature,
+                    )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -80,8 +80,14 @@ class FeatureCache:
 
 
 def _progress(name: str) -> Progress:
-    return Progress(TextColumn(f"[bold]{name}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn())  # fmt: skip
+    return Progress(
+        TextColumn(f"[bold]{name}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
 
 
 def build_cache(
@@ -108,9 +114,13 @@ def build_cache(
             row_chunks.append(rows)
             bar.update(task, advance=len(tok), info="captions")
     return FeatureCache(
-        torch.cat(img_chunks), torch.cat(txt_chunks), torch.cat(valid_chunks), torch.cat(row_chunks),
-        torch.tensor([where[c] for c in captions]), [it.kind for it in items],
-    )  # fmt: skip
+        torch.cat(img_chunks),
+        torch.cat(txt_chunks),
+        torch.cat(valid_chunks),
+        torch.cat(row_chunks),
+        torch.tensor([where[c] for c in captions]),
+        [it.kind for it in items],
+    )
 
 
 @torch.no_grad()
@@ -139,9 +149,13 @@ def two_way_accuracy(
 
 def scorer_config(cfg: DCSMTrainConfig, n_positions: int) -> dict[str, Any]:
     """Everything needed to rebuild the scorer and its inputs (stored with the weights)."""
-    return {**DEFAULT_SCORER_CONFIG, **cfg.scorer, "grid": math.isqrt(n_positions - 1),
-            "functional_groups": {g: list(w) for g, w in cfg.functional_groups.items()},
-            "table_seed": cfg.table_seed}  # fmt: skip
+    return {
+        **DEFAULT_SCORER_CONFIG,
+        **cfg.scorer,
+        "grid": math.isqrt(n_positions - 1),
+        "functional_groups": {g: list(w) for g, w in cfg.functional_groups.items()},
+        "table_seed": cfg.table_seed,
+    }
 
 
 def train_dcsm(
@@ -169,10 +183,20 @@ def _train(
     length = int(cfg.scorer.get("length", DEFAULT_SCORER_CONFIG["length"]))
     encoder = DenseEncoder(model, context_length, cfg.functional_groups, length, device=cfg.device)
     t0, c0 = time.time(), time.process_time()
-    train = build_cache(encoder, hard_negative_set(Split.TRAIN, cfg.seed, cfg.samples, cfg.mix),
-                        render_seed=cfg.seed, batch=cfg.encode_batch, name="dcsm features")  # fmt: skip
-    val = build_cache(encoder, hard_negative_set(Split.TEST, cfg.seed + 500, cfg.val_samples, cfg.mix),
-                      render_seed=cfg.seed + 1, batch=cfg.encode_batch, name="dcsm val")  # fmt: skip
+    train = build_cache(
+        encoder,
+        hard_negative_set(Split.TRAIN, cfg.seed, cfg.samples, cfg.mix),
+        render_seed=cfg.seed,
+        batch=cfg.encode_batch,
+        name="dcsm features",
+    )
+    val = build_cache(
+        encoder,
+        hard_negative_set(Split.TEST, cfg.seed + 500, cfg.val_samples, cfg.mix),
+        render_seed=cfg.seed + 1,
+        batch=cfg.encode_batch,
+        name="dcsm val",
+    )
     cache_seconds, cache_cpu = time.time() - t0, time.process_time() - c0
     n_positions = train.images.shape[1]
     config = scorer_config(cfg, n_positions)
@@ -222,23 +246,50 @@ def _train(
                 bar.update(task, advance=1, info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
             val_acc = two_way_accuracy(scorer.cpu(), val, table)
             scorer.to(cfg.device)
-            history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "fit": float(np.mean(accs)),
-                            "val": val_acc, "seconds": time.time() - t1,
-                            "cpu_seconds": time.process_time() - c1})  # fmt: skip
-            log(f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
-                + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items()))  # fmt: skip
+            history.append(
+                {
+                    "epoch": epoch + 1,
+                    "loss": float(np.mean(losses)),
+                    "fit": float(np.mean(accs)),
+                    "val": val_acc,
+                    "seconds": time.time() - t1,
+                    "cpu_seconds": time.process_time() - c1,
+                }
+            )
+            log(
+                f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
+                + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items())
+            )
             if ckpt is not None:
                 ckpt.parent.mkdir(parents=True, exist_ok=True)
-                torch.save({"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1,
-                            "history": history, "config": config, "train": asdict(cfg)}, ckpt)  # fmt: skip
+                torch.save(
+                    {
+                        "scorer": scorer.state_dict(),
+                        "optimizer": opt.state_dict(),
+                        "epoch": epoch + 1,
+                        "history": history,
+                        "config": config,
+                        "train": asdict(cfg),
+                    },
+                    ckpt,
+                )
     train_seconds, train_cpu = time.time() - t1, time.process_time() - c1
     log(f"dcsm: trained {cfg.epochs - start_epoch} epochs in {train_seconds:.1f}s ({train_cpu:.1f} CPU s)")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "dcsm_history.json").write_text(json.dumps(
-            {"train": asdict(cfg), "cache_seconds": cache_seconds, "cache_cpu_seconds": cache_cpu,
-             "train_seconds": train_seconds, "train_cpu_seconds": train_cpu, "history": history},
-            indent=2))  # fmt: skip
+        (out_dir / "dcsm_history.json").write_text(
+            json.dumps(
+                {
+                    "train": asdict(cfg),
+                    "cache_seconds": cache_seconds,
+                    "cache_cpu_seconds": cache_cpu,
+                    "train_seconds": train_seconds,
+                    "train_cpu_seconds": train_cpu,
+                    "history": history,
+                },
+                indent=2,
+            )
+        )
     state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
     return state, config, table
 
@@ -247,8 +298,10 @@ def dcsm_files(
     scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
 ) -> dict[str, bytes]:
     """Files of the DCSM component of a model version: weights + table, and the config."""
-    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table),
-            "dcsm.json": json.dumps(dict(config), indent=2).encode()}  # fmt: skip
+    return {
+        "dcsm.safetensors": dcsm_state_bytes(scorer_state, table),
+        "dcsm.json": json.dumps(dict(config), indent=2).encode(),
+    }
 
 
 def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,8 @@ class PCClipConfig:
     lr: float = 2e-4
     temperature: float = 0.1
     loss: str = "contrastive"  # or "mse"
-    caption_weight: float = 1.0
-    fine_size_fraction: float = 0.2  # pairs of one size class that differ in radius
+    caption_weight: float = 0.3
+    fine_size_fraction: float = 0.5  # pairs of one size class that differ in radius
     ensemble_weight: float = 1.0  # w * finetuned + (1 - w) * base
     seed: int = 0
     device: str = "cpu"
@@ -47,8 +47,9 @@ class PCClipConfig:
 
 def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
     """Image embeddings of every pair (computed once) plus texts and attributes."""
-    pairs = [sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction)
-             for i in range(cfg.pairs)]
+    pairs = [
+        sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction) for i in range(cfg.pairs)
+    ]
     rng = np.random.default_rng([cfg.seed, 5])
     firsts = render_batch([p.first for p in pairs], 64, seed=int(rng.integers(2**31)))
     seconds = render_batch([p.second for p in pairs], 64, seed=int(rng.integers(2**31)))
@@ -77,8 +78,14 @@ def train_pcclip(base: CLIP, cfg: PCClipConfig, out_dir: Path | None = None, log
     scale = float(model.logit_scale.exp().clamp(max=100).item())
     rng = np.random.default_rng([cfg.seed, 9])
     history = []
-    columns = [TextColumn("[bold]pcclip"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()]  # fmt: skip
+    columns = [
+        TextColumn("[bold]pcclip"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns) as bar:
         task = bar.add_task("pcclip", total=cfg.steps, info="")
         for step in range(cfg.steps):

@@ -39,11 +39,21 @@ def test_train_job_commands_publish_a_version_the_service_picks_up(
     with serve_app(store=str(store), model="default@production", watch_interval_s=0.5) as running:
         client = httpx.Client(base_url=running.url, timeout=30)
         assert client.get("/readyz").json()["model"] == "default@v1"
-        subprocess.run([sys.executable, "-m", "training.cli", *local(train_args, store, run_dir), "--smoke",
-                        "--eval-seeds", "1"], cwd=ROOT, check=True, capture_output=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "training.cli", *local(train_args, store, run_dir), "--smoke", "--eval-seeds", "1"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         assert client.get("/readyz").json()["model"] == "default@v1"  # staging does not move production
-        subprocess.run([sys.executable, "-c", "from model_store.cli import app; app()", *local(promote_args, store, run_dir)],
-                       cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", "from model_store.cli import app; app()", *local(promote_args, store, run_dir)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         deadline = time.time() + 60
         while time.time() < deadline and client.get("/readyz").json()["model"] != "default@v2":
             time.sleep(0.5)

@@ -21,14 +21,23 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
     manifest = store.manifest(name, version)
     assert set(manifest.components["text_encoders"]) == {"pcclip"}
     assert manifest.components["default_text_encoder"] == "pcclip"
-    for key in ("base.zeroshot.shape", "pcclip.rank_pair.size", "cosine.binding", "pcclip.comparative.selected.confused"):
+    for key in (
+        "base.zeroshot.shape",
+        "pcclip.rank_pair.size",
+        "cosine.binding",
+        "pcclip.comparative.selected.confused",
+    ):
         assert 0.0 <= manifest.metrics[key] <= 1.0
     report = json.loads((store.version_dir(name, version) / "eval.json").read_text())
     assert report["model"] == f"{name}@{version}" and report["seeds"] == [0, 1]
     assert "base.rank_pair.size.stderr" in report["metrics"]
     assert "| metric | base | pcclip |" in result.output
     comparatives = json.loads((store.version_dir(name, version) / "comparatives.json").read_text())
-    assert {"a": "circle", "b": "square", "text": "The first image contains a circle, while the second contains a square."} in comparatives
+    assert {
+        "a": "circle",
+        "b": "square",
+        "text": "The first image contains a circle, while the second contains a square.",
+    } in comparatives
     bundle = ModelBundle.load(store, "default@production")
     assert bundle.encode_texts(["a red circle"]).shape == (1, manifest.embed_dim)
 

@@ -57,7 +57,9 @@ def full_caption(scene: Scene) -> str:
     if len(scene.objects) == 1:
         return "a photo of " + with_article(noun_phrase(scene.objects[0])) + "."
     a, b = scene.objects
-    return f"a photo of {with_article(noun_phrase(a))} {RELATION_PHRASES[scene.relation]} {with_article(noun_phrase(b))}."
+    return (
+        f"a photo of {with_article(noun_phrase(a))} {RELATION_PHRASES[scene.relation]} {with_article(noun_phrase(b))}."
+    )
 
 
 def random_caption(scene: Scene, rng: np.random.Generator) -> str:

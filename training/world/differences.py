@@ -41,11 +41,15 @@ _SHAPE = (
     "The first is a {s1}, while the second is a {s2}.",
 )
 _POSITION = {
-    "x": ("The shape in the first image is further {a}, while in the second it is further {b}.",
-          "The first shape is more to the {a}, while the second is more to the {b}."),
-    "y": ("The shape in the first image is {a}, while in the second it is {b}.",
-          "The first shape sits {a}, while the second sits {b}."),
-}  # fmt: skip
+    "x": (
+        "The shape in the first image is further {a}, while in the second it is further {b}.",
+        "The first shape is more to the {a}, while the second is more to the {b}.",
+    ),
+    "y": (
+        "The shape in the first image is {a}, while in the second it is {b}.",
+        "The first shape sits {a}, while the second sits {b}.",
+    ),
+}
 _COUNT = (
     "The first image contains {n1} shapes, while the second contains {n2}.",
     "The first image has {more} shapes, while the second has {fewer}.",
@@ -99,7 +103,9 @@ def describe_difference(
     attribute = options[rng.integers(len(options))]
     fields = {"c1": oa.colour, "c2": ob.colour, "s1": oa.shape, "s2": ob.shape}
     if attribute == "size":
-        big, small = (_pick(rng, _BIGGER), _pick(rng, _SMALLER)) if ratio > 1 else (_pick(rng, _SMALLER), _pick(rng, _BIGGER))
+        big, small = (
+            (_pick(rng, _BIGGER), _pick(rng, _SMALLER)) if ratio > 1 else (_pick(rng, _SMALLER), _pick(rng, _BIGGER))
+        )
         return _pick(rng, _SIZE).format(big=big, small=small, **fields), "size"
     if attribute == "colour":
         return _pick(rng, _COLOUR).format(**fields), "colour"
@@ -155,5 +161,12 @@ def comparative_text(label_a: str, label_b: str, attribute: str) -> str:
     raise ValueError(f"no comparative phrasing for {attribute!r}")
 
 
-__all__ = ["COLOUR_NAMES", "SHAPES", "DifferencePair", "comparative_text", "describe_difference", "eval_text",
-           "sample_difference_pair"]  # fmt: skip
+__all__ = [
+    "COLOUR_NAMES",
+    "SHAPES",
+    "DifferencePair",
+    "comparative_text",
+    "describe_difference",
+    "eval_text",
+    "sample_difference_pair",
+]

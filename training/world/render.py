@@ -35,10 +35,19 @@ def shape_polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[floa
     if shape == "cross":
         a, b = r * 1.05, r * 0.36
         return [
-            (cx - b, cy - a), (cx + b, cy - a), (cx + b, cy - b), (cx + a, cy - b),
-            (cx + a, cy + b), (cx + b, cy + b), (cx + b, cy + a), (cx - b, cy + a),
-            (cx - b, cy + b), (cx - a, cy + b), (cx - a, cy - b), (cx - b, cy - b),
-        ]  # fmt: skip
+            (cx - b, cy - a),
+            (cx + b, cy - a),
+            (cx + b, cy - b),
+            (cx + a, cy - b),
+            (cx + a, cy + b),
+            (cx + b, cy + b),
+            (cx + b, cy + a),
+            (cx - b, cy + a),
+            (cx - b, cy + b),
+            (cx - a, cy + b),
+            (cx - a, cy - b),
+            (cx - b, cy - b),
+        ]
     if shape == "circle":
         return None
     raise ValueError(f"unknown shape {shape!r}")

@@ -115,9 +115,7 @@ def place_pair(
     return None
 
 
-def sample_scene(
-    split: Split, seed: int, index: int, n_objects: int | None = None, p_two: float = 0.5
-) -> Scene:
+def sample_scene(split: Split, seed: int, index: int, n_objects: int | None = None, p_two: float = 0.5) -> Scene:
     """Scene ``index`` of ``split``; ``n_objects`` forces 1 or 2 objects."""
     rng = _rng(split, seed, index)
     n = n_objects or (2 if rng.random() < p_two else 1)
@@ -135,9 +133,7 @@ def sample_scene(
         placed = place_pair(rng, radii[0], radii[1], relation)
         if placed is None:
             continue
-        objs = tuple(
-            SceneObject(a[0], a[1], a[2], r, c[0], c[1]) for a, r, c in zip(attrs, radii, placed)
-        )
+        objs = tuple(SceneObject(a[0], a[1], a[2], r, c[0], c[1]) for a, r, c in zip(attrs, radii, placed))
         return Scene(objs, relation, bg, noise)
 
 

@@ -53,8 +53,16 @@ def test_dense_image_features_pool_to_the_class_token(model) -> None:
 def test_publish_and_load_bundle_with_a_text_variant(tmp_path: Path, model) -> None:
     variant = {k: (v + 0.01 if k.startswith("transformer.") else v) for k, v in model.state_dict().items()}
     store = ModelStore(tmp_path)
-    manifest = publish_bundle(store, "tiny", model, CONFIG, text_variants={"pcclip": variant},
-                              default_text_encoder="pcclip", aliases=["production"], fp16=False)
+    manifest = publish_bundle(
+        store,
+        "tiny",
+        model,
+        CONFIG,
+        text_variants={"pcclip": variant},
+        default_text_encoder="pcclip",
+        aliases=["production"],
+        fp16=False,
+    )
     assert set(manifest.files) == {"model.safetensors", "text_pcclip.safetensors"}
     bundle = ModelBundle.load(store, "tiny@production")
     assert bundle.ref == "tiny@v1" and bundle.default_text_encoder == "pcclip"

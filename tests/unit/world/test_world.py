@@ -78,7 +78,10 @@ def test_captions_name_what_is_there() -> None:
             assert obj.shape in full and obj.colour in full and obj.size in full
         cap = random_caption(scene, rng)
         assert any(o.shape in cap or o.colour in cap or o.size in cap for o in scene.objects)
-    two = Scene((SceneObject("circle", "red", "small", 0.1, 0.2, 0.5), SceneObject("square", "blue", "large", 0.2, 0.7, 0.5)), "left of")
+    two = Scene(
+        (SceneObject("circle", "red", "small", 0.1, 0.2, 0.5), SceneObject("square", "blue", "large", 0.2, 0.7, 0.5)),
+        "left of",
+    )
     assert full_caption(two) == "a photo of a small red circle to the left of a large blue square."
 
 
