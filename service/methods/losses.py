@@ -5,26 +5,17 @@ This is the only method module that imports torch; the serving math lives in num
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from service.methods.common import check_finite_scalar
+
 __all__ = ["clip_contrastive_loss", "pcclip_difference_loss", "weight_ensemble"]
 
 _EPS = 1e-12
-
-
-def _finite_float(value: float, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    return v
 
 
 def _check_batch(name: str, x: torch.Tensor) -> None:
@@ -67,7 +58,7 @@ def clip_contrastive_loss(
             raise ValueError("logit_scale tensor must hold a single value")
         scale: float | torch.Tensor = logit_scale.reshape(())
     else:
-        scale = _finite_float(logit_scale, "logit_scale")
+        scale = check_finite_scalar(logit_scale, "logit_scale")
         if scale <= 0:
             raise ValueError(f"logit_scale must be a positive finite number, got {logit_scale!r}")
     logits = scale * (a @ b.T)
@@ -106,7 +97,7 @@ def pcclip_difference_loss(
         ValueError: on mismatched shapes, a non-positive temperature or an unknown ``kind``.
     """
     _check_same_shape(img1=img1, img2=img2, text=text)
-    temperature = _finite_float(temperature, "temperature")
+    temperature = check_finite_scalar(temperature, "temperature")
     if temperature <= 0:
         raise ValueError(f"temperature must be a positive finite number, got {temperature}")
     text_n = F.normalize(text, dim=-1, eps=_EPS)
@@ -135,7 +126,7 @@ def weight_ensemble(
         ValueError: if ``w`` is outside ``[0, 1]``, a key exists only in ``finetuned``, or
             matching keys differ in shape.
     """
-    w = _finite_float(w, "w")
+    w = check_finite_scalar(w, "w")
     if not 0.0 <= w <= 1.0:
         raise ValueError(f"w must be in [0, 1], got {w}")
     extra = sorted(set(finetuned) - set(base))
