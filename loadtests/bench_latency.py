@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,19 @@ def png(scene: Scene) -> bytes:
     return buf.getvalue()
 
 
+def fresh_pngs(scene: Scene, n: int) -> list[bytes]:
+    """``n`` PNGs of ``scene`` that differ in one corner pixel each."""
+    base = np.asarray(draw_scene_pil(scene, 224)).copy()
+    out = []
+    for i in range(n):
+        img = base.copy()
+        img[0, 0] = (i % 256, (i // 256) % 256, 7)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
 def percentiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
@@ -76,7 +90,9 @@ def main() -> None:
     parser.add_argument("--store", default="models")
     parser.add_argument("--model", default="default@production")
     parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--torch-threads", type=int, default=1, help="for the model-only baseline (1 on a busy CPU)")
     args = parser.parse_args()
+    torch.set_num_threads(args.torch_threads)
 
     pair = Scene(
         (SceneObject("circle", "red", "small", 0.1, 0.3, 0.5), SceneObject("square", "blue", "large", 0.2, 0.7, 0.5)),
@@ -136,7 +152,23 @@ def main() -> None:
 
             return call
 
+        # Fresh images (one pixel differs, so every sha256 differs): nothing comes from the cache.
+        fresh = iter(fresh_pngs(pair, args.n + 10))
+
+        def dense_fresh() -> object:
+            body = {"image": {"data": base64.b64encode(next(fresh)).decode()}, "texts": DENSE_TEXTS}
+            return post("/score/dense", body)()
+
         cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+            (
+                "POST /score/dense (1 fresh image, 4 texts)",
+                dense_fresh,
+                lambda: bundle.score_dense(
+                    bundle.encode_dense_images(arrays["pair"][None])[0],
+                    bundle.encode_dense_texts(DENSE_TEXTS),
+                    bundle.dense_layouts(DENSE_TEXTS),
+                ),
+            ),
             (
                 "POST /score/dense (1 image, 4 texts)",
                 post("/score/dense", {"image": {"data": b64["pair"]}, "texts": DENSE_TEXTS}),

@@ -44,7 +44,7 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "limits.max_comparatives": "Comparatives per /classify request.",
     "batching.max_batch_images": "Largest image batch handed to the model.",
     "batching.max_batch_texts": "Largest text batch handed to the model.",
-    "batching.max_wait_ms": "How long a batch waits to fill before it runs.",
+    "batching.max_wait_ms": "How long a batch waits to fill before it runs (0: run as soon as the model is free).",
     "batching.max_queue": "Items a batcher queues; beyond it requests answer 429 with `Retry-After`.",
     "batching.request_timeout_s": "Budget of one request in the batchers; beyond it 504 `timeout`.",
     "batching.decode_workers": "Threads that decode and preprocess images.",

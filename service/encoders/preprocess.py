@@ -33,7 +33,8 @@ def normalize_uint8(
     batch: np.ndarray, mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD
 ) -> torch.Tensor:
     """(N, H, W, 3) uint8 -> (N, 3, H, W) float32 normalised tensor."""
-    x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float().div_(255.0)
+    # Cached arrays are read-only; torch needs a writable buffer (copied only when it is not).
+    x = torch.from_numpy(np.require(batch, requirements=["C", "W"])).permute(0, 3, 1, 2).float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
     return (x - m) / s
