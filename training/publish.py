@@ -11,13 +11,8 @@ from open_clip.model import CLIP
 from safetensors.torch import save
 
 from model_store import Manifest, ModelStore
+from service.encoders.clip_model import is_text_param
 from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD
-
-TEXT_PREFIXES = ("token_embedding", "positional_embedding", "transformer.", "ln_final", "text_projection")
-
-
-def is_text_param(name: str) -> bool:
-    return name.startswith(TEXT_PREFIXES)
 
 
 def tensor_bytes(state: Mapping[str, torch.Tensor], fp16: bool) -> bytes:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from service.encoders.clip_model import build_model, image_features, text_features
+from service.encoders.clip_model import build_model, image_features, is_text_param, text_features
 from service.encoders.preprocess import normalize_uint8
 from service.methods.losses import clip_contrastive_loss
 from training.alignment import AlignmentTargets, mask_alignment_loss
@@ -31,8 +31,6 @@ from training.probes import probe_set, zero_shot_accuracy
 from training.world.captions import random_caption
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
-
-TEXT_PREFIXES = ("token_embedding", "positional_embedding", "transformer.", "ln_final", "text_projection")
 
 
 @dataclass
@@ -110,7 +108,7 @@ def param_groups(model: CLIP, weight_decay: float) -> list[dict[str, Any]]:
 
 def set_text_trainable(model: CLIP, trainable: bool) -> None:
     for name, p in model.named_parameters():
-        if name.startswith(TEXT_PREFIXES):
+        if is_text_param(name):
             p.requires_grad_(trainable)
 
 

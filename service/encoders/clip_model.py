@@ -17,6 +17,15 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from torch import nn
 
+# Parameter-name prefixes of the text tower of an open_clip CLIP (everything else is the image
+# tower or the logit scale/bias).
+TEXT_TOWER_PREFIXES = ("token_embedding", "positional_embedding", "transformer.", "ln_final", "text_projection")
+
+
+def is_text_param(name: str) -> bool:
+    return name.startswith(TEXT_TOWER_PREFIXES)
+
+
 ModelHook = Callable[[CLIP, dict[str, Any]], None]
 MODEL_HOOKS: dict[str, ModelHook] = {}
 
