@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -103,37 +101,12 @@ def main() -> None:
     img_pair, img_big, img_small = png(pair), png(big), png(small)
     b64 = {k: base64.b64encode(v).decode() for k, v in {"pair": img_pair, "big": img_big, "small": img_small}.items()}
 
-    port = free_port()
-    env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
-    env.pop("CLIP_REDIS_URL", None)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--store",
-            args.store,
-            "--model",
-            args.model,
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-        for _ in range(600):
-            try:
-                if client.get("/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise SystemExit("service did not become ready")
+    # The same server start-up (free port, no Redis, wait for /readyz) as the throughput benchmark.
+    from loadtests.benchmark import server
+
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", args.store, "--model", args.model]
+    with server(cmd) as url:
+        client = httpx.Client(base_url=url, timeout=60)
 
         bundle = ModelBundle.load(
             ModelStore(ROOT / args.store if not Path(args.store).is_absolute() else args.store), args.model
@@ -208,9 +181,6 @@ def main() -> None:
             s50, s95 = percentiles(timed(http_call, args.n))
             d50, _ = percentiles(timed(direct, max(10, args.n // 4)))
             print(f"| {name} | {s50:.1f} | {s95:.1f} | {d50:.1f} | {s50 / d50:.2f} |")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":
