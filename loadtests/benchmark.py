@@ -107,7 +107,8 @@ def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
     if threads is not None:  # torch reads these at start: both servers get the same setting
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        # CLIP_TORCH_THREADS: the service sets it on its model thread (and onnxruntime's sessions).
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CLIP_TORCH_THREADS=str(threads))
     env.pop("CLIP_REDIS_URL", None)
     proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -8,11 +8,12 @@ double underscore in the environment: ``CLIP_LIMITS__MAX_IMAGES=16``,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_store import parse_ref
@@ -64,6 +65,32 @@ class Settings(BaseSettings):
     store: str = "models"
     model: str = "default@production"
     device: Literal["cpu", "cuda", "auto"] = "cpu"
+    backend: Literal["torch", "onnx"] = Field(
+        default="torch",
+        description="Runtime of the pooled image and text towers. `onnx`: each version is exported once to ONNX "
+        "(one text graph per text-encoder variant), loaded in onnxruntime (CUDA provider when `device` is CUDA "
+        "and onnxruntime-gpu is installed) and refused unless every probe embedding is within cosine 0.999 of "
+        "torch fp32. DCSM dense features always run on torch.",
+    )
+    onnx_cache_dir: Path | None = Field(
+        default=None,
+        description="Where `backend=onnx` keeps its exports, one folder per `name/version`, reused across "
+        "restarts. Unset: `$XDG_CACHE_HOME/clip-service/onnx` (`~/.cache/clip-service/onnx`). Must be writable; "
+        "the model store may stay read-only.",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32",
+        description="Arithmetic of the torch backend's pooled towers: `bf16` autocasts on CPU or CUDA, `fp16` on "
+        "CUDA only. A version is refused unless every probe embedding is within cosine 0.999 of fp32. "
+        "`backend=onnx` runs fp32 only.",
+    )
+    torch_threads: int = Field(
+        default=0,
+        ge=0,
+        description="Intra-op threads of the model thread, for torch and onnxruntime alike (0: the library "
+        "default, one per core). On a machine shared with other CPU-heavy work, 1 avoids threads waiting for "
+        "descheduled siblings (see docs/benchmarks.md).",
+    )
     redis_url: SecretStr | None = None  # may carry a password: redacted like a key
     cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
     lru_items: int = Field(default=50_000, ge=0)
@@ -105,6 +132,18 @@ class Settings(BaseSettings):
             raise ValueError("API keys must not be empty")
         return value
 
+    @model_validator(mode="after")
+    def _precision_fits(self) -> Settings:
+        if self.precision == "fp32":
+            return self
+        if self.backend == "onnx":
+            raise ValueError(f"precision {self.precision} applies to the torch backend; backend=onnx runs fp32")
+        if self.precision == "fp16" and not _cuda_device(self.device):
+            # Few CPUs have fast fp16 kernels, and fp16's range (65504) can overflow where bf16, with
+            # fp32's range, cannot: bf16 is the CPU choice.
+            raise ValueError(f"precision fp16 needs a CUDA device (device={self.device}); use bf16 on CPU")
+        return self
+
     def redacted(self) -> dict[str, Any]:
         """Settings for the startup log line: secrets are replaced by ``**********``."""
         data = self.model_dump(mode="json")
@@ -115,6 +154,21 @@ class Settings(BaseSettings):
 
     def redis_url_value(self) -> str | None:
         return self.redis_url.get_secret_value() if self.redis_url is not None else None
+
+    def onnx_cache_root(self) -> Path:
+        """``onnx_cache_dir``, or the user's cache folder (the container points it at /tmp)."""
+        if self.onnx_cache_dir is not None:
+            return self.onnx_cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "clip-service" / "onnx"
+
+
+def _cuda_device(device: str) -> bool:
+    if device != "auto":
+        return device == "cuda"
+    import torch  # only here: settings stay importable without loading torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _without_password(url: str) -> str:

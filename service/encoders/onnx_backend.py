@@ -9,9 +9,12 @@ The exported graphs take exactly what the torch path takes and return what it re
   padded to the full context: the causal mask makes that exact, and a fixed length keeps the
   graph free of data-dependent slicing.
 
-Both have a dynamic batch axis. Exports carry a sidecar ``onnx.json`` with the sha256 of each
-graph (checked on load, like the store's checksums), and a backend is only used after
-``require_parity`` found every probe embedding within cosine 0.999 of torch fp32.
+Both have a dynamic batch axis. ``text.onnx`` is the default text encoder; for serving, every
+other text-encoder variant gets its own ``text-<variant>.onnx`` (the image tower is shared, so it
+is exported once). Exports carry a sidecar ``onnx.json`` with the sha256 of each graph (checked
+on load, like the store's checksums), and a backend is only used after ``require_parity`` found
+every probe embedding (image and every exported text tower) within cosine 0.999 of torch fp32.
+The same gate checks any other stand-in for the torch fp32 towers (the service's bf16/fp16 path).
 
     .venv/bin/python -m service.encoders.onnx_backend --store models --model default@production
     .venv/bin/python -m service.encoders.onnx_backend --arch ViT-B-32
@@ -22,12 +25,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -41,6 +46,7 @@ from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD
 PARITY_THRESHOLD = 0.999
 OPSET = 17
 SIDECAR = "onnx.json"
+_VARIANT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # what cache keys allow, so also safe as a file name
 # Fixed probe texts: short and long, functional words, one longer than any small context.
 PROBE_TEXTS = (
     "a red circle.",
@@ -54,7 +60,20 @@ PROBE_TEXTS = (
 
 
 class BackendError(Exception):
-    """An ONNX export or session that must not serve (bad file, checksum, parity)."""
+    """A backend that must not serve: a bad ONNX export (file, checksum) or a failed parity gate."""
+
+
+class PooledTowers(Protocol):
+    """What the parity gate compares with torch fp32: pooled, normalised image and text embeddings."""
+
+    @property
+    def variants(self) -> Collection[str]:
+        """Text-encoder variants served besides the default one (``None`` in ``encode_tokens``)."""
+        ...
+
+    def encode_images(self, images: np.ndarray) -> np.ndarray: ...
+
+    def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray: ...
 
 
 class ImageTower(nn.Module):
@@ -98,52 +117,72 @@ def export_towers(
     context_length: int,
     mean: Sequence[float] = OPENAI_MEAN,
     std: Sequence[float] = OPENAI_STD,
+    text_variants: Mapping[str, CLIP] | None = None,
 ) -> dict[str, Path]:
-    """Export ``image.onnx`` and ``text.onnx`` (+ the checksum sidecar) into ``out_dir``."""
+    """Export ``image.onnx`` and ``text.onnx`` (+ the checksum sidecar) into ``out_dir``.
+
+    ``text_variants`` adds ``text-<variant>.onnx`` for each further text tower (same image tower).
+    """
+    variants = dict(text_variants or {})
+    for variant in variants:
+        if not _VARIANT_NAME.match(variant):
+            raise ValueError(f"text-encoder variant name {variant!r} is not usable as a file name")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"image": out_dir / "image.onnx", "text": out_dir / "text.onnx"}
+    paths |= {f"text-{v}": out_dir / f"text-{v}.onnx" for v in variants}
+    # Variants first, the base model last: they share its image tower, whose flag must end as its own.
+    flags = [(m, m.training) for m in (*variants.values(), model)]
+    pixels = torch.zeros(2, image_size, image_size, 3, dtype=torch.uint8)
+    tokens = torch.zeros(2, context_length, dtype=torch.long)
+    tokens[:, 0], tokens[:, 1] = 49406, 49407  # start, end: a valid (empty) text
+    # The exporter restores each wrapper's own train/eval flag recursively afterwards: a new
+    # module is in train mode, which would leave the served model with BatchNorm updating.
+    modules = [
+        ("image", ImageTower(model, mean, std).eval(), pixels, "pixels"),
+        ("text", TextTower(model).eval(), tokens, "tokens"),
+        *((f"text-{v}", TextTower(m).eval(), tokens, "tokens") for v, m in variants.items()),
+    ]
     # open_clip attention takes torch's fused MHA fast path in eval mode; that op cannot be
     # exported, so the plain math path must be traced (and the fast path restored afterwards:
     # it is the quicker one for torch serving in this process).
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    was_training = model.training
-    paths = {"image": out_dir / "image.onnx", "text": out_dir / "text.onnx"}
-    pixels = torch.zeros(2, image_size, image_size, 3, dtype=torch.uint8)
-    tokens = torch.zeros(2, context_length, dtype=torch.long)
-    tokens[:, 0], tokens[:, 1] = 49406, 49407  # start, end: a valid (empty) text
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        # The exporter restores each wrapper's own train/eval flag recursively afterwards: a new
-        # module is in train mode, which would leave the served model with BatchNorm updating.
-        for kind, module, example, in_name in (
-            ("image", ImageTower(model, mean, std).eval(), pixels, "pixels"),
-            ("text", TextTower(model).eval(), tokens, "tokens"),
-        ):
-            torch.onnx.export(
-                module,
-                (example,),
-                str(paths[kind]),
-                input_names=[in_name],
-                output_names=["embedding"],
-                opset_version=OPSET,
-                dynamo=False,
-                dynamic_axes={in_name: {0: "batch"}, "embedding": {0: "batch"}},
-            )
-    model.train(was_training)
-    torch.backends.mha.set_fastpath_enabled(fastpath)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
+            for kind, module, example, in_name in modules:
+                torch.onnx.export(
+                    module,
+                    (example,),
+                    str(paths[kind]),
+                    input_names=[in_name],
+                    output_names=["embedding"],
+                    opset_version=OPSET,
+                    dynamo=False,
+                    dynamic_axes={in_name: {0: "batch"}, "embedding": {0: "batch"}},
+                )
+    finally:
+        for module, training in flags:
+            module.train(training)
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     sidecar = {
         "opset": OPSET,
         "image_size": image_size,
         "context_length": context_length,
+        "variants": {v: paths[f"text-{v}"].name for v in variants},
         "files": {p.name: _sha256(p) for p in paths.values()},
     }
+    # Written last: an export interrupted half-way has no sidecar, so it is never loaded.
     (out_dir / SIDECAR).write_text(json.dumps(sidecar, indent=2))
     return paths
 
 
-def export_bundle(bundle: ModelBundle, out_dir: Path) -> dict[str, Path]:
-    """Export the towers serving ``bundle``: its image tower and its default text encoder."""
+def export_bundle(bundle: ModelBundle, out_dir: Path, *, variants: bool = False) -> dict[str, Path]:
+    """Export the towers serving ``bundle``: its image tower and its default text encoder, and
+    with ``variants`` one text graph per further text-encoder variant."""
     pre = bundle.manifest.preprocess
+    default = bundle.default_text_encoder
+    others = {v: m for v, m in bundle.text_models.items() if v != default} if variants else {}
     return export_towers(
         bundle.text_model(None),
         out_dir,
@@ -151,7 +190,16 @@ def export_bundle(bundle: ModelBundle, out_dir: Path) -> dict[str, Path]:
         context_length=bundle.context_length,
         mean=pre.get("mean", OPENAI_MEAN),
         std=pre.get("std", OPENAI_STD),
+        text_variants=others,
     )
+
+
+def export_dir_for(root: Path, bundle: ModelBundle) -> Path:
+    """``<root>/<name>/<version>-<key>``: per version, and keyed by the manifest (so another store's
+    ``name@version`` never reuses this export) and by the exporter (a torch upgrade re-exports)."""
+    manifest = bundle.manifest.model_dump_json().encode()
+    key = hashlib.sha256(manifest + f"|torch {torch.__version__}|opset {OPSET}".encode()).hexdigest()[:16]
+    return root / bundle.name / f"{bundle.version}-{key}"
 
 
 def providers(device: str = "auto") -> list[str]:
@@ -167,19 +215,27 @@ def providers(device: str = "auto") -> list[str]:
 @dataclass
 class OnnxTowers:
     image: object  # onnxruntime.InferenceSession (kept untyped: onnxruntime ships no stubs)
-    text: object
+    text: object  # the default text encoder
     context_length: int
+    # Sessions of the other text-encoder variants, by variant name (exported on request).
+    variants: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.image.get_providers())  # type: ignore[attr-defined]
 
     def encode_images(self, images: np.ndarray) -> np.ndarray:
         return self.image.run(None, {"pixels": np.ascontiguousarray(images, dtype=np.uint8)})[0]  # type: ignore[attr-defined]
 
-    def encode_tokens(self, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
+    def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray:
+        """Token ids of any width up to the context -> embeddings of ``variant`` (None: the default)."""
+        session = self.text if variant is None else self.variants[variant]
         ids = np.asarray(tokens, dtype=np.int64)
         if ids.shape[1] > self.context_length:
             raise ValueError(f"tokens are longer than the context ({ids.shape[1]} > {self.context_length})")
         padded = np.zeros((ids.shape[0], self.context_length), dtype=np.int64)
         padded[:, : ids.shape[1]] = ids
-        return self.text.run(None, {"tokens": padded})[0]  # type: ignore[attr-defined]
+        return session.run(None, {"tokens": padded})[0]  # type: ignore[attr-defined]
 
 
 def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None) -> OnnxTowers:
@@ -201,31 +257,49 @@ def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:
         options.intra_op_num_threads = threads
+    files = {"image": "image.onnx", "text": "text.onnx", **sidecar.get("variants", {})}
     try:
         sessions = {
-            kind: ort.InferenceSession(str(out_dir / f"{kind}.onnx"), options, providers=providers(device))
-            for kind in ("image", "text")
+            kind: ort.InferenceSession(str(out_dir / name), options, providers=providers(device))
+            for kind, name in files.items()
         }
     except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
         raise BackendError(f"onnxruntime cannot load the export in {out_dir}: {exc}") from exc
-    return OnnxTowers(sessions["image"], sessions["text"], int(sidecar["context_length"]))
+    image, text = sessions.pop("image"), sessions.pop("text")
+    return OnnxTowers(image, text, int(sidecar["context_length"]), sessions)
+
+
+def _exported_variants(export_dir: Path) -> set[str] | None:
+    """Variants an existing export holds, or None when it has no readable sidecar."""
+    try:
+        return set(json.loads((export_dir / SIDECAR).read_text()).get("variants", {}))
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def ensure_towers(
-    bundle: ModelBundle, export_dir: Path, device: str = "auto", threads: int | None = None
+    bundle: ModelBundle,
+    export_dir: Path,
+    device: str = "auto",
+    threads: int | None = None,
+    *,
+    variants: bool = False,
 ) -> OnnxTowers:
     """The serving entry point: reuse (or create) the export in ``export_dir``, load, gate.
 
-    ``export_dir`` should be keyed by name and version (exports are per version, like cache keys).
-    A corrupted or stale export is re-created once; a backend that still fails parity raises
-    ``BackendError``, and the caller refuses the version (or keeps torch).
+    ``export_dir`` should be keyed by name and version (exports are per version, like cache keys;
+    ``export_dir_for`` builds one). With ``variants`` every text-encoder variant gets its tower.
+    A corrupted, stale or incomplete export is re-created once; a backend that still fails parity
+    raises ``BackendError``, and the caller refuses the version (or keeps torch).
     """
-    if not (export_dir / SIDECAR).exists():
-        export_bundle(bundle, export_dir)
+    wanted = {v for v in bundle.text_models if v != bundle.default_text_encoder} if variants else set()
+    held = _exported_variants(export_dir)
+    if held is None or not wanted <= held:
+        export_bundle(bundle, export_dir, variants=variants)
     try:
         towers = load_towers(export_dir, device, threads)
     except BackendError:
-        export_bundle(bundle, export_dir)
+        export_bundle(bundle, export_dir, variants=variants)
         towers = load_towers(export_dir, device, threads)
     require_parity(bundle, towers)
     return towers
@@ -254,24 +328,25 @@ def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(cos), cos, -1.0)  # NaN / inf from a broken graph counts as -1
 
 
-def check_parity(bundle: ModelBundle, towers: OnnxTowers) -> float:
-    """Min cosine between torch fp32 and ONNX embeddings over the fixed probe images and texts."""
+def check_parity(bundle: ModelBundle, towers: PooledTowers) -> float:
+    """Min cosine between torch fp32 and ``towers`` over the fixed probe images and texts, for the
+    default text encoder and every variant ``towers`` serves."""
     images = probe_images(bundle.image_size)
     tokens, _ = bundle.tokenize(list(PROBE_TEXTS))
     with torch.no_grad():
-        ref_img = bundle.encode_images(images)
-        ref_txt = bundle.encode_tokens(tokens, None)
-    cos = np.concatenate(
-        [_row_cosines(ref_img, towers.encode_images(images)), _row_cosines(ref_txt, towers.encode_tokens(tokens))]
-    )
-    return float(cos.min())
+        cos = [_row_cosines(bundle.encode_images(images), towers.encode_images(images))]
+        for variant in (None, *towers.variants):
+            cos.append(_row_cosines(bundle.encode_tokens(tokens, variant), towers.encode_tokens(tokens, variant)))
+    return float(np.concatenate(cos).min())
 
 
-def require_parity(bundle: ModelBundle, towers: OnnxTowers, threshold: float = PARITY_THRESHOLD) -> float:
+def require_parity(
+    bundle: ModelBundle, towers: PooledTowers, threshold: float = PARITY_THRESHOLD, *, label: str = "ONNX backend"
+) -> float:
     """The gate: raise ``BackendError`` unless every probe embedding has cosine >= ``threshold``."""
     worst = check_parity(bundle, towers)
     if not worst >= threshold:
-        raise BackendError(f"ONNX backend for {bundle.ref} refused: min probe cosine {worst:.6f} < {threshold}")
+        raise BackendError(f"{label} for {bundle.ref} refused: min probe cosine {worst:.6f} < {threshold}")
     return worst
 
 
@@ -331,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         t0 = time.perf_counter()
         export_bundle(bundle, Path(tmp) / "onnx")
         towers = load_towers(Path(tmp) / "onnx", device=args.device, threads=args.threads)
-        used = towers.image.get_providers()  # type: ignore[attr-defined]
+        used = towers.providers
         name = bundle.ref if not args.arch else f"{args.arch} (random weights)"
         print(f"model {name}: exported in {time.perf_counter() - t0:.1f} s, providers {used}")
         worst = require_parity(bundle, towers)

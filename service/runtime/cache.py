@@ -149,14 +149,19 @@ class EmbeddingCache:
 
     @property
     def redis_state(self) -> str:
-        """"disabled" (no URL), "up", or "down" (breaker open or last attempt failed)."""
+        """ "disabled" (no URL), "up", or "down" (breaker open or last attempt failed)."""
         return self._state
 
     def __len__(self) -> int:
         return len(self._lru)
 
     async def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
-        """Values in key order, None for misses; LRU first, then one MGET for the rest."""
+        """Values in key order, None for misses; LRU first, then one MGET for the rest.
+
+        Each layer's time is observed in ``cache_lookup_seconds``: the LRU pass always, Redis only
+        when it was asked (its time includes decoding and an error or timeout).
+        """
+        started = time.perf_counter()
         out: list[np.ndarray | None] = [None] * len(keys)
         missing: list[int] = []
         for i, key in enumerate(keys):
@@ -168,14 +173,17 @@ class EmbeddingCache:
                 out[i] = value
         self._count("lru", "hit", len(keys) - len(missing))
         self._count("lru", "miss", len(missing))
+        self._observe("lru", started)
         if not missing or not self._redis_usable():
             return out
         miss_keys = [keys[i] for i in missing]
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 raw = await self._redis.mget(miss_keys)
         except Exception as exc:  # any Redis or network failure degrades to misses
             self._on_error("get", exc, len(miss_keys))
+            self._observe("redis", started)
             return out
         self._on_success()
         hits = 0
@@ -192,6 +200,7 @@ class EmbeddingCache:
             hits += 1
         self._count("redis", "hit", hits)
         self._count("redis", "miss", len(missing) - hits)
+        self._observe("redis", started)
         return out
 
     async def put_many(self, items: Mapping[str, np.ndarray]) -> None:
@@ -278,12 +287,20 @@ class EmbeddingCache:
         if was_up or now - self._last_warn >= _WARN_INTERVAL_S:
             log.warning(
                 "redis cache %s failed (%s: %s); skipping redis for %.1fs (%d errors suppressed)",
-                op, type(exc).__name__, exc, self.retry_after_s, self._suppressed,
+                op,
+                type(exc).__name__,
+                exc,
+                self.retry_after_s,
+                self._suppressed,
             )
             self._last_warn = now
             self._suppressed = 0
         else:
             self._suppressed += 1
+
+    def _observe(self, layer: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.observe_cache_lookup(layer, time.perf_counter() - started)
 
     def _count(self, layer: str, result: str, n: int) -> None:
         if self._metrics is not None and n > 0:

@@ -12,6 +12,14 @@ The ``ModelManager`` loads the configured ref at start (retrying until it succee
 the serving one in a thread (checksums verified by the store), warmed up, and swapped in. A
 version that fails verification or warm-up is refused, logged and counted, and the old one
 keeps serving; it is not retried until the alias moves again (versions are immutable).
+
+The pooled image and text batchers call the towers the settings pick (``serving_towers``):
+torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime. Anything but torch fp32 must pass
+the parity gate (every probe embedding within cosine 0.999 of torch fp32) while the version
+loads; a version that fails it is refused like one that fails warm-up. DCSM dense features always
+run on torch fp32: they are per-position token and patch features read from inside the towers
+(``visual._embeds`` and the rows before pooling), which the exported graphs do not output and
+the gate does not cover, and the scorer was trained on fp32 features.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -32,6 +40,9 @@ from model_store import ModelStore, StoreError, parse_ref
 from service.api.errors import ApiError, ErrorCode
 from service.config import Settings
 from service.encoders.bundle import ModelBundle
+from service.encoders.clip_model import image_features, normalize, text_features
+from service.encoders.onnx_backend import PooledTowers, ensure_towers, export_dir_for, require_parity
+from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.metrics import ServiceMetrics
 
@@ -42,6 +53,7 @@ IMAGE_BATCHER = "image"
 DENSE_IMAGE_BATCHER = "dense-image"
 DENSE_TEXT_BATCHER = "dense-text"
 WARMUP_TEXT = "a red circle to the left of a blue square"
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(eq=False)
@@ -55,6 +67,7 @@ class ModelRuntime:
     dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    backend: str = "torch fp32"  # what the pooled batchers call, for logs
 
     @property
     def ref(self) -> str:
@@ -83,14 +96,70 @@ class ModelRuntime:
             if "shutdown" not in str(exc):
                 raise
             # Only after a drain timeout: the version was stopped under a slow request.
-            raise ApiError(ErrorCode.not_ready, "model is being replaced; retry",
-                           headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                ErrorCode.not_ready, "model is being replaced; retry", headers={"Retry-After": "1"}
+            ) from None
 
 
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+class TorchTowers:
+    """The bundle's pooled torch towers as the batchers call them, under autocast when ``dtype`` is set."""
+
+    def __init__(self, bundle: ModelBundle, dtype: torch.dtype | None = None) -> None:
+        self.bundle, self.dtype = bundle, dtype
+        self.variants = [v for v in bundle.text_models if v != bundle.default_text_encoder]
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        assert self.dtype is not None
+        with torch.no_grad(), torch.autocast(torch.device(self.bundle.device).type, dtype=self.dtype):
+            yield
+
+    def encode_images(self, images: np.ndarray) -> np.ndarray:
+        if self.dtype is None:
+            return self.bundle.encode_images(images)
+        pre = self.bundle.manifest.preprocess
+        mean, std = pre.get("mean", OPENAI_MEAN), pre.get("std", OPENAI_STD)
+        x = normalize_uint8(images, mean, std).to(self.bundle.device)
+        with self._autocast():
+            features = image_features(self.bundle.model, x)[0]
+        # Normalised in fp32: a norm taken in bf16 can be off by a few tenths of a percent, scaling every score.
+        return normalize(features.float()).cpu().numpy()
+
+    def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray:
+        tokens = torch.as_tensor(tokens)
+        if self.dtype is None:
+            return self.bundle.encode_tokens(tokens, variant)
+        with self._autocast():
+            features = text_features(self.bundle.text_model(variant), tokens.to(self.bundle.device))[0]
+        return normalize(features.float()).cpu().numpy()
+
+
+def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[PooledTowers, str]:
+    """The pooled towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
+    description for the log. Raises ``BackendError`` for a version that fails the gate."""
+    if settings.backend == "onnx":
+        # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
+        # a version serving meanwhile computes on the math path, equal within float rounding.
+        export_dir = export_dir_for(settings.onnx_cache_root(), bundle)
+        towers = ensure_towers(bundle, export_dir, device, settings.torch_threads or None, variants=True)
+        return towers, f"onnx ({', '.join(towers.providers)}; export {export_dir})"
+    if settings.precision == "fp32":
+        return TorchTowers(bundle), "torch fp32"
+    low = TorchTowers(bundle, AUTOCAST_DTYPES[settings.precision])
+    worst = require_parity(bundle, low, label=f"torch {settings.precision}")
+    return low, f"torch {settings.precision} (min probe cosine {worst:.6f})"
+
+
+def _model_thread_init(threads: int) -> None:
+    # OpenMP's thread count is a per-thread setting: it has to be set on the model thread itself.
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def warm_up(bundle: ModelBundle) -> None:
@@ -112,17 +181,32 @@ def warm_up(bundle: ModelBundle) -> None:
             raise ValueError(f"warm-up of {bundle.ref} produced invalid embeddings {out.shape}")
 
 
-def build_runtime(bundle: ModelBundle, settings: Settings, metrics: ServiceMetrics) -> ModelRuntime:
+def build_runtime(
+    bundle: ModelBundle,
+    settings: Settings,
+    metrics: ServiceMetrics,
+    towers: PooledTowers | None = None,
+    backend: str = "torch fp32",
+) -> ModelRuntime:
+    """Batchers over ``towers`` (default: the bundle's torch fp32 towers) on one model thread."""
     b = settings.batching
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{bundle.version}")
+    pooled: PooledTowers = towers if towers is not None else TorchTowers(bundle)
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix=f"model-{bundle.version}",
+        initializer=_model_thread_init,
+        initargs=(settings.torch_threads,),
+    )
 
     def encode_images(items: list[np.ndarray]) -> list[np.ndarray]:
-        return list(bundle.encode_images(np.stack(items)))
+        return list(pooled.encode_images(np.stack(items)))
 
     def text_fn(variant: str):
+        key = None if variant == bundle.default_text_encoder else variant  # towers take None for the default
+
         def encode_texts(items: list[str]) -> list[np.ndarray]:
             tokens, _ = bundle.tokenize(items)
-            return list(bundle.encode_tokens(tokens, variant))
+            return list(pooled.encode_tokens(tokens, key))
 
         return encode_texts
 
@@ -132,7 +216,7 @@ def build_runtime(bundle: ModelBundle, settings: Settings, metrics: ServiceMetri
         v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]
         for v in bundle.text_models
     }
-    runtime = ModelRuntime(bundle, images, texts, executor)
+    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend)
     if bundle.dcsm is not None:
         # Dense and pooled features are different model calls, so they cannot share a batch;
         # they still share the one model thread, so they never run at the same time.
@@ -143,10 +227,16 @@ def build_runtime(bundle: ModelBundle, settings: Settings, metrics: ServiceMetri
             return list(bundle.encode_dense_texts(items))
 
         runtime.dense_image_batcher = DynamicBatcher(
-            DENSE_IMAGE_BATCHER, dense_images, max_batch=b.max_batch_images, **common  # type: ignore[arg-type]
+            DENSE_IMAGE_BATCHER,
+            dense_images,
+            max_batch=b.max_batch_images,
+            **common,  # type: ignore[arg-type]
         )
         runtime.dense_text_batcher = DynamicBatcher(
-            DENSE_TEXT_BATCHER, dense_texts, max_batch=b.max_batch_texts, **common  # type: ignore[arg-type]
+            DENSE_TEXT_BATCHER,
+            dense_texts,
+            max_batch=b.max_batch_texts,
+            **common,  # type: ignore[arg-type]
         )
     return runtime
 
@@ -223,8 +313,12 @@ class ModelManager:
                 error = f"{type(exc).__name__}: {exc}"
                 # A new problem is an error; the same one again is repeated once a minute at most.
                 if error != self.last_error or time.monotonic() - last_logged >= 60.0:
-                    log.error("cannot load %s (%s); retrying every %.1fs", self.settings.model, error,
-                              self.settings.watch_interval_s)
+                    log.error(
+                        "cannot load %s (%s); retrying every %.1fs",
+                        self.settings.model,
+                        error,
+                        self.settings.watch_interval_s,
+                    )
                     last_logged = time.monotonic()
                 self.last_error = error
                 await asyncio.sleep(self.settings.watch_interval_s)
@@ -255,26 +349,40 @@ class ModelManager:
         except Exception as exc:
             self._refused = target
             self.metrics.model_swap("refused")
-            log.error("refusing %s@%s (%s: %s); %s keeps serving", self.name, target, type(exc).__name__, exc,
-                      self.current.ref)
+            log.error(
+                "refusing %s@%s (%s: %s); %s keeps serving",
+                self.name,
+                target,
+                type(exc).__name__,
+                exc,
+                self.current.ref,
+            )
             return
         self._install(runtime, initial=False)
 
     async def _load(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
 
-        def load_and_warm() -> ModelBundle:
+        def load_and_warm() -> tuple[ModelBundle, PooledTowers, str]:
             bundle = ModelBundle.load(self.store, f"{name}@{version}", self.device)  # verifies checksums
             if self.settings.warmup:
                 warm_up(bundle)
-            return bundle
+            # Not skipped with warmup=False: the parity gate decides whether the version may serve.
+            towers, backend = serving_towers(bundle, self.settings, self.device)
+            return bundle, towers, backend
 
-        bundle = await asyncio.to_thread(load_and_warm)
-        runtime = build_runtime(bundle, self.settings, self.metrics)
+        bundle, towers, backend = await asyncio.to_thread(load_and_warm)
+        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend)
         await runtime.start()
-        log.info("loaded %s on %s in %.2fs (text encoders: %s; dcsm: %s)", bundle.ref, self.device,
-                 time.perf_counter() - started, ", ".join(sorted(bundle.text_models)),
-                 "yes" if bundle.dcsm is not None else "no")
+        log.info(
+            "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",
+            bundle.ref,
+            self.device,
+            time.perf_counter() - started,
+            backend,
+            ", ".join(sorted(bundle.text_models)),
+            "yes" if bundle.dcsm is not None else "no",
+        )
         return runtime
 
     def _install(self, runtime: ModelRuntime, initial: bool) -> None:
@@ -294,7 +402,11 @@ class ModelManager:
         try:
             await asyncio.wait_for(runtime.idle.wait(), self.settings.drain_timeout_s)
         except TimeoutError:
-            log.warning("%s still has %d requests after %.0fs; stopping it anyway", runtime.ref, runtime.active,
-                        self.settings.drain_timeout_s)
+            log.warning(
+                "%s still has %d requests after %.0fs; stopping it anyway",
+                runtime.ref,
+                runtime.active,
+                self.settings.drain_timeout_s,
+            )
         await runtime.stop()
         log.info("retired %s", runtime.ref)

@@ -19,13 +19,34 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["BATCH_SIZE_BUCKETS", "ServiceMetrics"]
+__all__ = ["BATCH_SIZE_BUCKETS", "CACHE_LOOKUP_BUCKETS", "ServiceMetrics"]
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Sub-millisecond resolution matters: LRU hits and tiny-model batches finish in well under 1 ms.
 _LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
+
+
+# An LRU lookup takes microseconds and a loopback Redis MGET a few hundred: the cache needs
+# finer buckets than requests, from 50 us to the 50 ms default Redis timeout.
+CACHE_LOOKUP_BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05,
+)  # fmt: skip
 
 
 class ServiceMetrics:
@@ -35,56 +56,97 @@ class ServiceMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests_total = Counter(
-            "http_requests_total", "HTTP requests by route template, method and status code.",
-            ["route", "method", "status"], registry=r,
+            "http_requests_total",
+            "HTTP requests by route template, method and status code.",
+            ["route", "method", "status"],
+            registry=r,
         )
         self.http_request_duration_seconds = Histogram(
-            "http_request_duration_seconds", "HTTP request latency by route template.",
-            ["route", "method"], buckets=_LATENCY_BUCKETS, registry=r,
+            "http_request_duration_seconds",
+            "HTTP request latency by route template.",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
-            "batch_size", "Items per batch handed to the model.",
-            ["batcher"], buckets=BATCH_SIZE_BUCKETS, registry=r,
+            "batch_size",
+            "Items per batch handed to the model.",
+            ["batcher"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
         )
         self.batch_wait_seconds = Histogram(
-            "batch_wait_seconds", "Time the oldest item of a batch spent queued before it ran.",
-            ["batcher"], buckets=_LATENCY_BUCKETS, registry=r,
+            "batch_wait_seconds",
+            "Time the oldest item of a batch spent queued before it ran.",
+            ["batcher"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.encode_seconds = Histogram(
-            "encode_seconds", "Model run time per batch.",
-            ["batcher"], buckets=_LATENCY_BUCKETS, registry=r,
+            "encode_seconds",
+            "Model run time per batch.",
+            ["batcher"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_depth = Gauge(
-            "queue_depth", "Items waiting in a batcher queue.", ["batcher"], registry=r,
+            "queue_depth",
+            "Items waiting in a batcher queue.",
+            ["batcher"],
+            registry=r,
         )
         self.batcher_rejected_total = Counter(
             "batcher_rejected_total",
             "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled).",
-            ["batcher", "reason"], registry=r,
+            ["batcher", "reason"],
+            registry=r,
         )
         self.batch_failures_total = Counter(
-            "batch_failures_total", "Batches whose model call raised.", ["batcher"], registry=r,
+            "batch_failures_total",
+            "Batches whose model call raised.",
+            ["batcher"],
+            registry=r,
         )
         self.cache_requests_total = Counter(
-            "cache_requests_total", "Embedding cache lookups per key, by layer and result.",
-            ["layer", "result"], registry=r,
+            "cache_requests_total",
+            "Embedding cache lookups per key, by layer and result.",
+            ["layer", "result"],
+            registry=r,
+        )
+        self.cache_lookup_seconds = Histogram(
+            "cache_lookup_seconds",
+            "Time of one embedding-cache lookup (all keys of a get_many) per layer: the in-process LRU "
+            "pass, and the Redis round trip for the keys the LRU missed.",
+            ["layer"],
+            buckets=CACHE_LOOKUP_BUCKETS,
+            registry=r,
         )
         self.model_info = Gauge(
-            "model_info", "1 for each serving model version and text encoder.",
-            ["name", "version", "encoder"], registry=r,
+            "model_info",
+            "1 for each serving model version and text encoder.",
+            ["name", "version", "encoder"],
+            registry=r,
         )
         self.model_swaps_total = Counter(
-            "model_swaps_total", "Model version swaps by result (ok, refused, ...).",
-            ["result"], registry=r,
+            "model_swaps_total",
+            "Model version swaps by result (ok, refused, ...).",
+            ["result"],
+            registry=r,
         )
         self.inflight_requests = Gauge(
-            "inflight_requests", "HTTP requests being handled right now.", registry=r,
+            "inflight_requests",
+            "HTTP requests being handled right now.",
+            registry=r,
         )
         self.images_decoded_total = Counter(
-            "images_decoded_total", "Images decoded from request payloads.", registry=r,
+            "images_decoded_total",
+            "Images decoded from request payloads.",
+            registry=r,
         )
         self.texts_truncated_total = Counter(
-            "texts_truncated_total", "Texts cut to the model context length.", registry=r,
+            "texts_truncated_total",
+            "Texts cut to the model context length.",
+            registry=r,
         )
         # Label sets currently exported by model_info, per model name, so a swap can remove them.
         self._model_labels: dict[str, list[tuple[str, str, str]]] = {}
@@ -114,6 +176,10 @@ class ServiceMetrics:
         """``layer`` is "lru" or "redis"; ``result`` is "hit", "miss" or "error"."""
         if count > 0:
             self.cache_requests_total.labels(layer=layer, result=result).inc(count)
+
+    def observe_cache_lookup(self, layer: str, seconds: float) -> None:
+        """``layer`` is "lru" or "redis", as in ``cache_requests_total``."""
+        self.cache_lookup_seconds.labels(layer=layer).observe(seconds)
 
     def set_serving_model(self, name: str, version: str, encoders: Iterable[str]) -> None:
         """Export ``name@version`` as serving; earlier versions of ``name`` are removed."""

@@ -1,0 +1,97 @@
+"""Image-encode throughput of the serving backends: torch fp32, torch bf16 (autocast), ONNX Runtime.
+
+In-process, no HTTP: each backend encodes the same random uint8 batch through exactly what the
+service's image batcher calls (``TorchTowers`` / ``OnnxTowers``), after the parity gate figures
+(min cosine against torch fp32 over the fixed probe images and texts, every text variant). The
+backends take turns within each round, and each cell is the best of ``--rounds`` rounds, so a
+busy neighbour slows every backend alike rather than whichever ran during the burst.
+
+    .venv/bin/python loadtests/bench_backends.py --store models --model default@production --threads 1
+    .venv/bin/python loadtests/bench_backends.py --arch ViT-B-32 --threads 1 --min-seconds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model_store import ModelStore  # noqa: E402
+from service.encoders.bundle import ModelBundle  # noqa: E402
+from service.encoders.onnx_backend import (  # noqa: E402
+    PARITY_THRESHOLD,
+    _random_bundle,
+    check_parity,
+    export_bundle,
+    image_throughput,
+    load_towers,
+)
+from service.runtime.lifecycle import AUTOCAST_DTYPES, TorchTowers, resolve_device  # noqa: E402
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--store", default="models")
+    parser.add_argument("--model", default="default@production")
+    parser.add_argument("--arch", default=None, help="a random-weights open_clip architecture instead of --model")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="per backend, batch size and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads for torch and onnxruntime alike")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    low = "fp16" if device == "cuda" else "bf16"  # what the service's precision setting allows there
+
+    with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+        if args.arch:
+            bundle = _random_bundle(args.arch, Path(tmp))
+            bundle.model.to(device)
+            bundle.device = device
+            name = f"{args.arch} (random weights)"
+        else:
+            bundle = ModelBundle.load(ModelStore(args.store), args.model, device)
+            name = bundle.ref
+        t0 = time.perf_counter()
+        export_bundle(bundle, Path(tmp) / "onnx", variants=True)
+        onnx = load_towers(Path(tmp) / "onnx", device=device, threads=args.threads)
+        export_s = time.perf_counter() - t0
+        backends: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
+        parity: dict[str, str] = {"torch fp32": "(reference)"}
+        backends["torch fp32"] = TorchTowers(bundle).encode_images
+        for label, towers in ((f"torch {low}", TorchTowers(bundle, AUTOCAST_DTYPES[low])), ("onnx", onnx)):
+            parity[label] = f"{check_parity(bundle, towers):.6f}"
+            backends[label] = towers.encode_images
+        print(f"model {name} on {device}, {torch.get_num_threads()} torch thread(s), onnxruntime {onnx.providers}")
+        print(f"ONNX export of {1 + len(onnx.variants)} text tower(s) and the image tower: {export_s:.1f} s")
+        print(f"parity gate: min cosine >= {PARITY_THRESHOLD}; best of {args.rounds} round(s) of "
+              f"{args.min_seconds:g} s per cell\n")  # fmt: skip
+
+        rng = np.random.default_rng(0)
+        best: dict[tuple[str, int], float] = {}
+        for _ in range(args.rounds):
+            for bs in args.batch_sizes:
+                images = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
+                for label, encode in backends.items():
+                    rate = image_throughput(encode, images, args.min_seconds)
+                    best[label, bs] = max(best.get((label, bs), 0.0), rate)
+        print("| backend | parity (min cosine) | batch | images/s | vs torch fp32 |\n|---|---|---|---|---|")
+        for label in backends:
+            for bs in args.batch_sizes:
+                ratio = best[label, bs] / best["torch fp32", bs]
+                print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

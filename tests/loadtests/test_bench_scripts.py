@@ -1,0 +1,52 @@
+"""The cache and backend benchmarks run end to end and print complete tables (tiny sizes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(name: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(REPO / "loadtests" / name), *args], capture_output=True, text=True,
+                          timeout=240, cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def table(output: str) -> list[list[str]]:
+    rows = [line.strip("|").split("|") for line in output.splitlines() if re.match(r"^\| [^-]", line)]
+    return [[cell.strip() for cell in row] for row in rows[1:]]  # without the header
+
+
+def test_bench_cache_measures_both_layers_against_its_own_redis() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    rows = table(run_script("bench_cache.py", "--n", "200", "--warmup", "20", "--keys", "1", "20", "--dim", "64"))
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("lru", "1", "200"), ("lru", "20", "200"), ("redis", "1", "200"), ("redis", "20", "200"),
+    ]  # fmt: skip
+    for layer, _, _, p50, p95, p99, worst, misses in rows:
+        assert 0 < float(p50) <= float(p95) <= float(p99) <= float(worst), layer
+        assert misses == "0", layer  # every stored key came back: Redis really answered
+
+
+def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
+    out = run_script("bench_backends.py", "--store", str(tiny_store), "--model", "tiny@production",
+                     "--batch-sizes", "1", "4", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1")  # fmt: skip
+    rows = table(out)
+    backends = ["torch fp32", "torch bf16", "onnx"]
+    assert [(r[0], r[2]) for r in rows] == [(b, bs) for b in backends for bs in ("1", "4")]
+    for backend, parity, _, rate, _ in rows:
+        assert float(rate) > 0
+        if backend != "torch fp32":
+            assert float(parity) >= 0.999, backend
+    assert "ONNX export of 2 text tower(s)" in out  # base and the pcclip variant

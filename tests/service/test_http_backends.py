@@ -1,0 +1,175 @@
+"""Backends over real HTTP on the tiny model: ONNX and bf16 answer like torch fp32, a version that
+fails the parity gate is refused while the old one keeps serving, and cache lookups are timed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from model_store import ModelStore
+from service.encoders.bundle import ModelBundle
+from service.encoders.onnx_backend import PARITY_THRESHOLD, SIDECAR, _sha256, export_bundle, export_dir_for
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = ["a red circle.", "a photo of a small blue square.", "a green triangle to the left of a purple diamond"]
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def embed(url: str, body: dict[str, Any]) -> np.ndarray:
+    r = httpx.post(f"{url}/embed", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return np.asarray(r.json()["embeddings"], dtype=np.float64)
+
+
+def all_embeddings(url: str, images: list[dict[str, str]]) -> dict[str, np.ndarray]:
+    out = {"images": embed(url, {"images": images})}
+    for encoder in ("base", "pcclip"):
+        out[encoder] = embed(url, {"texts": TEXTS, "encoder": encoder})
+    return out
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def wait_refused(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while metric_value(url, "model_swaps_total", result="refused") < 1:
+        assert time.monotonic() < deadline, "the version was swapped in instead of refused"
+        time.sleep(0.1)
+
+
+def test_onnx_and_bf16_answer_like_torch_fp32(
+    tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    images = [
+        make_image(shape, colour) for shape, colour in (("circle", "red"), ("square", "blue"), ("cross", "green"))
+    ]
+    common = {"store": str(tiny_store), "model": "tiny@production"}  # no Redis: each server computes its own
+    with serve_app(**common) as running:
+        assert running.services.manager.current.backend == "torch fp32"
+        reference = all_embeddings(running.url, images)
+    cache_dir = tmp_path / "onnx"
+    for overrides, backend in (
+        ({"backend": "onnx", "onnx_cache_dir": str(cache_dir)}, "onnx"),
+        ({"precision": "bf16"}, "torch bf16"),
+    ):
+        with caplog.at_level("INFO", logger="service.lifecycle"), serve_app(**common, **overrides) as running:
+            assert running.services.manager.current.backend.startswith(backend)
+            got = all_embeddings(running.url, images)
+        assert any(f"(backend {backend} (" in rec.getMessage() for rec in caplog.records), backend  # the load line
+        for kind, vectors in got.items():
+            assert vectors.shape == reference[kind].shape
+            assert row_cosines(vectors, reference[kind]).min() >= PARITY_THRESHOLD, (backend, kind)
+    # One export per version, with a text graph for each encoder variant.
+    (export,) = (cache_dir / "tiny").iterdir()
+    assert export.name.startswith("v1-")
+    assert json.loads((export / SIDECAR).read_text())["variants"] == {"pcclip": "text-pcclip.onnx"}
+
+
+def _write_wrong_export(bundle: ModelBundle, target: Path) -> None:
+    """What a faulty exporter would leave: well-formed graphs, matching digests, wrong embeddings."""
+    onnx = pytest.importorskip("onnx")
+    export_bundle(bundle, target, variants=True)
+    model = onnx.load(str(target / "image.onnx"))
+    init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)) if t.data_type == 1 else 0)
+    array = onnx.numpy_helper.to_array(init).copy()
+    array += np.random.default_rng(0).normal(0, 1.0, array.shape).astype(array.dtype)
+    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(target / "image.onnx"))
+    sidecar = json.loads((target / SIDECAR).read_text())
+    sidecar["files"] = {name: _sha256(target / name) for name in sidecar["files"]}
+    (target / SIDECAR).write_text(json.dumps(sidecar))
+
+
+def test_version_failing_onnx_parity_is_refused(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, cache_dir = tmp_path / "store", tmp_path / "onnx"
+    publish_model(root, "gated", seed=31)
+    settings = {
+        "store": str(root),
+        "model": "gated@production",
+        "backend": "onnx",
+        "onnx_cache_dir": str(cache_dir),
+        "watch_interval_s": 0.2,
+    }
+    with caplog.at_level("ERROR", logger="service.lifecycle"), serve_app(**settings) as running:
+        store = ModelStore(root)
+        version = publish_model(root, "gated", seed=32, aliases=())
+        # The service reuses an export it finds under the version's key; put a wrong one there.
+        bundle = ModelBundle.load(store, f"gated@{version}")
+        _write_wrong_export(bundle, export_dir_for(cache_dir, bundle))
+        store.promote("gated", "production", version)
+        wait_refused(running.url)
+        time.sleep(0.6)  # more polls: a refused version is not retried until the alias moves
+        assert metric_value(running.url, "model_swaps_total", result="refused") == 1
+        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "gated@v1"}
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["still served by v1"]})
+        assert r.status_code == 200 and r.json()["model"] == "gated@v1"
+    assert any("refusing gated@v2" in rec.getMessage() and "ONNX backend" in rec.getMessage() for rec in caplog.records)
+
+
+def _publish_bf16_unsafe(root: Path) -> str:
+    """A version whose embeddings cancel two large equal offsets: exact in fp32, while bf16 rounds
+    each offset (to a multiple of 4 at 1000) before they cancel, so its embeddings drift."""
+    from service.encoders.clip_model import build_model
+    from training.publish import publish_bundle
+
+    config = json.loads((REPO / "training/configs/shapes-smoke.json").read_text())
+    torch.manual_seed(33)
+    model = build_model(config)
+    with torch.no_grad():
+        for norm, proj in ((model.ln_final, model.text_projection), (model.visual.ln_post, model.visual.proj)):
+            norm.bias[:2] = 1000.0
+            proj[1] = -proj[0]
+    return publish_bundle(ModelStore(root), "gated", model, config, aliases=["production"], fp16=False).version
+
+
+def test_version_failing_bf16_parity_is_refused(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    publish_model(tmp_path, "gated", seed=34)
+    with serve_app(store=str(tmp_path), model="gated@production", precision="bf16", watch_interval_s=0.2) as running:
+        assert _publish_bf16_unsafe(tmp_path) == "v2"
+        wait_refused(running.url)
+        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "gated@v1"}
+        assert httpx.post(f"{running.url}/embed", json={"texts": ["fine"]}).status_code == 200
+    # The same version serves in fp32: only the precision was unsafe.
+    with serve_app(store=str(tmp_path), model="gated@production") as running:
+        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "gated@v2"}
+
+
+def lookups(url: str) -> dict[str, float]:
+    return {layer: metric_value(url, "cache_lookup_seconds_count", layer=layer) for layer in ("lru", "redis")}
+
+
+def test_cache_lookup_histogram_is_exported(base_url: str) -> None:
+    body = {"texts": [f"a red circle {uuid.uuid4().hex}"]}  # unseen: the first lookup misses the LRU
+    before = lookups(base_url)
+    first = embed(base_url, body)
+    middle = lookups(base_url)
+    second = embed(base_url, body)  # answered from the LRU
+    after = lookups(base_url)
+    np.testing.assert_array_equal(first, second)
+    assert middle["lru"] > before["lru"] and middle["redis"] > before["redis"]  # the miss went on to Redis
+    assert after["lru"] > middle["lru"] and after["redis"] == middle["redis"]  # the hit did not
+    text = httpx.get(f"{base_url}/metrics").text
+    assert 'cache_lookup_seconds_bucket{layer="lru",le="5e-05"}' in text
+    assert 'cache_lookup_seconds_bucket{layer="redis",le="0.05"}' in text

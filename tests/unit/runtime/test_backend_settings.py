@@ -1,0 +1,142 @@
+"""Backend, precision and thread settings: validation, and what they change on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from model_store import ModelStore
+from service.config import Settings
+from service.encoders.bundle import ModelBundle
+from service.encoders.onnx_backend import (
+    PARITY_THRESHOLD,
+    PROBE_TEXTS,
+    SIDECAR,
+    check_parity,
+    ensure_towers,
+    export_dir_for,
+    probe_images,
+    require_parity,
+)
+from service.runtime.lifecycle import TorchTowers, build_runtime
+from service.runtime.metrics import ServiceMetrics
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory, publish_model: Any) -> ModelBundle:
+    root = tmp_path_factory.mktemp("backend-store")
+    publish_model(root, "tiny", seed=21)
+    return ModelBundle.load(ModelStore(root), "tiny@production")
+
+
+# ----------------------------------------------------------------------------- settings
+def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    s = Settings()
+    assert (s.backend, s.precision, s.torch_threads, s.onnx_cache_dir) == ("torch", "fp32", 0, None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert Settings().onnx_cache_root() == tmp_path / "clip-service" / "onnx"
+    monkeypatch.setenv("CLIP_BACKEND", "onnx")
+    monkeypatch.setenv("CLIP_TORCH_THREADS", "1")
+    monkeypatch.setenv("CLIP_ONNX_CACHE_DIR", str(tmp_path / "exports"))
+    s = Settings()
+    assert (s.backend, s.torch_threads, s.onnx_cache_root()) == ("onnx", 1, tmp_path / "exports")
+    monkeypatch.delenv("CLIP_BACKEND")
+    monkeypatch.setenv("CLIP_PRECISION", "bf16")
+    assert Settings().precision == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"backend": "tensorrt"}, "backend"),
+        ({"precision": "int8"}, "precision"),
+        ({"torch_threads": -1}, "torch_threads"),
+        ({"precision": "fp16"}, "fp16 needs a CUDA device"),
+        ({"precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
+        ({"backend": "onnx", "precision": "bf16"}, "backend=onnx runs fp32"),
+    ],
+)
+def test_bad_values_are_rejected_with_a_clear_message(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**overrides)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto resolves to CUDA here, where fp16 is allowed")
+def test_fp16_with_auto_device_and_no_cuda_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="fp16 needs a CUDA device"):
+        Settings(device="auto", precision="fp16")
+
+
+def test_python_m_service_reports_a_bad_precision_and_exits_2(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLIP_PRECISION": "fp16", "CLIP_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "service"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "invalid settings" in proc.stderr and "fp16 needs a CUDA device" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- threads
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_torch_threads_reach_the_model_thread(bundle: ModelBundle, threads: int) -> None:
+    runtime = build_runtime(bundle, Settings(torch_threads=threads), ServiceMetrics())
+    await runtime.start()
+    try:
+        assert await runtime.run(torch.get_num_threads) == threads
+        # The batchers run on that same thread: a real encode goes through it.
+        image = probe_images(bundle.image_size, n=1)[0]
+        vector = await runtime.image_batcher.submit([image])
+        np.testing.assert_allclose(vector[0], bundle.encode_images(image[None])[0], atol=1e-6)
+    finally:
+        await runtime.stop()
+
+
+# ----------------------------------------------------------------------------- towers behind the gate
+def test_torch_fp32_towers_are_the_bundle_and_bf16_passes_the_gate(bundle: ModelBundle) -> None:
+    images = probe_images(bundle.image_size, n=3)
+    tokens, _ = bundle.tokenize(list(PROBE_TEXTS))
+    fp32 = TorchTowers(bundle)
+    np.testing.assert_array_equal(fp32.encode_images(images), bundle.encode_images(images))
+    np.testing.assert_array_equal(fp32.encode_tokens(tokens, "pcclip"), bundle.encode_tokens(tokens, "pcclip"))
+    bf16 = TorchTowers(bundle, torch.bfloat16)
+    assert bf16.variants == ["pcclip"]
+    low = bf16.encode_images(images)
+    assert not np.array_equal(low, bundle.encode_images(images))  # really computed in bf16
+    np.testing.assert_allclose(np.linalg.norm(low, axis=1), 1.0, atol=1e-5)  # normalised in fp32
+    assert require_parity(bundle, bf16, label="torch bf16") >= PARITY_THRESHOLD
+
+
+def test_onnx_towers_cover_every_text_variant(bundle: ModelBundle, tmp_path: Path) -> None:
+    target = export_dir_for(tmp_path, bundle)
+    assert target.parent == tmp_path / "tiny" and target.name.startswith(f"{bundle.version}-")
+    towers = ensure_towers(bundle, target, device="cpu", threads=1, variants=True)
+    assert json.loads((target / SIDECAR).read_text())["variants"] == {"pcclip": "text-pcclip.onnx"}
+    assert set(towers.variants) == {"pcclip"} and check_parity(bundle, towers) >= PARITY_THRESHOLD
+    tokens, _ = bundle.tokenize(["a red circle.", "a blue square to the left of a green cross"])
+    for variant in ("base", "pcclip"):
+        key = None if variant == bundle.default_text_encoder else variant
+        np.testing.assert_allclose(towers.encode_tokens(tokens, key), bundle.encode_tokens(tokens, variant), atol=1e-4)
+    # The variants differ, so a mix-up between their graphs would show.
+    assert not np.allclose(towers.encode_tokens(tokens, "pcclip"), towers.encode_tokens(tokens, None), atol=1e-3)
+    digest = (target / "text-pcclip.onnx").read_bytes()
+    ensure_towers(bundle, target, device="cpu", threads=1, variants=True)  # reused, not exported again
+    assert (target / "text-pcclip.onnx").read_bytes() == digest
+
+
+def test_an_export_without_the_variants_is_completed(bundle: ModelBundle, tmp_path: Path) -> None:
+    target = tmp_path / "partial"
+    ensure_towers(bundle, target, device="cpu")  # the image and default text towers only
+    assert not (target / "text-pcclip.onnx").exists()
+    towers = ensure_towers(bundle, target, device="cpu", variants=True)
+    assert (target / "text-pcclip.onnx").exists() and set(towers.variants) == {"pcclip"}
