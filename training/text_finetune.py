@@ -1,0 +1,58 @@
+"""The loop shared by the text-tower finetunes (PC-CLIP, SemCLIP): image tower frozen.
+
+Only the text transformer, final norm, projection and positional embedding train: the
+token-embedding table stays shared with the base, which keeps a variant's file small.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+TRAINABLE_PREFIXES = ("transformer.", "ln_final", "text_projection", "positional_embedding")
+
+# One optimisation step's loss for the model being trained, and a short text for the progress bar.
+StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
+
+
+def finetune_text_tower(
+    base: CLIP, step_loss: StepLoss, *, steps: int, lr: float, seed: int, device: str, label: str
+) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps."""
+    torch.manual_seed(seed)
+    model = copy.deepcopy(base).to(device)
+    model.eval()  # no dropout / BN updates anywhere; gradients still flow
+    params = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(TRAINABLE_PREFIXES))
+        if p.requires_grad:
+            params.append(p)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    history: list[dict[str, float]] = []
+    columns = [
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns) as bar:
+        task = bar.add_task(label, total=steps, info="")
+        for step in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
+            loss, info = step_loss(model, step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            bar.update(task, advance=1, info=info)
+            if (step + 1) % 100 == 0:
+                history.append({"step": step + 1, "loss": loss.item()})
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, history
