@@ -9,13 +9,15 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 import typer
+from open_clip.model import CLIP
 from rich.console import Console
 
 from model_store import ModelStore
@@ -26,7 +28,9 @@ from training.publish import publish_bundle
 from training.report import metrics_table, sweep_table
 from training.train_base import BaseTrainConfig, train_base
 from training.train_dcsm import DCSMTrainConfig, train_dcsm_files
-from training.train_pcclip import PCClipConfig, train_pcclip
+from training.train_pcclip import PCClipConfig, train_pcclip, with_state
+from training.train_semclip import VARIANT_WEIGHTS, SemClipConfig, train_semclip, triplet_dataset
+from training.train_yukino import OTIConfig, YukinoConfig, train_inverter
 from training.world.differences import comparative_text
 from training.world.render import render_batch
 from training.world.scene import Split, sample_scene
@@ -101,6 +105,52 @@ def base_cmd(
     train_base(cfg, out, log=console.print)
 
 
+def _cached_stage(path: Path, config: dict, train: Callable[[], Any]) -> Any:
+    """A stage's result from ``path`` when it was produced with the same config, else trained and saved."""
+    if path.exists():
+        saved = torch.load(path, weights_only=False)
+        if saved["config"] == config:
+            console.print(f"reusing {path}")
+            return saved["result"]
+    result = train()
+    torch.save({"config": config, "result": result}, path)
+    return result
+
+
+def _semclip_variants(model: CLIP, steps: int, seed: int, device: str, run_dir: Path) -> dict[str, dict]:
+    """SemCLIP and its paraphrase-only / negation-only ablations, sharing one triplet dataset."""
+    small = steps <= 50
+    data: dict | None = None
+    states = {}
+    for variant, weights in VARIANT_WEIGHTS.items():
+        cfg = SemClipConfig(steps=steps, weights=weights, seed=seed, device=device,
+                            scenes=256 if small else 12000, batch_size=32 if small else 128)
+
+        def train(cfg: SemClipConfig = cfg, variant: str = variant) -> dict:
+            nonlocal data
+            data = data or triplet_dataset(cfg, model)
+            return train_semclip(model, cfg, data=data, out_dir=run_dir / variant, log=console.print)
+
+        states[variant] = _cached_stage(run_dir / f"{variant}.pt", asdict(cfg), train)
+    return states
+
+
+def _yukino(
+    model: CLIP, sem_states: dict[str, dict], steps: int, seed: int, device: str, run_dir: Path
+) -> tuple[dict[str, bytes], dict]:
+    """The YUKINO inverter over the SemCLIP text encoder: its files and manifest component."""
+    small = steps <= 50
+    cfg = YukinoConfig(steps=steps, seed=seed, device=device, items=128 if small else 6000,
+                       oti_items=32 if small else 1000, batch_size=32 if small else 128)
+    oti_cfg = OTIConfig(steps=10 if small else OTIConfig.steps)
+
+    def train() -> tuple[dict[str, bytes], dict]:
+        text_model = with_state(model, sem_states[cfg.text_encoder])
+        return train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=console.print).to_files()
+
+    return _cached_stage(run_dir / "yukino.pt", {**asdict(cfg), "oti": asdict(oti_cfg)}, train)
+
+
 def _build(
     store: ModelStore,
     name: str,
@@ -110,6 +160,8 @@ def _build(
     schedule_steps: int,
     align_start: int,
     pcclip_steps: int,
+    semclip_steps: int,
+    yukino_steps: int,
     seed: int,
     device: str,
     eval_cfg: EvalConfig,
@@ -151,6 +203,12 @@ def _build(
         pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=console.print)
         torch.save({"config": vars(pc_cfg), "state": pc_state}, pc_path)
     pc_seconds = time.time() - t0
+    t0 = time.time()
+    sem_states = _semclip_variants(model.cpu(), semclip_steps, seed, device, run_dir)
+    sem_seconds = time.time() - t0
+    t0 = time.time()
+    yukino_files, yukino_component = _yukino(model.cpu(), sem_states, yukino_steps, seed, device, run_dir)
+    yukino_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
     dcsm_files, dcsm_component = train_dcsm_files(
@@ -164,6 +222,10 @@ def _build(
         "pcclip_seconds": pc_seconds,
         "dcsm": asdict(dcsm_cfg),
         "dcsm_seconds": dcsm_seconds,
+        "semclip_steps": semclip_steps,
+        "semclip_seconds": sem_seconds,
+        "yukino": yukino_component["config"],
+        "yukino_seconds": yukino_seconds,
     }
     data = {
         "world": "shapes",
@@ -174,13 +236,13 @@ def _build(
         "base_scenes_seen": steps * base_cfg.batch_size,
     }
     kwargs = dict(
-        text_variants={"pcclip": pc_state},
+        text_variants={"pcclip": pc_state, **sem_states},
         default_text_encoder="pcclip",
         comparatives=comparatives_library(),
         training=training,
         data=data,
-        extra_files=dcsm_files,
-        components={"dcsm": dcsm_component},
+        extra_files={**dcsm_files, **yukino_files},
+        components={"dcsm": dcsm_component, "yukino": yukino_component},
     )
     with tempfile.TemporaryDirectory() as tmp:
         # Evaluate exactly what will be served: the stored (fp16) weights, loaded back.
@@ -209,9 +271,16 @@ def _print_report(report: dict) -> None:
     metrics = report["metrics"]
     encoders = sorted({k.split(".")[0] for k in metrics if ".zeroshot." in k}, key=lambda e: (e != "base", e))
     console.print(f"\n## Evaluation of {report['model']} (mean ± stderr over seeds {report['seeds']})\n")
+    matching = {k: v for k, v in metrics.items() if k.split(".")[1] in ("winoground", "swap")}
     console.print(
-        metrics_table({k: v for k, v in metrics.items() if k.split(".")[0] in encoders}, encoders), markup=False
+        metrics_table(
+            {k: v for k, v in metrics.items() if k.split(".")[0] in encoders and k not in matching}, encoders
+        ),
+        markup=False,
     )
+    if matching:
+        console.print("\n### Compositional caption matching: 2x2 (Winoground-style) and swap tests\n")
+        console.print(metrics_table(matching, ["base", "oti", "yukino"]), markup=False)
     dense = {k: v for k, v in metrics.items() if k.split(".")[0] in ("cosine", "dcsm", "readout", "dense")}
     if dense:
         console.print("\n### Dense scoring (2-way: caption vs its hard negative) and localisation\n")
@@ -242,6 +311,8 @@ def build_default(
     schedule_steps: Annotated[int, typer.Option(help="Horizon of the warm-up + cosine schedule.")] = 2200,
     align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400,
     pcclip_steps: int = 800,
+    semclip_steps: int = 400,
+    yukino_steps: int = 1500,
     seed: int = 0,
     device: DeviceOpt = "cpu",
     promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
@@ -254,6 +325,7 @@ def build_default(
     eval_cfg = EvalConfig(seeds=tuple(range(eval_seeds)))
     if smoke:
         config, steps, pcclip_steps = "shapes-smoke", min(steps, 30), min(pcclip_steps, 20)
+        semclip_steps, yukino_steps = min(semclip_steps, 20), min(yukino_steps, 20)
         schedule_steps, align_start = steps, 2 * steps // 3
         eval_cfg = EvalConfig(
             seeds=tuple(range(min(eval_seeds, 2))),
@@ -262,6 +334,8 @@ def build_default(
             n_compositional=40,
             n_pil=20,
             n_calibration=60,
+            n_semclip=40,
+            n_yukino=16,
         )
     aliases = promote if promote is not None else ["production"]
     report = _build(
@@ -273,6 +347,8 @@ def build_default(
         schedule_steps,
         align_start,
         pcclip_steps,
+        semclip_steps,
+        yukino_steps,
         seed,
         device,
         eval_cfg,

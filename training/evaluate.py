@@ -10,20 +10,28 @@ and ``service.methods`` so the figures describe exactly what the service compute
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from service.encoders.bundle import ModelBundle
+from service.encoders.bundle import BASE_ENCODER, ModelBundle
+from service.encoders.yukino import prompt_features
 from service.methods.comparative import apply_comparatives, confused_pairs, gated_probs
 from service.methods.pairwise_rank import pair_scores
+from service.methods.semclip import composite_score, original_over_negation, retrieval_top1
+from service.methods.yukino import winoground
 from service.methods.zero_shot import class_embeddings, zero_shot_logits, zero_shot_probs
 from training.dense_eval import dense_metrics
 from training.probes import ATTRIBUTE_PROMPTS
+from training.train_yukino import OTIConfig, oti
 from training.world.differences import comparative_text, eval_text
+from training.world.hard_negatives import KINDS, hard_negative_set
 from training.world.render import draw_scene_pil, render_batch
 from training.world.scene import Scene, Split, make_object, sample_scene, single_scene
+from training.world.semantic import NEGATION_KINDS, triplet_set
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES, SIZE_RANGES
 
 ImageSource = Callable[[Sequence[Scene]], np.ndarray]
@@ -37,6 +45,8 @@ class EvalConfig:
     n_compositional: int = 300  # hard-negative items per kind and image source
     n_pil: int = 200
     n_calibration: int = 1500
+    n_yukino: int = 200  # 2x2 items (two images, two captions) for YUKINO
+    n_semclip: int = 500  # caption triplets per split (retrieval is among this many images)
     seed_offset: int = 1000  # evaluation seeds never coincide with training seeds
 
 
@@ -226,6 +236,101 @@ class Evaluator:
             "sweep": sweep,
         }
 
+    # ------------------------------------------------------------------ SemCLIP figures
+    def semclip(self, seed: int, split: Split, encoders: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Original-over-negation accuracy, top-1 text-to-image retrieval of original and
+        paraphrased captions among the set's images, the composite score, and the zero-shot
+        shape accuracy with "this is a photo of a X." vs "this is not a photo of a X." prompts
+        (a model that reads "not" picks a wrong shape for the negated prompts)."""
+        triplets = triplet_set(split, seed, self.cfg.n_semclip)
+        images = self.images(generator_images([t.scene for t in triplets]))
+        singles = [t.scene for t in triplets if len(t.scene.objects) == 1]
+        single_images = images[[len(t.scene.objects) == 1 for t in triplets]]
+        truth = np.array([s.objects[0].shape for s in singles])
+        out: dict[str, dict[str, float]] = {}
+        for enc in encoders:
+            orig = self.texts([t.original for t in triplets], enc)
+            para = self.texts([t.paraphrase for t in triplets], enc)
+            neg = self.texts([t.negation for t in triplets], enc)
+            correct = original_over_negation(images, orig, neg)
+            acc_o, acc_p = float(retrieval_top1(orig, images).mean()), float(retrieval_top1(para, images).mean())
+            acc_n = float(correct.mean())
+            figures = {
+                "orig_over_neg": acc_n,
+                "retrieval_orig": acc_o,
+                "retrieval_para": acc_p,
+                "composite": composite_score(acc_o, acc_p, acc_n),
+            }
+            kinds = np.array([t.negation_kind for t in triplets])
+            for kind in NEGATION_KINDS:
+                if (kinds == kind).any():
+                    figures[f"orig_over_neg.{kind}"] = float(correct[kinds == kind].mean())
+            for form, template in (
+                ("photo", "this is a photo of a {}."),
+                ("not_photo", "this is not a photo of a {}."),
+            ):
+                classes = self.texts([template.format(shape) for shape in SHAPES], enc)
+                pred = np.asarray(SHAPES)[np.argmax(single_images @ classes.T, axis=1)]
+                figures[f"zeroshot_{form}"] = float(np.mean(pred == truth))
+            figures["photo_minus_not"] = figures["zeroshot_photo"] - figures["zeroshot_not_photo"]
+            out[enc] = figures
+        return out
+
+    # ------------------------------------------------------------------ YUKINO
+    def yukino(self, seed: int) -> tuple[dict[str, float], dict[str, float]]:
+        """Winoground-style 2x2 items (an image and its hard-negative image, each with the caption
+        true of it) and SugarCREPE-style swap tests (one image: its caption vs the swapped one),
+        for plain cosine with the base encoder, OTI, and the distilled inverter; plus ms per image
+        of OTI and of the inverter (details)."""
+        head = self.bundle.yukino
+        assert head is not None
+        items = hard_negative_set(Split.TEST, seed, self.cfg.n_yukino)
+        pix0 = generator_images([h.scene for h in items])
+        pix1 = generator_images([h.negative_scene for h in items])
+        kinds = np.array([h.kind for h in items])
+        enc = head.text_encoder
+        c0, c1 = self.texts([h.positive for h in items], enc), self.texts([h.negative for h in items], enc)
+        b0, b1 = (
+            self.texts([h.positive for h in items], BASE_ENCODER),
+            self.texts([h.negative for h in items], BASE_ENCODER),
+        )
+        g0, g1 = self.images(pix0), self.images(pix1)
+        start = time.perf_counter()
+        p0, p1 = self.bundle.yukino_prompts(pix0), self.bundle.yukino_prompts(pix1)
+        inverter_ms = (time.perf_counter() - start) * 1000 / (2 * len(items))
+        text_model = self.bundle.text_model(enc)
+        start = time.perf_counter()
+        oti_prompts = []
+        for pix in (pix0, pix1):
+            g = torch.from_numpy(self.images(pix))
+            pseudo = oti(text_model, g, OTIConfig())
+            with torch.no_grad():
+                yes, no = prompt_features(text_model, pseudo, self.bundle.context_length)
+            oti_prompts.append(np.stack([yes.numpy(), no.numpy()], axis=1))
+        oti_ms = (time.perf_counter() - start) * 1000 / (2 * len(items))
+
+        def yn(prompts: np.ndarray, captions: np.ndarray) -> np.ndarray:
+            return np.sum((prompts[:, 0] - prompts[:, 1]) * captions, axis=1)
+
+        scores = {
+            "base": [np.sum(g * c, axis=1) for g, c in ((g0, b0), (g0, b1), (g1, b0), (g1, b1))],
+            "oti": [
+                yn(p, c)
+                for p, c in ((oti_prompts[0], c0), (oti_prompts[0], c1), (oti_prompts[1], c0), (oti_prompts[1], c1))
+            ],
+            "yukino": [yn(p, c) for p, c in ((p0, c0), (p0, c1), (p1, c0), (p1, c1))],
+        }
+        flat: dict[str, float] = {}
+        for method, (s00, s01, s10, s11) in scores.items():
+            for name, hits in winoground(s00, s01, s10, s11).items():
+                flat[f"{method}.winoground.{name}"] = float(hits.mean())
+                for kind in KINDS:
+                    flat[f"{method}.winoground.{kind}.{name}"] = float(hits[kinds == kind].mean())
+            swap = np.concatenate([s00 > s01, s11 > s10])
+            for kind in KINDS:
+                flat[f"{method}.swap.{kind}"] = float(swap[np.concatenate([kinds, kinds]) == kind].mean())
+        return flat, {"oti_ms_per_image": oti_ms, "inverter_ms_per_image": inverter_ms}
+
     # ------------------------------------------------------------------ text geometry
     def text_geometry(self, encoder: str) -> dict[str, float]:
         """Does text space obey difference geometry (in the spirit of the paper's Table 7)?
@@ -283,6 +388,13 @@ class Evaluator:
         for enc, accs in self.rank_accuracy(pil_pairs, pil_images(self.bundle), self.encoders).items():
             flat.update({f"{enc}.rank_pair_pil.{k}": v for k, v in accs.items()})
         flat.update(self.dense(seed))
+        if self.bundle.yukino is not None:
+            figures, timing = self.yukino(seed)
+            flat.update(figures)
+            details["yukino.timing"] = timing
+        for split, suffix in ((Split.TEST, ""), (Split.HELDOUT, "_heldout")):
+            for enc, figures in self.semclip(seed, split, self.encoders).items():
+                flat.update({f"{enc}.semclip{suffix}.{k}": v for k, v in figures.items()})
         for enc in self.encoders:
             comp = self.comparative(seed, enc)
             for k in (

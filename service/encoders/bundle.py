@@ -31,6 +31,7 @@ from service.encoders.clip_model import (
 )
 from service.encoders.dense import DCSMHead, DenseEncoder
 from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
+from service.encoders.yukino import YukinoHead, prompt_features
 from service.methods.dcsm import dcsm_scores, prepare_maps
 
 BASE_ENCODER = "base"
@@ -73,6 +74,7 @@ class ModelBundle:
     comparatives: list[dict[str, Any]] = field(default_factory=list)
     dcsm: DCSMHead | None = None
     dense: DenseEncoder | None = None
+    yukino: YukinoHead | None = None
 
     @property
     def ref(self) -> str:
@@ -132,6 +134,9 @@ class ModelBundle:
             pre = manifest.preprocess
             bundle.dense = bundle.dcsm.encoder(model, manifest.context_length, device=device,
                                                mean=pre.get("mean", OPENAI_MEAN), std=pre.get("std", OPENAI_STD))
+        bundle.yukino = YukinoHead.from_components(directory, components, device)
+        if bundle.yukino is not None and bundle.yukino.text_encoder not in text_models:
+            raise ValueError(f"YUKINO needs text encoder {bundle.yukino.text_encoder!r}; have {sorted(text_models)}")
         return bundle
 
     def text_model(self, encoder: str | None) -> CLIP:
@@ -182,6 +187,21 @@ class ModelBundle:
         """Texts -> (N, D) L2-normalised float32 with the chosen text-encoder variant."""
         tokens, _ = self.tokenize(texts)
         return self.encode_tokens(tokens, encoder)
+
+    # ------------------------------------------------------------------ YUKINO
+    @torch.no_grad()
+    def yukino_prompts(self, images: np.ndarray) -> np.ndarray:
+        """(N, S, S, 3) uint8 preprocessed images -> (N, 2, D): each image's "a photo of $" and
+        "a photo of no $" features with its inverted pseudo-token, in YUKINO's text encoder."""
+        if self.yukino is None:
+            raise ValueError(f"{self.ref} has no YUKINO component")
+        pre = self.manifest.preprocess
+        x = normalize_uint8(images, pre.get("mean"), pre.get("std")).to(self.device)
+        _, tokens = image_features(self.model, x, dense=True)
+        assert tokens is not None
+        pseudo = self.yukino.inverter(normalize(tokens.float()))
+        yes, no = prompt_features(self.text_model(self.yukino.text_encoder), pseudo, self.context_length)
+        return torch.stack([yes, no], dim=1).cpu().numpy()
 
     # ------------------------------------------------------------------ DCSM (dense) scoring
     def dense_encoder(self) -> DenseEncoder:

@@ -113,15 +113,23 @@ def trimmed(tokens: torch.Tensor) -> torch.Tensor:
     return tokens[:, :length]
 
 
-def text_features(model: CLIP, tokens: torch.Tensor, dense: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def text_features(
+    model: CLIP, tokens: torch.Tensor, dense: bool = False, pseudo: tuple[int, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Projected pooled text features (B, D) and, if ``dense``, every position's (B, L, D).
 
     Tokens may be trimmed (see ``trimmed``); outputs equal the full-length computation.
-    Features are not normalised.
+    ``pseudo = (token_id, vectors)`` puts row ``b`` of the ``(B, W)`` vectors in place of the
+    token embedding wherever ``tokens[b]`` holds ``token_id`` (YUKINO's pseudo-tokens; gradients
+    flow into the vectors). Features are not normalised.
     """
     length = tokens.shape[1]
     cast = model.transformer.get_cast_dtype()
-    x = model.token_embedding(tokens).to(cast) + model.positional_embedding[:length].to(cast)
+    x = model.token_embedding(tokens)
+    if pseudo is not None:
+        token_id, vectors = pseudo
+        x = torch.where((tokens == token_id)[..., None], vectors[:, None, :].to(x.dtype), x)
+    x = x.to(cast) + model.positional_embedding[:length].to(cast)
     x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
     x = model.ln_final(x)
     proj = model.text_projection

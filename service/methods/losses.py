@@ -13,7 +13,14 @@ import torch.nn.functional as F
 
 from service.methods.common import check_finite_scalar
 
-__all__ = ["clip_contrastive_loss", "pcclip_difference_loss", "weight_ensemble"]
+__all__ = [
+    "clip_contrastive_loss",
+    "pcclip_difference_loss",
+    "semclip_loss",
+    "weight_ensemble",
+    "yukino_matching_loss",
+    "yukino_oti_loss",
+]
 
 _EPS = 1e-12
 
@@ -33,9 +40,7 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"inputs must share one (B, D) shape, got {shapes}")
 
 
-def clip_contrastive_loss(
-    a: torch.Tensor, b: torch.Tensor, logit_scale: float | torch.Tensor
-) -> torch.Tensor:
+def clip_contrastive_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: float | torch.Tensor) -> torch.Tensor:
     """Symmetric CLIP cross-entropy between two batches of paired embeddings.
 
     With ``logits = logit_scale * a @ b.T`` the loss is
@@ -110,6 +115,90 @@ def pcclip_difference_loss(
     raise ValueError(f"kind must be 'contrastive' or 'mse', got {kind!r}")
 
 
+def semclip_loss(
+    images: torch.Tensor,
+    originals: torch.Tensor,
+    paraphrases: torch.Tensor,
+    negations: torch.Tensor,
+    directions: torch.Tensor,
+    logit_scale: float,
+    weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    normalise: bool = True,
+    negatives_in_clip: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """SemCLIP: ``(a L_clip + b L_para + c L_neg) / (a + b + c)``.
+
+    Text embeddings are L2-normalised, projected onto the ``(n, D)`` orthonormal ``directions``
+    and (with ``normalise``) normalised again, giving ``p(t)``. Then
+    ``L_para = mean(1 - cos(p(t), p(t+)))``, ``L_neg = mean(max(0, cos(p(t), p(t-))))`` and
+    ``L_clip`` is the symmetric contrastive loss of images and original captions; with
+    ``negatives_in_clip`` every image also has to prefer its caption to all the negations of the
+    batch (the negations become extra candidates on the image-to-text side), so what the
+    subspace losses separate is also separated from the image.
+
+    Returns the loss and its three parts as floats (for logs).
+    """
+    _check_same_shape(images=images, originals=originals, paraphrases=paraphrases, negations=negations)
+    a, b, c = (check_finite_scalar(w, "weight") for w in weights)
+    if min(a, b, c) < 0 or a + b + c <= 0:
+        raise ValueError(f"weights must be non-negative with a positive sum, got {weights}")
+    t, tp, tn = (F.normalize(x, dim=-1, eps=_EPS) for x in (originals, paraphrases, negations))
+
+    def project(x: torch.Tensor) -> torch.Tensor:
+        p = x @ directions.T
+        return F.normalize(p, dim=-1, eps=_EPS) if normalise else p
+
+    pt, ptp, ptn = project(t), project(tp), project(tn)
+    img = F.normalize(images, dim=-1, eps=_EPS)
+    if negatives_in_clip:
+        targets = torch.arange(img.shape[0], device=img.device)
+        i2t = logit_scale * img @ torch.cat([t, tn]).T
+        l_clip = (F.cross_entropy(i2t, targets) + F.cross_entropy(logit_scale * t @ img.T, targets)) / 2
+    else:
+        l_clip = clip_contrastive_loss(img, t, logit_scale)
+    l_para = (1 - F.cosine_similarity(pt, ptp, dim=-1, eps=_EPS)).mean()
+    l_neg = F.relu(F.cosine_similarity(pt, ptn, dim=-1, eps=_EPS)).mean()
+    loss = (a * l_clip + b * l_para + c * l_neg) / (a + b + c)
+    return loss, {"clip": l_clip.item(), "para": l_para.item(), "neg": l_neg.item()}
+
+
+def yukino_oti_loss(
+    yes: torch.Tensor,
+    no: torch.Tensor,
+    images: torch.Tensor,
+    pseudo: torch.Tensor,
+    concepts: torch.Tensor,
+    margin: float = 0.2,
+    reg_weight: float = 0.1,
+) -> torch.Tensor:
+    """Per-image loss of YUKINO's optimisation-based textual inversion, shape ``(B,)``.
+
+    ``(1 - cos(yes, g)) + max(0, cos(no, g) - cos(yes, g) + margin) + reg_weight * reg``: the
+    "a photo of $" prompt is pulled toward the image embedding ``g``, the "a photo of no $" prompt
+    kept at least ``margin`` further away, and ``reg = 1 - max_k cos(v*, concept_k)`` keeps the
+    pseudo-token near the embeddings of real concept words (``concepts``, ``(K, W)``).
+    """
+    _check_same_shape(yes=yes, no=no, images=images)
+    cos_yes, cos_no = (F.cosine_similarity(x, images, dim=-1, eps=_EPS) for x in (yes, no))
+    reg = 1 - F.cosine_similarity(pseudo[:, None], concepts[None], dim=-1, eps=_EPS).max(dim=1).values
+    return (1 - cos_yes) + F.relu(cos_no - cos_yes + margin) + reg_weight * reg
+
+
+def yukino_matching_loss(
+    yes: torch.Tensor, no: torch.Tensor, captions: torch.Tensor, negatives: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Contrastive loss of the distilled inverter on YUKINO's matching score.
+
+    Row ``i``'s score for a caption ``c`` is ``cos(yes_i, c) - cos(no_i, c)``; its candidates are
+    every caption of the batch and every hard negative (``negatives[i]`` is false of image ``i``
+    but differs from ``captions[i]`` in one swap), and it must pick ``captions[i]``.
+    """
+    _check_same_shape(yes=yes, no=no, captions=captions, negatives=negatives)
+    candidates = torch.cat([captions, negatives])
+    logits = scale * (yes - no) @ candidates.T
+    return F.cross_entropy(logits, torch.arange(yes.shape[0], device=yes.device))
+
+
 def weight_ensemble(
     base: Mapping[str, torch.Tensor], finetuned: Mapping[str, torch.Tensor], w: float
 ) -> dict[str, torch.Tensor]:
@@ -140,10 +229,7 @@ def weight_ensemble(
                 continue
             ft = finetuned[key]
             if tuple(ft.shape) != tuple(b.shape):
-                raise ValueError(
-                    f"shape mismatch for {key!r}: base {tuple(b.shape)}, "
-                    f"finetuned {tuple(ft.shape)}"
-                )
+                raise ValueError(f"shape mismatch for {key!r}: base {tuple(b.shape)}, finetuned {tuple(ft.shape)}")
             ft = ft.detach().to(device=b.device, dtype=b.dtype)
             if b.is_floating_point() or b.is_complex():
                 out[key] = w * ft + (1.0 - w) * b.detach()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from typer.testing import CliRunner
 
 from model_store import ModelStore
@@ -19,19 +20,27 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
     store = ModelStore(store_dir)
     name, version = store.resolve("default@production")
     manifest = store.manifest(name, version)
-    assert set(manifest.components["text_encoders"]) == {"pcclip"}
+    assert set(manifest.components["text_encoders"]) == {"pcclip", "semclip", "semclip_para", "semclip_neg"}
+    assert manifest.components["yukino"]["text_encoder"] == "semclip"
     assert manifest.components["default_text_encoder"] == "pcclip"
     for key in (
         "base.zeroshot.shape",
         "pcclip.rank_pair.size",
         "cosine.binding",
         "pcclip.comparative.selected.confused",
+        "semclip.semclip.orig_over_neg",
+        "base.semclip_heldout.retrieval_orig",
+        "semclip_neg.semclip.composite",
+        "yukino.winoground.group",
+        "oti.swap.binding",
+        "base.winoground.negation.group",
     ):
         assert 0.0 <= manifest.metrics[key] <= 1.0
     report = json.loads((store.version_dir(name, version) / "eval.json").read_text())
     assert report["model"] == f"{name}@{version}" and report["seeds"] == [0, 1]
     assert "base.rank_pair.size.stderr" in report["metrics"]
-    assert "| metric | base | pcclip |" in result.output
+    assert "| metric | base | pcclip | semclip | semclip_neg | semclip_para |" in result.output
+    assert "| metric | base | oti | yukino |" in result.output
     comparatives = json.loads((store.version_dir(name, version) / "comparatives.json").read_text())
     assert {
         "a": "circle",
@@ -40,10 +49,12 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
     } in comparatives
     bundle = ModelBundle.load(store, "default@production")
     assert bundle.encode_texts(["a red circle"]).shape == (1, manifest.embed_dim)
+    assert bundle.yukino_prompts(np.zeros((2, 64, 64, 3), np.uint8)).shape == (2, 2, manifest.embed_dim)
 
     # Rerunning resumes from the finished checkpoints and publishes the next version.
     again = CliRunner().invoke(app, ["build-default", "--smoke", "--store", str(store_dir), "--run-dir", str(run_dir),
                                      "--eval-seeds", "1"])  # fmt: skip
     assert again.exit_code == 0, again.output
     assert "resumed from step" in again.output
+    assert again.output.count("reusing ") >= 5, "PC-CLIP, the three SemCLIP variants and YUKINO are reused"
     assert store.resolve("default@production")[1] == "v2"

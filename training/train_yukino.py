@@ -1,0 +1,168 @@
+"""YUKINO: optimisation-based textual inversion (OTI) and its distilled inverter.
+
+Both work in the input space of one frozen text-encoder variant and keep the image tower frozen.
+
+* ``oti``: per image, gradient steps on one pseudo-token ``v*`` under
+  ``service.methods.losses.yukino_oti_loss`` (yes prompt toward the image embedding, no prompt
+  away, ``v*`` near real concept-word embeddings). Slow: it is the teacher and the reference.
+* ``train_inverter``: the 3-layer MLP from the image's class + patch tokens to ``v*``, trained
+  with ``yukino_matching_loss`` on shapes-world captions and their hard negatives (swapped
+  colours, reversed relations, negations), plus a distillation term toward OTI's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from open_clip.model import CLIP
+
+from service.encoders.clip_model import image_features, normalize, tokenizer_for
+from service.encoders.preprocess import normalize_uint8
+from service.encoders.yukino import Inverter, YukinoHead, prompt_features
+from service.methods.losses import yukino_matching_loss, yukino_oti_loss
+from training.encode import Tokenize, encode_texts
+from training.world.hard_negatives import hard_negative_set
+from training.world.render import render_batch
+from training.world.scene import Split
+from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES
+
+CONCEPT_WORDS: tuple[str, ...] = (*SHAPES, *COLOUR_NAMES, *SIZES, "shape")
+
+
+@dataclass
+class OTIConfig:
+    steps: int = 150
+    lr: float = 0.02
+    margin: float = 0.2
+    reg_weight: float = 0.1
+    batch_size: int = 256
+
+
+@dataclass
+class YukinoConfig:
+    text_encoder: str = "semclip"
+    items: int = 6000  # hard-negative items; each gives two images and two captions
+    oti_items: int = 1000  # images distilled from OTI tokens
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 3e-4
+    width: int = 256
+    scale: float = 100.0
+    distill_weight: float = 0.5
+    seed: int = 0
+    device: str = "cpu"
+
+
+def concept_embeddings(model: CLIP) -> torch.Tensor:
+    """Token embeddings of the world's concept words (first BPE token of each)."""
+    tok = tokenizer_for(model.context_length)
+    ids = [tok.encode(w)[0] for w in CONCEPT_WORDS]
+    return model.token_embedding.weight[ids].detach()
+
+
+@torch.no_grad()
+def image_tokens(model: CLIP, images: np.ndarray, device: str = "cpu", batch_size: int = 256) -> torch.Tensor:
+    """(N, S, S, 3) uint8 -> (N, 1+P, D) normalised class + patch tokens and (N, D) pooled."""
+    out = []
+    for i in range(0, len(images), batch_size):
+        _, tokens = image_features(model, normalize_uint8(images[i : i + batch_size]).to(device), dense=True)
+        assert tokens is not None
+        out.append(normalize(tokens.float()).cpu())
+    return torch.cat(out)
+
+
+def oti(text_model: CLIP, targets: torch.Tensor, cfg: OTIConfig, device: str = "cpu") -> torch.Tensor:
+    """Pseudo-tokens ``(N, W)`` for ``(N, D)`` normalised image embeddings, optimised per image."""
+    concepts = concept_embeddings(text_model).to(device)
+    for p in text_model.parameters():
+        p.requires_grad_(False)
+    out = []
+    for i in range(0, len(targets), cfg.batch_size):
+        out.append(_oti_batch(text_model, targets[i : i + cfg.batch_size].to(device), concepts, cfg))
+    return torch.cat(out)
+
+
+@torch.enable_grad()  # also when the caller (an evaluation) runs without gradients
+def _oti_batch(text_model: CLIP, g: torch.Tensor, concepts: torch.Tensor, cfg: OTIConfig) -> torch.Tensor:
+    v = concepts.mean(0, keepdim=True).repeat(len(g), 1).clone().requires_grad_(True)
+    opt = torch.optim.Adam([v], lr=cfg.lr)
+    for _ in range(cfg.steps):
+        yes, no = prompt_features(text_model, v, text_model.context_length)
+        loss = yukino_oti_loss(yes, no, g, v, concepts, cfg.margin, cfg.reg_weight).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return v.detach().cpu()
+
+
+def train_inverter(
+    base: CLIP,
+    text_model: CLIP,
+    cfg: YukinoConfig,
+    oti_cfg: OTIConfig | None = None,
+    out_dir: Path | None = None,
+    log=print,  # noqa: ANN001
+) -> YukinoHead:
+    torch.manual_seed(cfg.seed)
+    t0 = time.time()
+    items = hard_negative_set(Split.TRAIN, cfg.seed + 500, cfg.items)
+    scenes = [h.scene for h in items] + [h.negative_scene for h in items]
+    captions = [h.positive for h in items] + [h.negative for h in items]
+    negatives = [h.negative for h in items] + [h.positive for h in items]
+    base = base.to(cfg.device).eval()
+    pixels = render_batch(scenes, 64, seed=cfg.seed + 23)
+    tokens = image_tokens(base, pixels, cfg.device)
+    text_model = text_model.to(cfg.device).eval()
+    for p in text_model.parameters():
+        p.requires_grad_(False)
+    tokenize = Tokenize(text_model.context_length)
+    unique = list(dict.fromkeys(captions + negatives))
+    table = dict(zip(unique, encode_texts(text_model, tokenize, unique, device=cfg.device), strict=True))
+    cap = torch.stack([table[c] for c in captions])
+    neg = torch.stack([table[c] for c in negatives])
+    log(f"yukino: {len(scenes)} images and {len(unique)} captions encoded in {time.time() - t0:.1f}s")
+    t0 = time.time()
+    n_oti = min(cfg.oti_items, len(scenes))
+    teacher = oti(text_model, tokens[:n_oti, 0], oti_cfg or OTIConfig(), cfg.device)
+    log(f"yukino: OTI tokens of {n_oti} images in {time.time() - t0:.1f}s")
+    inverter = Inverter(tokens[0].numel(), text_model.token_embedding.weight.shape[1], cfg.width).to(cfg.device)
+    opt = torch.optim.AdamW(inverter.parameters(), lr=cfg.lr, weight_decay=0.01)
+    rng = np.random.default_rng([cfg.seed, 61])
+    history = []
+    for step in range(cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+        idx = torch.from_numpy(rng.choice(len(scenes), size=cfg.batch_size, replace=False))
+        v = inverter(tokens[idx].to(cfg.device))
+        yes, no = prompt_features(text_model, v, text_model.context_length)
+        loss = yukino_matching_loss(yes, no, cap[idx].to(cfg.device), neg[idx].to(cfg.device), cfg.scale)
+        taught = idx < n_oti
+        if cfg.distill_weight > 0 and taught.any():
+            distill = 1 - F.cosine_similarity(v[taught], teacher[idx[taught]].to(cfg.device), dim=-1).mean()
+            loss = loss + cfg.distill_weight * distill
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 100 == 0:
+            history.append({"step": step + 1, "loss": loss.item()})
+            log(f"yukino inverter step {step + 1}: loss {loss.item():.3f}")
+    inverter = inverter.cpu().eval()
+    config = {
+        "in_dim": tokens[0].numel(),
+        "token_dim": inverter.net[-1].out_features,
+        "width": cfg.width,
+        "scale": cfg.scale,
+    }
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "yukino_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}))
+    return YukinoHead(inverter, cfg.text_encoder, config)
+
+
+__all__ = ["OTIConfig", "YukinoConfig", "image_tokens", "oti", "train_inverter"]
