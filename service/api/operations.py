@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from service.api.errors import ApiError, bad_input
+from service.api.errors import ApiError, ErrorCode, bad_input
 from service.api.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -28,9 +28,10 @@ from service.api.schemas import (
     RankRequest,
     RankResponse,
 )
-from service.methods.common import l2_normalize
+from service.methods.common import l2_normalize, softmax
 from service.methods.comparative import apply_comparatives, gated_probs
 from service.methods.pairwise_rank import pair_decision, pair_scores, rank_images
+from service.methods.yukino import yes_no_scores
 from service.methods.zero_shot import (
     DEFAULT_TEMPLATES,
     class_embeddings,
@@ -79,10 +80,60 @@ def select_comparatives(
     return found, ("library" if found else "none")
 
 
-async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool) -> ClassifyResponse:
+def _prompts(req: ClassifyRequest) -> list[list[str]]:
     templates = req.templates if req.templates is not None else DEFAULT_TEMPLATES
     descriptions = req.descriptions or {}
-    prompts = [expand_prompts(label, templates, descriptions.get(label)) for label in req.labels]
+    return [expand_prompts(label, templates, descriptions.get(label)) for label in req.labels]
+
+
+def _class_embeddings(prompts: list[list[str]], vectors: np.ndarray) -> tuple[np.ndarray, int]:
+    """One embedding per label (mean of its prompts, normalised) and how many rows that used."""
+    groups, offset = [], 0
+    for group in prompts:
+        groups.append(vectors[offset:offset + len(group)])
+        offset += len(group)
+    return class_embeddings(groups), offset
+
+
+def _results(probs: np.ndarray, scores: np.ndarray, labels: list[str], k: int) -> list[ClassifyResult]:
+    results = []
+    for i in range(probs.shape[0]):
+        best = top_k(probs[i], scores[i], labels, k)
+        results.append(ClassifyResult(
+            label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best]
+        ))
+    return results
+
+
+async def classify_yukino(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest,
+                          comparative: bool) -> ClassifyResponse:
+    head = rt.bundle.yukino
+    if head is None or rt.yukino_batcher is None:
+        raise ApiError(ErrorCode.unknown_component, f"{rt.ref} has no YUKINO component (component 'yukino'); "
+                       "method 'yukino' needs a model version published with one", "method")
+    if comparative or req.comparatives is not None:
+        raise bad_input("comparative prompting applies to method 'standard' only", "method")
+    if req.encoder not in (None, head.text_encoder):
+        raise bad_input(f"method 'yukino' matches with its own text encoder {head.text_encoder!r}", "encoder")
+    prompts = _prompts(req)
+    fields = [f"images.{i}" for i in range(len(req.images))]
+    text_emb, image_prompts = await both(
+        pipeline.embed_texts(rt, [p for group in prompts for p in group], head.text_encoder),
+        pipeline.yukino_prompts(rt, req.images, fields),
+    )
+    f_c, _ = _class_embeddings(prompts, text_emb.vectors)
+    p = image_prompts.vectors
+    scores = yes_no_scores(p[:, 0], p[:, 1], f_c)
+    probs = softmax(float(head.config.get("scale", rt.bundle.logit_scale)) * scores, axis=-1)
+    info = ComparativeInfo(applied=False, pairs=[], alpha=req.alpha, source="none")
+    return ClassifyResponse(model=rt.ref, method="yukino", comparative=info,
+                            results=_results(probs, scores, req.labels, req.top_k), truncated_texts=_count(text_emb))
+
+
+async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool) -> ClassifyResponse:
+    if req.method == "yukino":
+        return await classify_yukino(pipeline, rt, req, comparative)
+    prompts = _prompts(req)
     comps, source = select_comparatives(req, rt.bundle.comparatives, comparative)
     texts = [p for group in prompts for p in group] + [text for _, _, text in comps]
     fields = [f"images.{i}" for i in range(len(req.images))]
@@ -90,11 +141,7 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
         pipeline.embed_texts(rt, texts, req.encoder), pipeline.embed_images(rt, req.images, fields)
     )
     g = image_emb.vectors
-    groups, offset = [], 0
-    for group in prompts:
-        groups.append(text_emb.vectors[offset:offset + len(group)])
-        offset += len(group)
-    f_c = class_embeddings(groups)
+    f_c, offset = _class_embeddings(prompts, text_emb.vectors)
     scale = rt.bundle.logit_scale
     probs = zero_shot_probs(g, f_c, scale)
     _, cosine = zero_shot_logits(g, f_c, scale)
@@ -110,12 +157,7 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
         cosine = np.where(applied[:, None], cosine_cmp, cosine)
         if req.gate_margin is not None:
             gated = [bool(x) for x in applied]
-    results = []
-    for i in range(g.shape[0]):
-        best = top_k(probs[i], cosine[i], req.labels, req.top_k)
-        results.append(ClassifyResult(
-            label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best]
-        ))
+    results = _results(probs, cosine, req.labels, req.top_k)
     info = ComparativeInfo(
         applied=bool(comps), pairs=[(a, b) for a, b, _ in comps], alpha=req.alpha, source=source,  # type: ignore[arg-type]
         images_gated=gated,

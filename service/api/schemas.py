@@ -66,13 +66,20 @@ class ClassifyRequest(_Request):
     gate_margin: float | None = Field(default=None, ge=0.0)
     top_k: int = Field(default=5, ge=1)
     encoder: str | None = None
+    method: Literal["standard", "yukino"] = Field(
+        default="standard",
+        description="`standard`: cosine of image and class embeddings. `yukino`: the image is inverted into a "
+        "pseudo-token and each label scored by `cos(f('a photo of $'), f_c) - cos(f('a photo of no $'), f_c)` "
+        "with the YUKINO component's text encoder (labels are usually whole captions, templates ['{}']); "
+        "not combinable with comparative=true",
+    )
     model: str | None = None
 
 
 class LabelScore(BaseModel):
     label: str
     probability: float
-    cosine: float
+    cosine: float = Field(description="standard: cosine of image and class; yukino: the yes-minus-no score")
 
 
 class ClassifyResult(BaseModel):
@@ -92,6 +99,7 @@ class ComparativeInfo(BaseModel):
 
 class ClassifyResponse(BaseModel):
     model: str
+    method: Literal["standard", "yukino"] = "standard"
     comparative: ComparativeInfo
     results: list[ClassifyResult]
     truncated_texts: int | None = None

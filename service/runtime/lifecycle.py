@@ -51,6 +51,7 @@ T = TypeVar("T")
 
 IMAGE_BATCHER = "image"
 DENSE_IMAGE_BATCHER = "dense-image"
+YUKINO_BATCHER = "yukino-image"
 DENSE_TEXT_BATCHER = "dense-text"
 WARMUP_TEXT = "a red circle to the left of a blue square"
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -64,6 +65,8 @@ class ModelRuntime:
     executor: concurrent.futures.ThreadPoolExecutor
     # Only for versions with a DCSM component; None otherwise.
     dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
+    # Only for versions with a YUKINO component: images -> (2, D) yes / no prompt features.
+    yukino_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
     dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -75,7 +78,8 @@ class ModelRuntime:
 
     @property
     def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]
-        dense = [b for b in (self.dense_image_batcher, self.dense_text_batcher) if b is not None]
+        extra = (self.dense_image_batcher, self.dense_text_batcher, self.yukino_batcher)
+        dense = [b for b in extra if b is not None]
         return [self.image_batcher, *self.text_batchers.values(), *dense]
 
     async def start(self) -> None:
@@ -237,6 +241,14 @@ def build_runtime(
             dense_texts,
             max_batch=b.max_batch_texts,
             **common,  # type: ignore[arg-type]
+        )
+    if bundle.yukino is not None:
+
+        def yukino_prompts(items: list[np.ndarray]) -> list[np.ndarray]:
+            return list(bundle.yukino_prompts(np.stack(items)))
+
+        runtime.yukino_batcher = DynamicBatcher(
+            YUKINO_BATCHER, yukino_prompts, max_batch=b.max_batch_images, **common  # type: ignore[arg-type]
         )
     return runtime
 

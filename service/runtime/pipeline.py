@@ -48,7 +48,7 @@ class TextEmbeddings:
 
 @dataclass(frozen=True)
 class ImageEmbeddings:
-    vectors: np.ndarray  # (N, D) in input order
+    vectors: np.ndarray  # (N, D) in input order; (N, 2, D) for YUKINO's prompt features
     ids: list[str]  # sha256 of each image's bytes
 
 
@@ -196,6 +196,14 @@ class Pipeline:
         tokens = await self._encode_images(runtime, read, "dense", runtime.dense_image_batcher)
         pixels = [read.decoded.get(d) for d in read.ids] if with_pixels else []
         return DenseImages(tokens, vectors, read.ids, pixels)
+
+    async def yukino_prompts(
+        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str]
+    ) -> ImageEmbeddings:
+        """Per image, YUKINO's yes and no prompt features ``(N, 2, D)`` (cache kind ``yukino``)."""
+        assert runtime.yukino_batcher is not None, "yukino_prompts needs a version with a YUKINO component"
+        read = await self._read_images(images, fields)
+        return ImageEmbeddings(await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher), read.ids)
 
     async def _read_images(self, images: Sequence[ImageInput], fields: Sequence[str]) -> _ReadImages:
         payloads = await asyncio.gather(*(self._image_bytes(img, f) for img, f in zip(images, fields, strict=True)))

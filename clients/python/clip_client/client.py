@@ -104,6 +104,7 @@ class Client(_Base):
         gate_margin: float | None = None,
         top_k: int | None = None,
         encoder: str | None = None,
+        method: str | None = None,
         model: str | None = None,
     ) -> ClassifyResult:
         """Zero-shot classification of each image over ``labels``.
@@ -111,12 +112,14 @@ class Client(_Base):
         ``comparative=True`` enables comparative prompting: with ``comparatives`` (dicts
         ``{"a", "b", "text"}`` or ``(a, b, text)`` tuples) from the request, otherwise from the
         model's stored library; ``gate_margin`` limits it to images whose standard top-1 minus
-        top-2 probability is below the threshold.
+        top-2 probability is below the threshold. ``encoder`` picks a text-encoder variant
+        (e.g. ``"semclip"``); ``method="yukino"`` scores labels (usually whole captions, with
+        ``templates=["{}"]``) by YUKINO's pseudo-token matching.
         """
         call = ep.classify(
             images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
             comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
-            top_k=top_k, encoder=encoder, model=model,
+            top_k=top_k, encoder=encoder, method=method, model=model,
         )
         return ep.parse_classify(self._send(call))
 
@@ -224,12 +227,13 @@ class AsyncClient(_Base):
         gate_margin: float | None = None,
         top_k: int | None = None,
         encoder: str | None = None,
+        method: str | None = None,
         model: str | None = None,
     ) -> ClassifyResult:
         call = ep.classify(
             images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
             comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
-            top_k=top_k, encoder=encoder, model=model,
+            top_k=top_k, encoder=encoder, method=method, model=model,
         )
         return ep.parse_classify(await self._send(call))
 

@@ -57,6 +57,7 @@ def classify(
     gate_margin: float | None = None,
     top_k: int | None = None,
     encoder: str | None = None,
+    method: str | None = None,
     model: str | None = None,
 ) -> Call:
     body = _drop_none(
@@ -71,6 +72,7 @@ def classify(
             "gate_margin": gate_margin,
             "top_k": top_k,
             "encoder": encoder,
+            "method": method,
             "model": model,
         }
     )

@@ -57,6 +57,7 @@ class ComparativeInfo(_Result):
 
 class ClassifyResult(_Result):
     model: str
+    method: str = "standard"
     comparative: ComparativeInfo | None = None
     results: list[ImageClassification]
     truncated_texts: int | None = None
