@@ -138,7 +138,8 @@ def test_yukino_errors(client: httpx.Client, make_image: Any) -> None:
     encoder = client.post("/classify", json={**body, "encoder": "base"})
     assert encoder.status_code == 400 and encoder.json()["error"]["field"] == "encoder"
     method = client.post("/classify", json={**body, "method": "oti"})
-    assert method.status_code == 422 and method.json()["error"] == {**method.json()["error"], "code": "validation_error", "field": "method"}
+    error = method.json()["error"]
+    assert method.status_code == 422 and (error["code"], error["field"]) == ("validation_error", "method")
 
 
 def test_yukino_on_a_version_without_it(base_url: str, make_image: Any) -> None:

@@ -192,6 +192,38 @@ def test_rank_order_agrees_with_pairwise_answers(client: Client) -> None:
 
 
 # ----------------------------------------------------------------------------- comparative
+# ----------------------------------------------------------------------------- SemCLIP / YUKINO
+def colour_swap_accuracy(client: Client, encoder: str) -> float:
+    """Two shapes side by side: the true caption against the one with their colours swapped
+    (a negation SemCLIP was trained to push away; plain cosine is near chance on such swaps)."""
+    cases = [(s1, c1, s2, c2) for s1, s2 in itertools.permutations(("circle", "square", "triangle", "cross"), 2)
+             for c1, c2 in (("red", "blue"), ("green", "orange"), ("purple", "yellow"))
+             if all(seen_combo(c, s) for c in (c1, c2) for s in (s1, s2))]  # fmt: skip
+    hits = 0
+    for s1, c1, s2, c2 in cases:
+        scene = Scene((SceneObject(s1, c1, "medium", 0.14, 0.28, 0.5), SceneObject(s2, c2, "medium", 0.14, 0.72, 0.5)),
+                      "left of")
+        true = f"a photo of a {c1} {s1} to the left of a {c2} {s2}."
+        swapped = f"a photo of a {c2} {s1} to the left of a {c1} {s2}."
+        res = client.classify([draw_scene_pil(scene, size=224)], [swapped, true], templates=["{}"], encoder=encoder)
+        hits += res.labels[0] == true
+    return hits / len(cases)
+
+
+def test_semclip_encoder_rejects_swapped_colours(client: Client) -> None:
+    semclip, base = colour_swap_accuracy(client, "semclip"), colour_swap_accuracy(client, "base")
+    print(f"true caption over its colour swap: semclip {semclip:.3f}, base {base:.3f}")
+    assert semclip >= 0.85 and semclip > base
+
+
+def test_yukino_method_is_served(client: Client, serving: str) -> None:
+    res = client.classify([draw("circle", "red", 0.2)], ["a photo of a red circle.", "there is no red circle."],
+                          templates=["{}"], method="yukino")
+    assert res.model == serving and res.method == "yukino"
+    probs = [s.probability for s in res.results[0].top_k]
+    assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+
+
 def test_comparative_changes_only_the_targeted_label(client: Client) -> None:
     labels = list(SHAPES)
     images = [draw("circle", "red", 0.2), draw("square", "green", 0.2), draw("cross", "orange", 0.15)]
@@ -267,4 +299,5 @@ async def test_async_client_concurrent_calls_match_sequential_ones(sdk_server: s
         concurrent = await asyncio.gather(*(aclient.classify([im], list(SHAPES), top_k=2) for im in images))
     for seq, con in zip(sequential, concurrent, strict=True):
         assert con.labels == seq.labels
-        assert [s.cosine for s in con.results[0].top_k] == pytest.approx([s.cosine for s in seq.results[0].top_k], abs=1e-6)
+        expected = [s.cosine for s in seq.results[0].top_k]
+        assert [s.cosine for s in con.results[0].top_k] == pytest.approx(expected, abs=1e-6)
