@@ -22,7 +22,7 @@ from service.encoders.yukino import prompt_features
 from service.methods.comparative import apply_comparatives, confused_pairs, gated_probs
 from service.methods.pairwise_rank import pair_scores
 from service.methods.semclip import composite_score, original_over_negation, retrieval_top1
-from service.methods.yukino import winoground
+from service.methods.yukino import paired_yes_no_scores, winoground
 from service.methods.zero_shot import class_embeddings, zero_shot_logits, zero_shot_probs
 from training.dense_eval import dense_metrics
 from training.probes import ATTRIBUTE_PROMPTS
@@ -301,16 +301,15 @@ class Evaluator:
         text_model = self.bundle.text_model(enc)
         start = time.perf_counter()
         oti_prompts = []
-        for pix in (pix0, pix1):
-            g = torch.from_numpy(self.images(pix))
-            pseudo = oti(text_model, g, OTIConfig())
+        for g in (g0, g1):
+            pseudo = oti(text_model, torch.from_numpy(g), OTIConfig())
             with torch.no_grad():
                 yes, no = prompt_features(text_model, pseudo, self.bundle.context_length)
             oti_prompts.append(np.stack([yes.numpy(), no.numpy()], axis=1))
         oti_ms = (time.perf_counter() - start) * 1000 / (2 * len(items))
 
         def yn(prompts: np.ndarray, captions: np.ndarray) -> np.ndarray:
-            return np.sum((prompts[:, 0] - prompts[:, 1]) * captions, axis=1)
+            return paired_yes_no_scores(prompts[:, 0], prompts[:, 1], captions)
 
         scores = {
             "base": [np.sum(g * c, axis=1) for g, c in ((g0, b0), (g0, b1), (g1, b0), (g1, b1))],

@@ -68,7 +68,7 @@ def concept_embeddings(model: CLIP) -> torch.Tensor:
 
 @torch.no_grad()
 def image_tokens(model: CLIP, images: np.ndarray, device: str = "cpu", batch_size: int = 256) -> torch.Tensor:
-    """(N, S, S, 3) uint8 -> (N, 1+P, D) normalised class + patch tokens and (N, D) pooled."""
+    """(N, S, S, 3) uint8 -> (N, 1+P, D) normalised class + patch tokens (the inverter's input)."""
     out = []
     for i in range(0, len(images), batch_size):
         _, tokens = image_features(model, normalize_uint8(images[i : i + batch_size]).to(device), dense=True)

@@ -19,6 +19,13 @@ def yes_no_scores(yes: np.ndarray, no: np.ndarray, captions: np.ndarray) -> np.n
     return (yes - no) @ captions.T
 
 
+def paired_yes_no_scores(yes: np.ndarray, no: np.ndarray, captions: np.ndarray) -> np.ndarray:
+    """Row ``i``'s score for caption ``i`` only: the diagonal of ``yes_no_scores``, shape ``(N,)``."""
+    if not yes.shape == no.shape == captions.shape or yes.ndim != 2:
+        raise ValueError(f"shapes do not fit: yes {yes.shape}, no {no.shape}, captions {captions.shape}")
+    return np.sum((yes - no) * captions, axis=1)
+
+
 def winoground(s00: np.ndarray, s01: np.ndarray, s10: np.ndarray, s11: np.ndarray) -> dict[str, np.ndarray]:
     """Per 2x2 item, with ``sIJ`` = score(image I, caption J) and caption J true of image J:
     text (each image prefers its caption), image (each caption prefers its image), group (both)."""
@@ -27,4 +34,4 @@ def winoground(s00: np.ndarray, s01: np.ndarray, s10: np.ndarray, s11: np.ndarra
     return {"text": text, "image": image, "group": text & image}
 
 
-__all__ = ["winoground", "yes_no_scores"]
+__all__ = ["paired_yes_no_scores", "winoground", "yes_no_scores"]

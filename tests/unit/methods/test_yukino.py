@@ -12,7 +12,7 @@ import torch
 from service.encoders.clip_model import build_model
 from service.encoders.yukino import NO_PROMPT, YES_PROMPT, Inverter, YukinoHead, prompt_features, prompt_tokens
 from service.methods.losses import yukino_matching_loss, yukino_oti_loss
-from service.methods.yukino import winoground, yes_no_scores
+from service.methods.yukino import paired_yes_no_scores, winoground, yes_no_scores
 from training.train_yukino import OTIConfig, concept_embeddings, oti
 
 SMOKE = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"
@@ -29,6 +29,8 @@ def test_yes_no_scores() -> None:
     no = np.array([[0.0, 1.0]], dtype=np.float32)
     captions = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=np.float32)
     np.testing.assert_allclose(yes_no_scores(yes, no, captions), [[1.0, -1.0, -0.2]], atol=1e-6)
+    two = np.concatenate([yes, no])
+    np.testing.assert_allclose(paired_yes_no_scores(two, two[::-1], captions[:2]), [1.0, 1.0], atol=1e-6)
     with pytest.raises(ValueError):
         yes_no_scores(yes, no[:, :1], captions)
 
