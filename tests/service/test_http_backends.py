@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from prometheus_samples import metric_value
 
 from model_store import ModelStore
 from service.encoders.bundle import ModelBundle
@@ -20,17 +21,6 @@ from service.encoders.onnx_backend import PARITY_THRESHOLD, SIDECAR, _sha256, ex
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["a red circle.", "a photo of a small blue square.", "a green triangle to the left of a purple diamond"]
-
-
-def metric_value(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 def embed(url: str, body: dict[str, Any]) -> np.ndarray:

@@ -16,19 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_samples import metric_value
 
 from model_store import ModelStore
-
-
-def metric_value(url: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
