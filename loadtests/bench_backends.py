@@ -1,4 +1,5 @@
-"""Image-encode throughput of the serving backends: torch fp32, torch bf16 (autocast), ONNX Runtime.
+"""Image-encode throughput of the serving backends: torch fp32, torch bf16 (autocast), ONNX Runtime
+fp32 and int8 (the image tower's MatMul weights quantised).
 
 In-process, no HTTP: each backend encodes the same random uint8 batch through exactly what the
 service's image batcher calls (``TorchTowers`` / ``OnnxTowers``), after the parity gate figures
@@ -67,10 +68,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         export_bundle(bundle, Path(tmp) / "onnx", variants=True)
         onnx = load_towers(Path(tmp) / "onnx", device=device, threads=args.threads)
         export_s = time.perf_counter() - t0
+        lowered = [(f"torch {low}", TorchTowers(bundle, AUTOCAST_DTYPES[low])), ("onnx", onnx)]
+        if device == "cpu":  # int8 is the CPU execution provider's option (the service refuses it on CUDA)
+            export_bundle(bundle, Path(tmp) / "onnx-int8", image_precision="int8")
+            lowered.append(("onnx int8", load_towers(Path(tmp) / "onnx-int8", device=device, threads=args.threads)))
         backends: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
         parity: dict[str, str] = {"torch fp32": "(reference)"}
         backends["torch fp32"] = TorchTowers(bundle).encode_images
-        for label, towers in ((f"torch {low}", TorchTowers(bundle, AUTOCAST_DTYPES[low])), ("onnx", onnx)):
+        for label, towers in lowered:
             parity[label] = f"{check_parity(bundle, towers):.6f}"
             backends[label] = towers.encode_images
         print(f"model {name} on {device}, {torch.get_num_threads()} torch thread(s), onnxruntime {onnx.providers}")

@@ -78,11 +78,12 @@ class Settings(BaseSettings):
         "restarts. Unset: `$XDG_CACHE_HOME/clip-service/onnx` (`~/.cache/clip-service/onnx`). Must be writable; "
         "the model store may stay read-only.",
     )
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Literal["fp32", "bf16", "fp16", "int8"] = Field(
         default="fp32",
-        description="Arithmetic of the torch backend's pooled towers: `bf16` autocasts on CPU or CUDA, `fp16` on "
-        "CUDA only. A version is refused unless every probe embedding is within cosine 0.999 of fp32. "
-        "`backend=onnx` runs fp32 only.",
+        description="Arithmetic of the pooled towers. torch backend: `bf16` autocasts on CPU or CUDA, `fp16` on "
+        "CUDA only. onnx backend: `int8` quantises the image tower's matrix weights (dynamic quantisation, "
+        "CPU execution provider; text towers stay fp32). A version is refused unless every probe embedding is "
+        "within cosine 0.999 of torch fp32.",
     )
     torch_threads: int = Field(
         default=0,
@@ -136,8 +137,16 @@ class Settings(BaseSettings):
     def _precision_fits(self) -> Settings:
         if self.precision == "fp32":
             return self
+        if self.precision == "int8":
+            if self.backend != "onnx":
+                raise ValueError("precision int8 needs backend=onnx (onnxruntime's quantised kernels)")
+            if _cuda_device(self.device):
+                # onnxruntime's CUDA provider has no kernels for the dynamically quantised graph and
+                # would run it node by node on the CPU: use fp16 there.
+                raise ValueError(f"precision int8 runs on the CPU execution provider (device={self.device})")
+            return self
         if self.backend == "onnx":
-            raise ValueError(f"precision {self.precision} applies to the torch backend; backend=onnx runs fp32")
+            raise ValueError(f"precision {self.precision} applies to the torch backend; backend=onnx runs fp32 or int8")
         if self.precision == "fp16" and not _cuda_device(self.device):
             # Few CPUs have fast fp16 kernels, and fp16's range (65504) can overflow where bf16, with
             # fp32's range, cannot: bf16 is the CPU choice.

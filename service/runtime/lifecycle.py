@@ -41,7 +41,13 @@ from service.api.errors import ApiError, ErrorCode
 from service.config import Settings
 from service.encoders.bundle import ModelBundle
 from service.encoders.clip_model import image_features, normalize, text_features
-from service.encoders.onnx_backend import PooledTowers, ensure_towers, export_dir_for, require_parity
+from service.encoders.onnx_backend import (
+    ImagePrecision,
+    PooledTowers,
+    ensure_towers,
+    export_dir_for,
+    require_parity,
+)
 from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.metrics import ServiceMetrics
@@ -150,9 +156,12 @@ def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tupl
     if settings.backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.
-        export_dir = export_dir_for(settings.onnx_cache_root(), bundle)
-        towers = ensure_towers(bundle, export_dir, device, settings.torch_threads or None, variants=True)
-        return towers, f"onnx ({', '.join(towers.providers)}; export {export_dir})"
+        image_precision: ImagePrecision = "int8" if settings.precision == "int8" else "fp32"
+        export_dir = export_dir_for(settings.onnx_cache_root(), bundle, image_precision)
+        towers = ensure_towers(
+            bundle, export_dir, device, settings.torch_threads or None, variants=True, image_precision=image_precision
+        )
+        return towers, f"onnx {image_precision} ({', '.join(towers.providers)}; export {export_dir})"
     if settings.precision == "fp32":
         return TorchTowers(bundle), "torch fp32"
     low = TorchTowers(bundle, AUTOCAST_DTYPES[settings.precision])

@@ -43,7 +43,7 @@ def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
     out = run_script("bench_backends.py", "--store", str(tiny_store), "--model", "tiny@production",
                      "--batch-sizes", "1", "4", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1")  # fmt: skip
     rows = table(out)
-    backends = ["torch fp32", "torch bf16", "onnx"]
+    backends = ["torch fp32", "torch bf16", "onnx", "onnx int8"]
     assert [(r[0], r[2]) for r in rows] == [(b, bs) for b in backends for bs in ("1", "4")]
     for backend, parity, _, rate, _ in rows:
         assert float(rate) > 0

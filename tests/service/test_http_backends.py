@@ -1,4 +1,4 @@
-"""Backends over real HTTP on the tiny model: ONNX and bf16 answer like torch fp32, a version that
+"""Backends over real HTTP on the tiny model: ONNX (fp32 and int8) and bf16 answer like torch fp32, a version that
 fails the parity gate is refused while the old one keeps serving, and cache lookups are timed."""
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def test_onnx_and_bf16_answer_like_torch_fp32(
         reference = all_embeddings(running.url, images)
     cache_dir = tmp_path / "onnx"
     for overrides, backend in (
-        ({"backend": "onnx", "onnx_cache_dir": str(cache_dir)}, "onnx"),
+        ({"backend": "onnx", "onnx_cache_dir": str(cache_dir)}, "onnx fp32"),
+        ({"backend": "onnx", "precision": "int8", "onnx_cache_dir": str(cache_dir)}, "onnx int8"),
         ({"precision": "bf16"}, "torch bf16"),
     ):
         with caplog.at_level("INFO", logger="service.lifecycle"), serve_app(**common, **overrides) as running:
@@ -69,10 +70,12 @@ def test_onnx_and_bf16_answer_like_torch_fp32(
         for kind, vectors in got.items():
             assert vectors.shape == reference[kind].shape
             assert row_cosines(vectors, reference[kind]).min() >= PARITY_THRESHOLD, (backend, kind)
-    # One export per version, with a text graph for each encoder variant.
-    (export,) = (cache_dir / "tiny").iterdir()
-    assert export.name.startswith("v1-")
-    assert json.loads((export / SIDECAR).read_text())["variants"] == {"pcclip": "text-pcclip.onnx"}
+    # One export per version and image precision, with a text graph for each encoder variant.
+    fp32, int8 = sorted((cache_dir / "tiny").iterdir())
+    assert fp32.name.startswith("v1-") and int8.name == fp32.name + "-int8"
+    for export, precision in ((fp32, "fp32"), (int8, "int8")):
+        sidecar = json.loads((export / SIDECAR).read_text())
+        assert sidecar["variants"] == {"pcclip": "text-pcclip.onnx"} and sidecar["image_precision"] == precision
 
 
 def _write_wrong_export(bundle: ModelBundle, target: Path) -> None:

@@ -60,11 +60,13 @@ def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     ("overrides", "message"),
     [
         ({"backend": "tensorrt"}, "backend"),
-        ({"precision": "int8"}, "precision"),
+        ({"precision": "int4"}, "precision"),
+        ({"precision": "int8"}, "int8 needs backend=onnx"),
+        ({"backend": "onnx", "precision": "int8", "device": "cuda"}, "int8 runs on the CPU execution provider"),
         ({"torch_threads": -1}, "torch_threads"),
         ({"precision": "fp16"}, "fp16 needs a CUDA device"),
         ({"precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
-        ({"backend": "onnx", "precision": "bf16"}, "backend=onnx runs fp32"),
+        ({"backend": "onnx", "precision": "bf16"}, "backend=onnx runs fp32 or int8"),
     ],
 )
 def test_bad_values_are_rejected_with_a_clear_message(overrides: dict[str, Any], message: str) -> None:
@@ -132,6 +134,27 @@ def test_onnx_towers_cover_every_text_variant(bundle: ModelBundle, tmp_path: Pat
     digest = (target / "text-pcclip.onnx").read_bytes()
     ensure_towers(bundle, target, device="cpu", threads=1, variants=True)  # reused, not exported again
     assert (target / "text-pcclip.onnx").read_bytes() == digest
+
+
+def test_int8_export_quantises_the_image_tower_only_and_passes_the_gate(bundle: ModelBundle, tmp_path: Path) -> None:
+    import onnx
+
+    fp32_dir, int8_dir = export_dir_for(tmp_path, bundle), export_dir_for(tmp_path, bundle, "int8")
+    assert int8_dir.name == fp32_dir.name + "-int8"  # both can be kept side by side
+    fp32 = ensure_towers(bundle, fp32_dir, device="cpu", threads=1)
+    int8 = ensure_towers(bundle, int8_dir, device="cpu", threads=1, variants=True, image_precision="int8")
+    assert json.loads((int8_dir / SIDECAR).read_text())["image_precision"] == "int8"
+    ops = {node.op_type for node in onnx.load(str(int8_dir / "image.onnx")).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+    text_ops = {node.op_type for node in onnx.load(str(int8_dir / "text.onnx")).graph.node}
+    assert "MatMulInteger" not in text_ops
+    images = probe_images(bundle.image_size)
+    quantised, reference = int8.encode_images(images), bundle.encode_images(images)
+    assert not np.allclose(quantised, fp32.encode_images(images), atol=1e-5)  # really computed in int8
+    assert (quantised * reference).sum(axis=1).min() >= PARITY_THRESHOLD
+    # An fp32 export found where int8 is wanted (or the reverse) is re-exported, not served.
+    ensure_towers(bundle, fp32_dir, device="cpu", image_precision="int8")
+    assert json.loads((fp32_dir / SIDECAR).read_text())["image_precision"] == "int8"
 
 
 def test_an_export_without_the_variants_is_completed(bundle: ModelBundle, tmp_path: Path) -> None:
