@@ -88,6 +88,11 @@ def _prompts(req: ClassifyRequest) -> list[list[str]]:
 
 def _class_embeddings(prompts: list[list[str]], vectors: np.ndarray) -> tuple[np.ndarray, int]:
     """One embedding per label (mean of its prompts, normalised) and how many rows that used."""
+    sizes = {len(group) for group in prompts}
+    if len(sizes) == 1:  # the same templates for every label: one reshape, no per-label work
+        (k,) = sizes
+        n = k * len(prompts)
+        return class_embeddings(vectors[:n].reshape(len(prompts), k, -1)), n
     groups, offset = [], 0
     for group in prompts:
         groups.append(vectors[offset:offset + len(group)])

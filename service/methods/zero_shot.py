@@ -80,7 +80,8 @@ def class_embeddings(prompt_embeddings: Sequence[np.ndarray]) -> np.ndarray:
 
     Args:
         prompt_embeddings: one ``(P_c, D)`` array per class, rows already L2-normalised;
-            ``P_c`` may differ between classes but ``D`` may not.
+            ``P_c`` may differ between classes but ``D`` may not. A ``(C, P, D)`` array (every
+            class with ``P`` prompts, the usual case) is averaged in one vectorised step.
 
     Returns:
         ``(C, D)`` array of unit-norm class embeddings, in input order.
@@ -93,6 +94,11 @@ def class_embeddings(prompt_embeddings: Sequence[np.ndarray]) -> np.ndarray:
     """
     if len(prompt_embeddings) == 0:
         raise ValueError("prompt_embeddings must hold at least one class")
+    if isinstance(prompt_embeddings, np.ndarray) and prompt_embeddings.ndim == 3:
+        arr = as_float_array(prompt_embeddings, "prompt_embeddings", ndim=3)
+        if arr.shape[1] == 0:
+            raise ValueError("class 0 has no prompt embeddings")
+        return l2_normalize(arr.mean(axis=1), axis=-1)
     means: list[np.ndarray] = []
     dim: int | None = None
     for c, emb in enumerate(prompt_embeddings):

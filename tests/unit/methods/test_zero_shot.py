@@ -59,10 +59,20 @@ def test_class_embeddings_mean_then_normalise():
         np.testing.assert_array_equal(p, c)
 
 
+def test_class_embeddings_of_a_stacked_array_equal_the_per_class_path():
+    rng = np.random.default_rng(3)
+    stacked = rng.normal(size=(7, 5, 16)).astype(np.float32)
+    out = class_embeddings(stacked)
+    np.testing.assert_allclose(out, class_embeddings(list(stacked)), atol=1e-7)
+    np.testing.assert_allclose(out[2], stacked[2].mean(0) / np.linalg.norm(stacked[2].mean(0)), atol=1e-6)
+    assert out.shape == (7, 16) and out.dtype == np.float32
+
+
 @pytest.mark.parametrize(
     "prompts",
     [
         [],
+        np.zeros((2, 0, 4), dtype=np.float32),
         [np.zeros((0, 2), dtype=np.float32)],
         [np.ones((1, 2), dtype=np.float32), np.ones((1, 3), dtype=np.float32)],
         [np.ones(2, dtype=np.float32)],
