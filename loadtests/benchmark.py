@@ -10,6 +10,10 @@
    the point of the scenario), and prints throughput, latency and the ratios service / naive and
    service images/s over the ceiling.
 
+The service runs the backend and precision of ``CLIP_BACKEND`` / ``CLIP_PRECISION`` (the naive
+server always runs torch fp32, as a first server would); the ceiling is measured on the same
+backend, with torch fp32's beside it.
+
 ``--arch ViT-B-32`` publishes a random-weights open_clip ViT-B-32 into a temporary store first
 (speed does not depend on weight values) and benchmarks that instead of ``--model``.
 
@@ -26,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,7 +44,9 @@ sys.path.insert(0, str(ROOT))
 from loadtests.bench_latency import free_port  # noqa: E402
 from loadtests.run import ImagePool, RunResult, run_load  # noqa: E402
 from model_store import ModelStore  # noqa: E402
+from service.config import Settings  # noqa: E402
 from service.encoders.bundle import ModelBundle  # noqa: E402
+from service.runtime.lifecycle import serving_towers  # noqa: E402
 
 ENDPOINTS = {"classify": ("/classify", 1), "rank-pair": ("/rank-pair", 2)}  # scenario -> (name, images/request)
 
@@ -66,8 +72,10 @@ def publish_random_arch(root: Path, arch: str) -> str:
     return f"bench@{manifest.version}"
 
 
-def model_ceiling(bundle: ModelBundle, batch_sizes: list[int], min_s: float) -> dict[int, tuple[float, float]]:
-    """Image-tower images/s per batch size on preprocessed uint8 input, in this process.
+def model_ceiling(
+    encode: Callable[[np.ndarray], np.ndarray], image_size: int, batch_sizes: list[int], min_s: float
+) -> dict[int, tuple[float, float]]:
+    """Image-tower images/s per batch size of ``encode`` on preprocessed uint8 input, in this process.
 
     From the median time of one call (at least 3 calls, ``min_s`` seconds in all): on a shared
     machine other processes steal whole time slices, and the median keeps those out of the ceiling.
@@ -76,13 +84,13 @@ def model_ceiling(bundle: ModelBundle, batch_sizes: list[int], min_s: float) -> 
     rng = np.random.default_rng(0)
     out = {}
     for bs in batch_sizes:
-        batch = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
-        bundle.encode_images(batch)  # warm-up
+        batch = rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8)
+        encode(batch)  # warm-up
         times: list[float] = []
         t_start = time.perf_counter()
         while len(times) < 3 or time.perf_counter() - t_start < min_s:
             t0 = time.perf_counter()
-            bundle.encode_images(batch)
+            encode(batch)
             times.append(time.perf_counter() - t0)
         out[bs] = (bs / float(np.median(times)), bs / min(times))
     return out
@@ -110,6 +118,8 @@ def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
         # CLIP_TORCH_THREADS: the service sets it on its model thread (and onnxruntime's sessions).
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CLIP_TORCH_THREADS=str(threads))
     env.pop("CLIP_REDIS_URL", None)
+    exports = tempfile.TemporaryDirectory(prefix="bench-service-onnx-")  # a backend=onnx export per run
+    env["CLIP_ONNX_CACHE_DIR"] = exports.name
     proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,6 +131,8 @@ def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        exports.cleanup()
 
 
 def measure(url: str, scenario: str, concurrency: int, duration_s: float, pool: ImagePool, warmup: int) -> RunResult:
@@ -164,18 +176,33 @@ def main() -> None:
             ref = f"{name}@{version}"  # pin the version: both servers must serve the same one
 
         bundle = ModelBundle.load(ModelStore(store_root), ref)
-        ceiling = model_ceiling(bundle, args.batch_sizes, min_s=2.0 if args.arch is None else 4.0)
+        # The ceiling is the service's own image tower (its backend and precision, behind the same
+        # parity gate), so "% of ceiling" says what the serving path costs on top of the model.
+        served = Settings()  # CLIP_BACKEND / CLIP_PRECISION from the environment, as the service reads them
+        with tempfile.TemporaryDirectory(prefix="bench-onnx-") as onnx_dir:
+            update = {"onnx_cache_dir": Path(onnx_dir), "torch_threads": args.torch_threads or 0}
+            towers, backend = serving_towers(bundle, served.model_copy(update=update), "cpu")
+            min_s = 2.0 if args.arch is None else 4.0
+            ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
+            reference = (
+                model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)
+                if backend != "torch fp32"
+                else ceiling
+            )
         best_bs = max(ceiling, key=lambda bs: ceiling[bs][0])
         best = ceiling[best_bs][0]
         image_size = bundle.image_size
-        del bundle  # free its memory before two servers load the same weights
+        del bundle, towers  # free their memory before two servers load the same weights
         print(
-            f"\nmodel {ref}, image size {image_size}, torch intra-op threads per process: "
-            f"{args.torch_threads or f'default ({torch.get_num_threads()})'}\n"
+            f"\nmodel {ref}, image size {image_size}, service backend {backend.split(' (')[0]}, "
+            f"torch intra-op threads per process: {args.torch_threads or f'default ({torch.get_num_threads()})'}\n"
         )
-        print("| batch size | image tower images/s (median call) | images/s (fastest call) |\n|---|---|---|")
+        print(
+            "| batch size | service's image tower images/s (median call) | (fastest call) | torch fp32 (median) |\n"
+            "|---|---|---|---|"
+        )
         for bs, (ips, fastest) in ceiling.items():
-            print(f"| {bs} | {ips:.1f} | {fastest:.1f} |")
+            print(f"| {bs} | {ips:.1f} | {fastest:.1f} | {reference[bs][0]:.1f} |")
         print(f"\nceiling: {best:.1f} images/s at batch {best_bs}\n")
 
         per_run_images = best * args.duration * 2 * 1.5  # rank-pair sends 2 per request; headroom

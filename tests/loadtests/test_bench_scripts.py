@@ -1,4 +1,4 @@
-"""The cache and backend benchmarks run end to end and print complete tables (tiny sizes)."""
+"""The cache, backend and service-vs-naive benchmarks run end to end and print complete tables (tiny sizes)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_script(name: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run_script(name: str, *args: str, env_extra: dict[str, str] | None = None) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
     proc = subprocess.run([sys.executable, str(REPO / "loadtests" / name), *args], capture_output=True, text=True,
                           timeout=240, cwd=REPO, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -50,3 +50,17 @@ def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
         if backend != "torch fp32":
             assert float(parity) >= 0.999, backend
     assert "ONNX export of 2 text tower(s)" in out  # base and the pcclip variant
+
+
+def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ceiling(tiny_store: Path) -> None:
+    out = run_script("benchmark.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
+                     "--concurrency", "2", "--batch-sizes", "1", "4", "--torch-threads", "1",
+                     env_extra={"CLIP_BACKEND": "onnx", "CLIP_PRECISION": "int8"})  # fmt: skip
+    assert "service backend onnx int8" in out
+    ceiling, results = (table(part) for part in out.split("ceiling:"))
+    assert [row[0] for row in ceiling] == ["1", "4"]
+    assert all(float(cell) > 0 for row in ceiling for cell in row[1:])
+    assert [(row[0], row[1]) for row in results] == [("/classify", "2"), ("/rank-pair", "2")]
+    for row in results:
+        naive, service = float(row[2]), float(row[3])
+        assert naive > 0 and service > 0 and row[-1] == "0/0", row  # both answered, without errors
