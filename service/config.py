@@ -70,7 +70,8 @@ class Settings(BaseSettings):
         description="Runtime of the pooled image and text towers. `onnx`: each version is exported once to ONNX "
         "(one text graph per text-encoder variant), loaded in onnxruntime (CUDA provider when `device` is CUDA "
         "and onnxruntime-gpu is installed) and refused unless every probe embedding is within cosine 0.999 of "
-        "torch fp32. DCSM dense features always run on torch.",
+        "torch fp32. For a version with a DCSM scorer, its dense token and patch features get their own graphs, "
+        "gated per token.",
     )
     onnx_cache_dir: Path | None = Field(
         default=None,

@@ -7,6 +7,10 @@ sees: position 0 is the start token, so a word's tokens start at position 1 or l
 implementation that looks words up without the start token lands one position early).
 ``DCSMHead`` is the scorer with its functional-row table and config, as stored in a model
 version (``dcsm.safetensors`` + the config in the manifest's ``components["dcsm"]``).
+
+The towers run in torch unless the encoder is given a ``runner`` (the ONNX backend's dense
+graphs, ``service.encoders.onnx_backend.OnnxTowers``): then the runner computes the features and
+everything around them (positions, masks, functional rows) stays here.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +40,14 @@ from service.methods.token_spans import find_word_spans
 TABLE_KEY = "functional_table"
 SCORER_PREFIX = "scorer."
 ROW_CACHE_SIZE = 50_000
+
+
+class DenseRunner(Protocol):
+    """Normalised (pooled, per-position) features from uint8 pixels / full-context token ids."""
+
+    def dense_image_features(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def dense_text_features(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @dataclass
@@ -70,6 +82,7 @@ class DenseEncoder:
         self.group_of = {w: i for i, ws in enumerate(self.groups.values()) for w in ws}
         self.word_ids = {w: self.tokenizer.encode(w) for w in self.group_of}
         self._rows: dict[str, tuple[list[int], list[str]]] = {}
+        self.runner: DenseRunner | None = None  # None: torch
 
     def word_start_ok(self, ids: Sequence[int]) -> list[bool]:
         # A word starts right after the start token or after a token that ends a word, so
@@ -102,10 +115,14 @@ class DenseEncoder:
             eot = row.index(self.tokenizer.eot_token_id)
             ids_per_text.append(row[: eot + 1])
         truncated = [len(self.tokenizer.encode(t)) + 2 > full.shape[1] for t in texts]
-        tokens = trimmed(full).to(self.device)
-        pooled, tok = text_features(self.model, tokens, dense=True)
-        assert tok is not None
-        tok = normalize(tok.float())
+        if self.runner is not None:  # full context: the causal mask keeps positions <= end exact
+            pooled_np, tok_np = self.runner.dense_text_features(full.numpy())
+            pooled, tok = torch.from_numpy(pooled_np), torch.from_numpy(tok_np)
+        else:
+            tokens = trimmed(full).to(self.device)
+            pooled, tok_raw = text_features(self.model, tokens, dense=True)
+            assert tok_raw is not None
+            tok = normalize(tok_raw.float())
         b, n, d = tok.shape
         out = torch.zeros(b, self.length, d)
         keep = min(n, self.length)
@@ -128,6 +145,9 @@ class DenseEncoder:
     @torch.no_grad()
     def image_features(self, images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, S, S, 3) uint8 -> pooled (N, D) and tokens (N, 1+P, D), both normalised."""
+        if self.runner is not None:
+            pooled_np, tok_np = self.runner.dense_image_features(images)
+            return torch.from_numpy(pooled_np), torch.from_numpy(tok_np)
         x = normalize_uint8(images, self.mean, self.std).to(self.device)
         pooled, tok = image_features(self.model, x, dense=True)
         if tok is None:

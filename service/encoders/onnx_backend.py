@@ -9,11 +9,18 @@ The exported graphs take exactly what the torch path takes and return what it re
   padded to the full context: the causal mask makes that exact, and a fixed length keeps the
   graph free of data-dependent slicing.
 
-Both have a dynamic batch axis. With ``image_precision="int8"`` the image graph's MatMul weights
+For a version with a DCSM scorer, the dense graphs feed ``/score/dense``: ``dense_image.onnx``
+(pixels -> pooled ``(N, D)`` and class + patch tokens ``(N, 1+P, D)``) and ``dense_text.onnx``
+(full-context ids -> pooled ``(N, D)`` and per-position tokens ``(N, context_length, D)``), all
+normalised, over the base model that DCSM was trained on; a ``DenseEncoder`` given them as its
+runner reads every feature from them, behind the same gate (per token).
+
+All graphs have a dynamic batch axis. With ``image_precision="int8"`` the image graph's MatMul weights
 are quantised to int8 per output channel after export (onnxruntime dynamic quantisation:
 activations are quantised per call, so no calibration data is needed); on a CPU with VNNI that
 is 2-3.5x the fp32 image throughput at a probe cosine near 0.9998 (docs/benchmarks.md). The text
-graphs stay fp32: quantised, they were slower, and text is mostly served from the cache.
+graphs stay fp32: quantised, they were slower, and text is mostly served from the cache. The
+dense image graph follows the image precision.
 ``text.onnx`` is the default text encoder; for serving, every
 other text-encoder variant gets its own ``text-<variant>.onnx`` (the image tower is shared, so it
 is exported once). Exports carry a sidecar ``onnx.json`` with the sha256 of each graph (checked
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import re
 import tempfile
 import time
@@ -111,6 +119,25 @@ class TextTower(nn.Module):
         return normalize(text_features(self.model, tokens)[0]).float()
 
 
+class DenseImageTower(ImageTower):
+    """uint8 NHWC pixels -> (pooled, class + patch tokens), both normalised."""
+
+    def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        x = pixels.permute(0, 3, 1, 2).float() / 255.0
+        pooled, tokens = image_features(self.model, (x - self.mean) / self.std, dense=True)
+        assert tokens is not None
+        return normalize(pooled).float(), normalize(tokens).float()
+
+
+class DenseTextTower(TextTower):
+    """Full-context token ids -> (pooled, per-position token features), both normalised."""
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        pooled, per_token = text_features(self.model, tokens, dense=True)
+        assert per_token is not None
+        return normalize(pooled).float(), normalize(per_token).float()
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -125,11 +152,13 @@ def export_towers(
     std: Sequence[float] = OPENAI_STD,
     text_variants: Mapping[str, CLIP] | None = None,
     image_precision: ImagePrecision = "fp32",
+    dense_model: CLIP | None = None,
 ) -> dict[str, Path]:
     """Export ``image.onnx`` and ``text.onnx`` (+ the checksum sidecar) into ``out_dir``.
 
     ``text_variants`` adds ``text-<variant>.onnx`` for each further text tower (same image tower);
-    ``image_precision="int8"`` quantises the image graph's MatMul weights.
+    ``image_precision="int8"`` quantises the image graphs' MatMul weights; ``dense_model`` adds
+    ``dense_image.onnx`` and ``dense_text.onnx`` of that model (DCSM's features).
     """
     variants = dict(text_variants or {})
     for variant in variants:
@@ -138,8 +167,12 @@ def export_towers(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"image": out_dir / "image.onnx", "text": out_dir / "text.onnx"}
     paths |= {f"text-{v}": out_dir / f"text-{v}.onnx" for v in variants}
+    dense = {} if dense_model is None else {"dense_image": out_dir / "dense_image.onnx"}
+    dense |= {} if dense_model is None else {"dense_text": out_dir / "dense_text.onnx"}
+    paths |= dense
     # Variants first, the base model last: they share its image tower, whose flag must end as its own.
-    flags = [(m, m.training) for m in (*variants.values(), model)]
+    others = [m for m in (*variants.values(), dense_model) if m is not None and m is not model]
+    flags = [(m, m.training) for m in (*others, model)]
     pixels = torch.zeros(2, image_size, image_size, 3, dtype=torch.uint8)
     tokens = torch.zeros(2, context_length, dtype=torch.long)
     tokens[:, 0], tokens[:, 1] = 49406, 49407  # start, end: a valid (empty) text
@@ -150,6 +183,11 @@ def export_towers(
         ("text", TextTower(model).eval(), tokens, "tokens"),
         *((f"text-{v}", TextTower(m).eval(), tokens, "tokens") for v, m in variants.items()),
     ]
+    if dense_model is not None:
+        modules += [
+            ("dense_image", DenseImageTower(dense_model, mean, std).eval(), pixels, "pixels"),
+            ("dense_text", DenseTextTower(dense_model).eval(), tokens, "tokens"),
+        ]
     # open_clip attention takes torch's fused MHA fast path in eval mode; that op cannot be
     # exported, so the plain math path must be traced (and the fast path restored afterwards:
     # it is the quicker one for torch serving in this process).
@@ -159,25 +197,29 @@ def export_towers(
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
             for kind, module, example, in_name in modules:
+                outputs = ["embedding", "features"] if kind.startswith("dense") else ["embedding"]
                 torch.onnx.export(
                     module,
                     (example,),
                     str(paths[kind]),
                     input_names=[in_name],
-                    output_names=["embedding"],
+                    output_names=outputs,
                     opset_version=OPSET,
                     dynamo=False,
-                    dynamic_axes={in_name: {0: "batch"}, "embedding": {0: "batch"}},
+                    dynamic_axes={in_name: {0: "batch"}, **{out: {0: "batch"} for out in outputs}},
                 )
     finally:
         for module, training in flags:
             module.train(training)
         torch.backends.mha.set_fastpath_enabled(fastpath)
     if image_precision == "int8":
-        quantize_int8(paths["image"])
+        for kind in ("image", "dense_image"):
+            if kind in paths:
+                quantize_int8(paths[kind])
     sidecar = {
         "opset": OPSET,
         "image_precision": image_precision,
+        "dense": {kind: path.name for kind, path in dense.items()},
         "image_size": image_size,
         "context_length": context_length,
         "variants": {v: paths[f"text-{v}"].name for v in variants},
@@ -194,17 +236,41 @@ def quantize_int8(path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     staged = path.with_name(path.stem + ".int8.onnx")
-    quantize_dynamic(
-        str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
-    )
+    # The quantiser logs a generic "consider pre-processing" warning on the root logger on every
+    # call; the graphs quantised without that pre-pass already pass the parity gate, so it is noise.
+    quiet = _DropMessage("consider to run pre-processing")
+    logging.getLogger().addFilter(quiet)
+    try:
+        quantize_dynamic(
+            str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+        )
+    finally:
+        logging.getLogger().removeFilter(quiet)
     staged.replace(path)
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
 def export_bundle(
-    bundle: ModelBundle, out_dir: Path, *, variants: bool = False, image_precision: ImagePrecision = "fp32"
+    bundle: ModelBundle,
+    out_dir: Path,
+    *,
+    variants: bool = False,
+    image_precision: ImagePrecision = "fp32",
+    dense: bool = False,
 ) -> dict[str, Path]:
-    """Export the towers serving ``bundle``: its image tower and its default text encoder, and
-    with ``variants`` one text graph per further text-encoder variant."""
+    """Export the towers serving ``bundle``: its image tower and its default text encoder, with
+    ``variants`` one text graph per further text-encoder variant, and with ``dense`` (for a version
+    with a DCSM scorer) the dense graphs of the model DCSM reads."""
+    if dense and bundle.dense is None:
+        raise ValueError(f"{bundle.ref} has no DCSM component: there is no dense path to export")
     pre = bundle.manifest.preprocess
     default = bundle.default_text_encoder
     others = {v: m for v, m in bundle.text_models.items() if v != default} if variants else {}
@@ -217,6 +283,7 @@ def export_bundle(
         std=pre.get("std", OPENAI_STD),
         text_variants=others,
         image_precision=image_precision,
+        dense_model=bundle.dense.model if dense and bundle.dense is not None else None,
     )
 
 
@@ -247,6 +314,8 @@ class OnnxTowers:
     context_length: int
     # Sessions of the other text-encoder variants, by variant name (exported on request).
     variants: dict[str, object] = field(default_factory=dict)
+    dense_image: object | None = None  # DCSM's feature graphs (exported on request)
+    dense_text: object | None = None
 
     @property
     def providers(self) -> list[str]:
@@ -264,6 +333,20 @@ class OnnxTowers:
         padded = np.zeros((ids.shape[0], self.context_length), dtype=np.int64)
         padded[:, : ids.shape[1]] = ids
         return session.run(None, {"tokens": padded})[0]  # type: ignore[attr-defined]
+
+    def dense_image_features(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """uint8 pixels -> normalised pooled ``(N, D)`` and class + patch tokens ``(N, 1+P, D)``."""
+        if self.dense_image is None:
+            raise BackendError("this export has no dense graphs")
+        pooled, tokens = self.dense_image.run(None, {"pixels": np.ascontiguousarray(images, dtype=np.uint8)})  # type: ignore[attr-defined]
+        return pooled, tokens
+
+    def dense_text_features(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Full-context ids -> normalised pooled ``(N, D)`` and per-position tokens ``(N, C, D)``."""
+        if self.dense_text is None:
+            raise BackendError("this export has no dense graphs")
+        pooled, per_token = self.dense_text.run(None, {"tokens": np.asarray(tokens, dtype=np.int64)})  # type: ignore[attr-defined]
+        return pooled, per_token
 
 
 def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None) -> OnnxTowers:
@@ -286,6 +369,8 @@ def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None)
     if threads is not None:
         options.intra_op_num_threads = threads
     files = {"image": "image.onnx", "text": "text.onnx", **sidecar.get("variants", {})}
+    dense_files = {f"dense:{kind}": name for kind, name in sidecar.get("dense", {}).items()}
+    files |= dense_files
     try:
         sessions = {
             kind: ort.InferenceSession(str(out_dir / name), options, providers=providers(device))
@@ -294,14 +379,17 @@ def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None)
     except Exception as exc:  # onnxruntime raises its own untyped errors for unreadable graphs
         raise BackendError(f"onnxruntime cannot load the export in {out_dir}: {exc}") from exc
     image, text = sessions.pop("image"), sessions.pop("text")
-    return OnnxTowers(image, text, int(sidecar["context_length"]), sessions)
+    dense_image, dense_text = sessions.pop("dense:dense_image", None), sessions.pop("dense:dense_text", None)
+    return OnnxTowers(image, text, int(sidecar["context_length"]), sessions, dense_image, dense_text)
 
 
-def _exported(export_dir: Path) -> tuple[set[str], str] | None:
-    """Variants and image precision of an existing export, or None when it has no readable sidecar."""
+def _exported(export_dir: Path) -> tuple[set[str], str, bool] | None:
+    """Variants, image precision and whether it has the dense graphs, of an existing export; None
+    when it has no readable sidecar."""
     try:
         sidecar = json.loads((export_dir / SIDECAR).read_text())
-        return set(sidecar.get("variants", {})), str(sidecar.get("image_precision", "fp32"))
+        held = set(sidecar.get("variants", {})), str(sidecar.get("image_precision", "fp32"))
+        return (*held, bool(sidecar.get("dense")))
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -314,6 +402,7 @@ def ensure_towers(
     *,
     variants: bool = False,
     image_precision: ImagePrecision = "fp32",
+    dense: bool = False,
 ) -> OnnxTowers:
     """The serving entry point: reuse (or create) the export in ``export_dir``, load, gate.
 
@@ -324,14 +413,16 @@ def ensure_towers(
     """
     wanted = {v for v in bundle.text_models if v != bundle.default_text_encoder} if variants else set()
     held = _exported(export_dir)
-    if held is None or not wanted <= held[0] or held[1] != image_precision:
-        export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision)
+    if held is None or not wanted <= held[0] or held[1] != image_precision or (dense and not held[2]):
+        export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision, dense=dense)
     try:
         towers = load_towers(export_dir, device, threads)
     except BackendError:
-        export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision)
+        export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision, dense=dense)
         towers = load_towers(export_dir, device, threads)
     require_parity(bundle, towers)
+    if dense:
+        require_dense_parity(bundle, towers)
     return towers
 
 
@@ -368,6 +459,40 @@ def check_parity(bundle: ModelBundle, towers: PooledTowers) -> float:
         for variant in (None, *towers.variants):
             cos.append(_row_cosines(bundle.encode_tokens(tokens, variant), towers.encode_tokens(tokens, variant)))
     return float(np.concatenate(cos).min())
+
+
+def check_dense_parity(bundle: ModelBundle, towers: OnnxTowers) -> float:
+    """Min cosine between DCSM's torch fp32 features and the dense graphs' over the probe images
+    (every class and patch token) and probe texts (every position up to the end token)."""
+    encoder = bundle.dense_encoder()
+    images = probe_images(bundle.image_size)
+    runner, encoder.runner = encoder.runner, None
+    try:
+        ref_pooled, ref_tokens = encoder.image_features(images)
+        ref_text = encoder.text_features(list(PROBE_TEXTS))
+        encoder.runner = towers
+        pooled, tokens = encoder.image_features(images)
+        text = encoder.text_features(list(PROBE_TEXTS))
+    finally:
+        encoder.runner = runner
+    d = ref_tokens.shape[-1]
+    valid = ref_text.valid.numpy()
+    cos = [
+        _row_cosines(ref_pooled.numpy(), pooled.numpy()),
+        _row_cosines(ref_tokens.reshape(-1, d).numpy(), tokens.reshape(-1, d).numpy()),
+        _row_cosines(ref_text.pooled.numpy(), text.pooled.numpy()),
+        _row_cosines(ref_text.tokens.numpy()[valid], text.tokens.numpy()[valid]),
+    ]
+    return float(np.concatenate(cos).min())
+
+
+def require_dense_parity(bundle: ModelBundle, towers: OnnxTowers, threshold: float = PARITY_THRESHOLD) -> float:
+    worst = check_dense_parity(bundle, towers)
+    if not worst >= threshold:
+        raise BackendError(
+            f"ONNX dense (DCSM) graphs for {bundle.ref} refused: min probe cosine {worst:.6f} < {threshold}"
+        )
+    return worst
 
 
 def require_parity(

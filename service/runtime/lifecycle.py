@@ -14,12 +14,12 @@ version that fails verification or warm-up is refused, logged and counted, and t
 keeps serving; it is not retried until the alias moves again (versions are immutable).
 
 The pooled image and text batchers call the towers the settings pick (``serving_towers``):
-torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime. Anything but torch fp32 must pass
-the parity gate (every probe embedding within cosine 0.999 of torch fp32) while the version
-loads; a version that fails it is refused like one that fails warm-up. DCSM dense features always
-run on torch fp32: they are per-position token and patch features read from inside the towers
-(``visual._embeds`` and the rows before pooling), which the exported graphs do not output and
-the gate does not cover, and the scorer was trained on fp32 features.
+torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime (fp32, or an int8 image tower).
+Anything but torch fp32 must pass the parity gate (every probe embedding within cosine 0.999 of
+torch fp32) while the version loads; a version that fails it is refused like one that fails
+warm-up. With ONNX, DCSM's dense features (every token and patch) come from their own exported
+graphs, gated per token the same way; under bf16/fp16 they stay on torch fp32 (the scorer was
+trained on fp32 features). YUKINO's inverter and prompts always run on torch.
 """
 
 from __future__ import annotations
@@ -158,10 +158,20 @@ def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tupl
         # a version serving meanwhile computes on the math path, equal within float rounding.
         image_precision: ImagePrecision = "int8" if settings.precision == "int8" else "fp32"
         export_dir = export_dir_for(settings.onnx_cache_root(), bundle, image_precision)
+        dense = bundle.dense is not None
         towers = ensure_towers(
-            bundle, export_dir, device, settings.torch_threads or None, variants=True, image_precision=image_precision
+            bundle,
+            export_dir,
+            device,
+            settings.torch_threads or None,
+            variants=True,
+            image_precision=image_precision,
+            dense=dense,
         )
-        return towers, f"onnx {image_precision} ({', '.join(towers.providers)}; export {export_dir})"
+        if bundle.dense is not None:
+            bundle.dense.runner = towers  # /score/dense reads its features from the gated dense graphs
+        graphs = "pooled and dense" if dense else "pooled"
+        return towers, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
     if settings.precision == "fp32":
         return TorchTowers(bundle), "torch fp32"
     low = TorchTowers(bundle, AUTOCAST_DTYPES[settings.precision])

@@ -372,3 +372,30 @@ def png_b64(picture: Image.Image) -> str:
     buf = io.BytesIO()
     picture.save(buf, "PNG")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+# ----------------------------------------------------------------------------- ONNX dense graphs
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_onnx_backend_serves_dense_scores_from_its_dense_graphs(
+    dense_store: Path, serve_app: Any, client: httpx.Client, image: Any, tmp_path: Path, precision: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    texts = [LEFT, "a blue square to the left of a red circle", "a square without a triangle", "a green cross"]
+    img = image("circle", "red", x=0.3)
+    reference = dense(client, img, texts, return_maps=True)  # the torch server
+    with caplog.at_level("INFO", logger="service.lifecycle"), serve_app(
+        store=str(dense_store), model="dense@production", backend="onnx", precision=precision,
+        onnx_cache_dir=str(tmp_path), lru_items=0,
+    ) as running:
+        assert running.services.manager.current.bundle.dense.runner is not None
+        with httpx.Client(base_url=running.url, timeout=60) as onnx_client:
+            body = dense(onnx_client, img, texts, return_maps=True)
+    assert any(f"backend onnx {precision} (pooled and dense;" in rec.getMessage() for rec in caplog.records)
+    (export,) = (tmp_path / "dense").iterdir()
+    assert {"dense_image.onnx", "dense_text.onnx"} <= {p.name for p in export.iterdir()}
+    assert body["functional_words"] == reference["functional_words"] and body["tokens"] == reference["tokens"]
+    np.testing.assert_allclose(body["cosine"], reference["cosine"], atol=5e-3 if precision == "int8" else 1e-3)
+    for got, want in zip(body["maps"], reference["maps"], strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.1 if precision == "int8" else 2e-2)
+    # Same ranking, scores close: the scorer reads features within the gate's cosine of torch's.
+    np.testing.assert_allclose(body["scores"], reference["scores"], atol=0.05 if precision == "int8" else 5e-3)

@@ -21,8 +21,10 @@ from service.encoders.onnx_backend import (
     PARITY_THRESHOLD,
     PROBE_TEXTS,
     SIDECAR,
+    check_dense_parity,
     check_parity,
     ensure_towers,
+    export_bundle,
     export_dir_for,
     probe_images,
     require_parity,
@@ -155,6 +157,35 @@ def test_int8_export_quantises_the_image_tower_only_and_passes_the_gate(bundle: 
     # An fp32 export found where int8 is wanted (or the reverse) is re-exported, not served.
     ensure_towers(bundle, fp32_dir, device="cpu", image_precision="int8")
     assert json.loads((fp32_dir / SIDECAR).read_text())["image_precision"] == "int8"
+
+
+def test_dense_export_needs_a_dcsm_component(bundle: ModelBundle, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no DCSM component"):
+        export_bundle(bundle, tmp_path, dense=True)
+
+
+def test_dense_graphs_feed_the_dcsm_encoder_within_the_gate(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests" / "service"))
+    from test_http_dense import publish_dense  # the shared DCSM test model
+
+    publish_dense(tmp_path / "store")
+    bundle = ModelBundle.load(ModelStore(tmp_path / "store"), "dense@production")
+    assert bundle.dense is not None
+    texts = ["a red circle to the left of a blue square", "a square without a triangle"]
+    images = probe_images(bundle.image_size, n=3)
+    torch_text, torch_images = bundle.encode_dense_texts(texts), bundle.encode_dense_images(images)
+    towers = ensure_towers(bundle, tmp_path / "export", device="cpu", threads=1, dense=True)
+    assert check_dense_parity(bundle, towers) >= PARITY_THRESHOLD
+    bundle.dense.runner = towers
+    onnx_text, onnx_images = bundle.encode_dense_texts(texts), bundle.encode_dense_images(images)
+    assert onnx_text.shape == torch_text.shape and onnx_images.shape == torch_images.shape
+    np.testing.assert_allclose(onnx_text, torch_text, atol=1e-4)  # padding rows stay exactly zero
+    np.testing.assert_allclose(onnx_images, torch_images, atol=1e-4)
+    # An export without the dense graphs is completed when they are wanted.
+    ensure_towers(bundle, tmp_path / "pooled-only", device="cpu")
+    assert not (tmp_path / "pooled-only" / "dense_image.onnx").exists()
+    ensure_towers(bundle, tmp_path / "pooled-only", device="cpu", dense=True)
+    assert (tmp_path / "pooled-only" / "dense_image.onnx").exists()
 
 
 def test_an_export_without_the_variants_is_completed(bundle: ModelBundle, tmp_path: Path) -> None:
