@@ -31,6 +31,7 @@ from service.encoders.bundle import ModelBundle  # noqa: E402
 from service.encoders.onnx_backend import (  # noqa: E402
     PARITY_THRESHOLD,
     _random_bundle,
+    check_dense_parity,
     check_parity,
     export_bundle,
     image_throughput,
@@ -96,6 +97,38 @@ def main(argv: Sequence[str] | None = None) -> None:
             for bs in args.batch_sizes:
                 ratio = best[label, bs] / best["torch fp32", bs]
                 print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
+        if bundle.dense is not None:
+            dense_table(bundle, Path(tmp), args, rng)
+
+
+def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace, rng: np.random.Generator) -> None:
+    """DCSM's dense image features (class + patch tokens) per backend: torch fp32 and the ONNX
+    dense graphs, fp32 and int8, behind the per-token gate."""
+    encoder = bundle.dense_encoder()
+    runners: dict[str, object | None] = {"torch fp32": None}
+    parity = {"torch fp32": "(reference)"}
+    for label, precision in (("onnx", "fp32"), ("onnx int8", "int8")):
+        export_bundle(bundle, tmp / f"dense-{precision}", image_precision=precision, dense=True)  # type: ignore[arg-type]
+        towers = load_towers(tmp / f"dense-{precision}", device="cpu", threads=args.threads)
+        parity[label] = f"{check_dense_parity(bundle, towers):.6f}"
+        runners[label] = towers
+    best: dict[tuple[str, int], float] = {}
+    try:
+        for _ in range(args.rounds):
+            for bs in args.batch_sizes:
+                images = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
+                for label, runner in runners.items():
+                    encoder.runner = runner  # type: ignore[assignment]
+                    rate = image_throughput(encoder.image_features, images, args.min_seconds)
+                    best[label, bs] = max(best.get((label, bs), 0.0), rate)
+    finally:
+        encoder.runner = None
+    print("\nDCSM dense image features (class + patch tokens):\n")
+    print("| backend | parity (min token cosine) | batch | images/s | vs torch fp32 |\n|---|---|---|---|---|")
+    for label in runners:
+        for bs in args.batch_sizes:
+            ratio = best[label, bs] / best["torch fp32", bs]
+            print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,18 @@ def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ce
     for row in results:
         naive, service = float(row[2]), float(row[3])
         assert naive > 0 and service > 0 and row[-1] == "0/0", row  # both answered, without errors
+
+
+def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests" / "service"))
+    from test_http_dense import publish_dense  # the shared DCSM test model
+
+    publish_dense(tmp_path)
+    out = run_script("bench_backends.py", "--store", str(tmp_path), "--model", "dense@production",
+                     "--batch-sizes", "2", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1")  # fmt: skip
+    dense = table(out.split("DCSM dense image features")[1])
+    assert [row[0] for row in dense] == ["torch fp32", "onnx", "onnx int8"]
+    for backend, parity, batch, rate, _ in dense:
+        assert batch == "2" and float(rate) > 0
+        if backend != "torch fp32":
+            assert float(parity) >= 0.999, backend
