@@ -30,6 +30,7 @@ from model_store import ModelStore  # noqa: E402
 from service.encoders.bundle import ModelBundle  # noqa: E402
 from service.encoders.onnx_backend import (  # noqa: E402
     PARITY_THRESHOLD,
+    OnnxTowers,
     _random_bundle,
     check_dense_parity,
     check_parity,
@@ -84,51 +85,57 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"parity gate: min cosine >= {PARITY_THRESHOLD}; best of {args.rounds} round(s) of "
               f"{args.min_seconds:g} s per cell\n")  # fmt: skip
 
-        rng = np.random.default_rng(0)
-        best: dict[tuple[str, int], float] = {}
-        for _ in range(args.rounds):
-            for bs in args.batch_sizes:
-                images = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
-                for label, encode in backends.items():
-                    rate = image_throughput(encode, images, args.min_seconds)
-                    best[label, bs] = max(best.get((label, bs), 0.0), rate)
-        print("| backend | parity (min cosine) | batch | images/s | vs torch fp32 |\n|---|---|---|---|---|")
-        for label in backends:
-            for bs in args.batch_sizes:
-                ratio = best[label, bs] / best["torch fp32", bs]
-                print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
+        print_table(backends, parity, "min cosine", bundle.image_size, args)
         if bundle.dense is not None:
-            dense_table(bundle, Path(tmp), args, rng)
+            dense_table(bundle, Path(tmp), args)
 
 
-def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace, rng: np.random.Generator) -> None:
+def print_table(
+    backends: dict[str, Callable[[np.ndarray], object]],
+    parity: dict[str, str],
+    parity_name: str,
+    image_size: int,
+    args: argparse.Namespace,
+) -> None:
+    """Images/s of each backend per batch size (best of ``args.rounds``, backends taking turns)."""
+    rng = np.random.default_rng(0)
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(args.rounds):
+        for bs in args.batch_sizes:
+            images = rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8)
+            for label, encode in backends.items():
+                rate = image_throughput(encode, images, args.min_seconds)
+                best[label, bs] = max(best.get((label, bs), 0.0), rate)
+    print(f"| backend | parity ({parity_name}) | batch | images/s | vs torch fp32 |\n|---|---|---|---|---|")
+    for label in backends:
+        for bs in args.batch_sizes:
+            ratio = best[label, bs] / best["torch fp32", bs]
+            print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
+
+
+def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace) -> None:
     """DCSM's dense image features (class + patch tokens) per backend: torch fp32 and the ONNX
     dense graphs, fp32 and int8, behind the per-token gate."""
     encoder = bundle.dense_encoder()
-    runners: dict[str, object | None] = {"torch fp32": None}
-    parity = {"torch fp32": "(reference)"}
+
+    def through(runner: OnnxTowers | None) -> Callable[[np.ndarray], object]:
+        def encode(images: np.ndarray) -> object:
+            encoder.runner = runner
+            return encoder.image_features(images)
+
+        return encode
+
+    backends, parity = {"torch fp32": through(None)}, {"torch fp32": "(reference)"}
     for label, precision in (("onnx", "fp32"), ("onnx int8", "int8")):
         export_bundle(bundle, tmp / f"dense-{precision}", image_precision=precision, dense=True)  # type: ignore[arg-type]
         towers = load_towers(tmp / f"dense-{precision}", device="cpu", threads=args.threads)
         parity[label] = f"{check_dense_parity(bundle, towers):.6f}"
-        runners[label] = towers
-    best: dict[tuple[str, int], float] = {}
+        backends[label] = through(towers)
+    print("\nDCSM dense image features (class + patch tokens):\n")
     try:
-        for _ in range(args.rounds):
-            for bs in args.batch_sizes:
-                images = rng.integers(0, 256, (bs, bundle.image_size, bundle.image_size, 3), dtype=np.uint8)
-                for label, runner in runners.items():
-                    encoder.runner = runner  # type: ignore[assignment]
-                    rate = image_throughput(encoder.image_features, images, args.min_seconds)
-                    best[label, bs] = max(best.get((label, bs), 0.0), rate)
+        print_table(backends, parity, "min token cosine", bundle.image_size, args)
     finally:
         encoder.runner = None
-    print("\nDCSM dense image features (class + patch tokens):\n")
-    print("| backend | parity (min token cosine) | batch | images/s | vs torch fp32 |\n|---|---|---|---|---|")
-    for label in runners:
-        for bs in args.batch_sizes:
-            ratio = best[label, bs] / best["torch fp32", bs]
-            print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

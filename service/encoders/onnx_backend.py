@@ -15,12 +15,13 @@ For a version with a DCSM scorer, the dense graphs feed ``/score/dense``: ``dens
 normalised, over the base model that DCSM was trained on; a ``DenseEncoder`` given them as its
 runner reads every feature from them, behind the same gate (per token).
 
-All graphs have a dynamic batch axis. With ``image_precision="int8"`` the image graph's MatMul weights
-are quantised to int8 per output channel after export (onnxruntime dynamic quantisation:
+All graphs have a dynamic batch axis. With ``image_precision="int8"`` the image graph's MatMul
+weights are quantised to int8 per output channel after export (onnxruntime dynamic quantisation:
 activations are quantised per call, so no calibration data is needed); on a CPU with VNNI that
-is 2-3.5x the fp32 image throughput at a probe cosine near 0.9998 (docs/benchmarks.md). The text
-graphs stay fp32: quantised, they were slower, and text is mostly served from the cache. The
-dense image graph follows the image precision.
+is 2.2-3.6x torch fp32 image throughput on ViT-B-32 at a probe cosine of 0.9998
+(docs/benchmarks.md). The text graphs stay fp32: quantised, they were slower, and text is mostly
+served from the cache. The dense image graph follows the image precision.
+
 ``text.onnx`` is the default text encoder; for serving, every
 other text-encoder variant gets its own ``text-<variant>.onnx`` (the image tower is shared, so it
 is exported once). Exports carry a sidecar ``onnx.json`` with the sha256 of each graph (checked
@@ -167,8 +168,7 @@ def export_towers(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"image": out_dir / "image.onnx", "text": out_dir / "text.onnx"}
     paths |= {f"text-{v}": out_dir / f"text-{v}.onnx" for v in variants}
-    dense = {} if dense_model is None else {"dense_image": out_dir / "dense_image.onnx"}
-    dense |= {} if dense_model is None else {"dense_text": out_dir / "dense_text.onnx"}
+    dense = {} if dense_model is None else {k: out_dir / f"{k}.onnx" for k in ("dense_image", "dense_text")}
     paths |= dense
     # Variants first, the base model last: they share its image tower, whose flag must end as its own.
     others = [m for m in (*variants.values(), dense_model) if m is not None and m is not model]
