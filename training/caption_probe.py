@@ -24,21 +24,8 @@ from model_store import ModelStore
 from service.encoders.bundle import ModelBundle
 from service.methods.yukino import winoground
 from training.world.hard_negatives import KINDS, HardNegative, hard_negative_set
-from training.world.scene import Scene, Split
-from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES
-
-SLOT = len(SHAPES) + len(COLOUR_NAMES) + len(SIZES) + 4  # one-hots, then x, y, radius, present
-
-
-def scene_features(scene: Scene) -> np.ndarray:
-    """Two object slots, left to right: shape, colour and size one-hots, x, y, radius, presence."""
-    out = np.zeros((2, SLOT), dtype=np.float32)
-    for slot, obj in enumerate(sorted(scene.objects, key=lambda o: o.x)[:2]):
-        out[slot, SHAPES.index(obj.shape)] = 1
-        out[slot, len(SHAPES) + COLOUR_NAMES.index(obj.colour)] = 1
-        out[slot, len(SHAPES) + len(COLOUR_NAMES) + SIZES.index(obj.size)] = 1
-        out[slot, -4:] = (obj.x, obj.y, obj.radius, 1.0)
-    return out.reshape(-1)
+from training.world.scene import Split
+from training.world.structure import scene_features
 
 
 def pairs(bundle: ModelBundle, items: Sequence[HardNegative], encoder: str) -> tuple[torch.Tensor, ...]:

@@ -30,7 +30,7 @@ from training.train_base import BaseTrainConfig, train_base
 from training.train_dcsm import DCSMTrainConfig, train_dcsm_files
 from training.train_pcclip import PCClipConfig, train_pcclip, with_state
 from training.train_semclip import VARIANT_WEIGHTS, SemClipConfig, train_semclip, triplet_dataset
-from training.train_yukino import OTIConfig, YukinoConfig, train_inverter
+from training.train_yukino import OTIConfig, YukinoConfig, YukinoTextConfig, train_inverter, train_yukino_text
 from training.world.differences import comparative_text
 from training.world.render import render_batch
 from training.world.scene import Split, sample_scene
@@ -137,18 +137,29 @@ def _semclip_variants(model: CLIP, steps: int, seed: int, device: str, run_dir: 
 
 def _yukino(
     model: CLIP, sem_states: dict[str, dict], steps: int, seed: int, device: str, run_dir: Path
-) -> tuple[dict[str, bytes], dict]:
-    """The YUKINO inverter over the SemCLIP text encoder: its files and manifest component."""
+) -> tuple[dict[str, torch.Tensor], dict[str, bytes], dict]:
+    """YUKINO's text variant (from SemCLIP's) and the inverter over it: the variant's state, the
+    inverter's files and its manifest component."""
     small = steps <= 50
+    text_cfg = YukinoTextConfig(seed=seed, device=device, items=64 if small else YukinoTextConfig.items,
+                                steps=steps if small else YukinoTextConfig.steps, batch_items=16 if small else 64)
     cfg = YukinoConfig(steps=steps, seed=seed, device=device, items=128 if small else 6000,
                        oti_items=32 if small else 1000, batch_size=32 if small else 128)
     oti_cfg = OTIConfig(steps=10 if small else OTIConfig.steps)
 
+    def train_text() -> dict[str, torch.Tensor]:
+        start = with_state(model, sem_states[text_cfg.start])
+        return train_yukino_text(model, start, text_cfg, out_dir=run_dir, log=console.print)
+
+    text_state = _cached_stage(run_dir / "yukino_text.pt", asdict(text_cfg), train_text)
+
     def train() -> tuple[dict[str, bytes], dict]:
-        text_model = with_state(model, sem_states[cfg.text_encoder])
+        text_model = with_state(model, text_state)
         return train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=console.print).to_files()
 
-    return _cached_stage(run_dir / "yukino.pt", {**asdict(cfg), "oti": asdict(oti_cfg)}, train)
+    config = {**asdict(cfg), "oti": asdict(oti_cfg), "text": asdict(text_cfg)}
+    files, component = _cached_stage(run_dir / "yukino.pt", config, train)
+    return text_state, files, component
 
 
 def _build(
@@ -207,7 +218,7 @@ def _build(
     sem_states = _semclip_variants(model.cpu(), semclip_steps, seed, device, run_dir)
     sem_seconds = time.time() - t0
     t0 = time.time()
-    yukino_files, yukino_component = _yukino(model.cpu(), sem_states, yukino_steps, seed, device, run_dir)
+    yukino_text, yukino_files, yukino_component = _yukino(model.cpu(), sem_states, yukino_steps, seed, device, run_dir)
     yukino_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
@@ -236,7 +247,7 @@ def _build(
         "base_scenes_seen": steps * base_cfg.batch_size,
     }
     kwargs = dict(
-        text_variants={"pcclip": pc_state, **sem_states},
+        text_variants={"pcclip": pc_state, **sem_states, YukinoConfig.text_encoder: yukino_text},
         default_text_encoder="pcclip",
         comparatives=comparatives_library(),
         training=training,

@@ -1,4 +1,4 @@
-"""The loop shared by the text-tower finetunes (PC-CLIP, SemCLIP): image tower frozen.
+"""The loop shared by the text-tower finetunes (PC-CLIP, SemCLIP, YUKINO's text encoder): image tower frozen.
 
 Only the text transformer, final norm, projection and positional embedding train: the
 token-embedding table stays shared with the base, which keeps a variant's file small.
@@ -7,7 +7,7 @@ token-embedding table stays shared with the base, which keeps a variant's file s
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,13 +21,24 @@ StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
 
 
 def finetune_text_tower(
-    base: CLIP, step_loss: StepLoss, *, steps: int, lr: float, seed: int, device: str, label: str
+    base: CLIP,
+    step_loss: StepLoss,
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    device: str,
+    label: str,
+    extra: Sequence[torch.nn.Parameter] = (),
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-    """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps."""
+    """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps.
+
+    ``extra``: parameters outside the model that ``step_loss`` uses (an auxiliary head), trained alongside.
+    """
     torch.manual_seed(seed)
     model = copy.deepcopy(base).to(device)
     model.eval()  # no dropout / BN updates anywhere; gradients still flow
-    params = []
+    params = list(extra)
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith(TRAINABLE_PREFIXES))
         if p.requires_grad:

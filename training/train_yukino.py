@@ -1,6 +1,16 @@
-"""YUKINO: optimisation-based textual inversion (OTI) and its distilled inverter.
+"""YUKINO: its text encoder, optimisation-based textual inversion (OTI) and the distilled inverter.
 
-Both work in the input space of one frozen text-encoder variant and keep the image tower frozen.
+YUKINO matches captions in the linguistic space of a text encoder, which must tell apart
+captions that differ only in which attribute belongs to which object, or in a relation. The
+shapes-world base encoders do not (``training.caption_probe``: even the ground-truth scene
+gets group 0.02-0.07 through them), so ``train_yukino_text`` first finetunes a text variant for
+it. Inversion and inverter then work in the input space of that frozen variant and keep the
+image tower frozen.
+
+* ``train_yukino_text``: from the SemCLIP variant, the CLIP loss over batches that hold both
+  images and both captions of hard-negative items (a swap is always a candidate), plus a
+  regression of each caption's scene structure (``training.world.structure``) from its
+  embedding by a linear head that is then dropped.
 
 * ``oti``: per image, gradient steps on one pseudo-token ``v*`` under
   ``service.methods.losses.yukino_oti_loss`` (yes prompt toward the image embedding, no prompt
@@ -21,15 +31,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
+from torch import nn
 
-from service.encoders.clip_model import image_features, normalize, tokenizer_for
+from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for
 from service.encoders.preprocess import normalize_uint8
 from service.encoders.yukino import Inverter, YukinoHead, prompt_features
-from service.methods.losses import yukino_matching_loss, yukino_oti_loss
-from training.encode import Tokenize, encode_texts
+from service.methods.losses import clip_contrastive_loss, yukino_matching_loss, yukino_oti_loss
+from training.encode import Tokenize, encode_images, encode_texts
+from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
+from training.world.structure import WIDTH, scene_features
 from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES
 
 CONCEPT_WORDS: tuple[str, ...] = (*SHAPES, *COLOUR_NAMES, *SIZES, "shape")
@@ -45,8 +58,56 @@ class OTIConfig:
 
 
 @dataclass
+class YukinoTextConfig:
+    start: str = "semclip"  # the text variant it is finetuned from
+    items: int = 8000  # hard-negative items; each gives two images and two captions
+    steps: int = 1500
+    batch_items: int = 64
+    lr: float = 5e-5
+    structure_weight: float = 50.0
+    scale: float = 100.0
+    seed: int = 0
+    device: str = "cpu"
+
+
+def train_yukino_text(
+    base: CLIP, start: CLIP, cfg: YukinoTextConfig, out_dir: Path | None = None, log=print  # noqa: ANN001
+) -> dict[str, torch.Tensor]:
+    """The text variant YUKINO matches in (see the module docstring); returns its state dict."""
+    t0 = time.time()
+    items = hard_negative_set(Split.TRAIN, cfg.seed + 700, cfg.items)
+    scenes = [h.scene for h in items] + [h.negative_scene for h in items]
+    captions = [h.positive for h in items] + [h.negative for h in items]
+    images = encode_images(base.to(cfg.device).eval(), render_batch(scenes, 64, seed=cfg.seed + 29), device=cfg.device)
+    targets = torch.from_numpy(np.stack([scene_features(s) for s in scenes]))
+    tokens = Tokenize(start.context_length)(captions)
+    log(f"yukino text: {len(scenes)} images and captions prepared in {time.time() - t0:.1f}s")
+    torch.manual_seed(cfg.seed)
+    head = nn.Linear(images.shape[1], WIDTH).to(cfg.device)
+    rng = np.random.default_rng([cfg.seed, 71])
+    n = len(items)
+
+    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
+        chosen = torch.from_numpy(rng.choice(n, size=cfg.batch_items, replace=False))
+        idx = torch.cat([chosen, chosen + n])  # both images and both captions of every item
+        feats = normalize(text_features(model, tokens[idx].to(cfg.device))[0].float())
+        clip = clip_contrastive_loss(images[idx].to(cfg.device), feats, cfg.scale)
+        structure = F.mse_loss(head(feats), targets[idx].to(cfg.device))
+        return clip + cfg.structure_weight * structure, f"clip {clip.item():.3f} structure {structure.item():.4f}"
+
+    state, history = finetune_text_tower(
+        start, step_loss, steps=cfg.steps, lr=cfg.lr, seed=cfg.seed, device=cfg.device, label="yukino text",
+        extra=list(head.parameters()),
+    )  # fmt: skip
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "yukino_text_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}))
+    return state
+
+
+@dataclass
 class YukinoConfig:
-    text_encoder: str = "semclip"
+    text_encoder: str = "yukino"
     items: int = 6000  # hard-negative items; each gives two images and two captions
     oti_items: int = 1000  # images distilled from OTI tokens
     steps: int = 1500
@@ -165,4 +226,12 @@ def train_inverter(
     return YukinoHead(inverter, cfg.text_encoder, config)
 
 
-__all__ = ["OTIConfig", "YukinoConfig", "image_tokens", "oti", "train_inverter"]
+__all__ = [
+    "OTIConfig",
+    "YukinoConfig",
+    "YukinoTextConfig",
+    "image_tokens",
+    "oti",
+    "train_inverter",
+    "train_yukino_text",
+]

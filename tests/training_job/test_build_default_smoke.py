@@ -20,8 +20,8 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
     store = ModelStore(store_dir)
     name, version = store.resolve("default@production")
     manifest = store.manifest(name, version)
-    assert set(manifest.components["text_encoders"]) == {"pcclip", "semclip", "semclip_para", "semclip_neg"}
-    assert manifest.components["yukino"]["text_encoder"] == "semclip"
+    assert set(manifest.components["text_encoders"]) == {"pcclip", "semclip", "semclip_para", "semclip_neg", "yukino"}
+    assert manifest.components["yukino"]["text_encoder"] == "yukino"  # its own finetuned text variant
     assert manifest.components["default_text_encoder"] == "pcclip"
     for key in (
         "base.zeroshot.shape",
@@ -56,5 +56,5 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
                                      "--eval-seeds", "1"])  # fmt: skip
     assert again.exit_code == 0, again.output
     assert "resumed from step" in again.output
-    assert again.output.count("reusing ") >= 5, "PC-CLIP, the three SemCLIP variants and YUKINO are reused"
+    assert again.output.count("reusing ") >= 6, "PC-CLIP, the SemCLIP variants, YUKINO's text and inverter reused"
     assert store.resolve("default@production")[1] == "v2"

@@ -1,4 +1,4 @@
-"""The ground-truth caption probe: scene features and a small end-to-end run on the tiny model."""
+"""Scene-structure features, and the ground-truth caption probe end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.caption_probe import SLOT, main, scene_features
+from training.caption_probe import main
 from training.world.scene import Scene, SceneObject
+from training.world.structure import SLOT, scene_features
 from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES
 
 
