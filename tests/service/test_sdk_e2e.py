@@ -224,6 +224,27 @@ def test_yukino_method_is_served(client: Client, serving: str) -> None:
     assert sum(probs) == pytest.approx(1.0, abs=1e-5)
 
 
+def negation_accuracy(client: Client, method: str) -> float:
+    """One shape: "a photo of a {its colour} shape and no {other} shape." against the same caption
+    with the two colours exchanged (a negation swap; plain cosine prefers the wrong one, since both
+    captions name the colour that is there)."""
+    cases = [(shape, c1, c2) for shape in ("circle", "square", "triangle", "cross")
+             for c1, c2 in itertools.permutations(("red", "blue", "green", "yellow"), 2) if seen_combo(c1, shape)]  # fmt: skip
+    hits = 0
+    for shape, c1, c2 in cases:
+        true, swapped = (f"a photo of a {a} shape and no {b} shape." for a, b in ((c1, c2), (c2, c1)))
+        encoder = "base" if method == "standard" else None
+        res = client.classify([draw(shape, c1, 0.2)], [swapped, true], templates=["{}"], method=method, encoder=encoder)
+        hits += res.labels[0] == true
+    return hits / len(cases)
+
+
+def test_yukino_reads_negation_where_cosine_does_not(client: Client) -> None:
+    yukino, cosine = negation_accuracy(client, "yukino"), negation_accuracy(client, "standard")
+    print(f"true caption over its negation swap: yukino {yukino:.3f}, plain cosine {cosine:.3f}")
+    assert yukino >= 0.7 and cosine <= 0.5
+
+
 def test_comparative_changes_only_the_targeted_label(client: Client) -> None:
     labels = list(SHAPES)
     images = [draw("circle", "red", 0.2), draw("square", "green", 0.2), draw("cross", "orange", 0.15)]
