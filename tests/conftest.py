@@ -13,6 +13,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -253,3 +254,35 @@ def serve_app() -> Any:
 def publish_model() -> Any:
     """``publish_model(root, name, seed=, aliases=) -> version``: a random shapes-smoke model."""
     return publish_tiny
+
+
+@pytest.fixture(scope="session")
+def publish_dense_model() -> Any:
+    """``publish_dense_model(root, name="dense", broken=False) -> version``: the tiny model with a
+    random DCSM scorer (tests/service/dense_model.py), for tests outside tests/service too."""
+    service_tests = str(REPO / "tests" / "service")
+    if service_tests not in sys.path:
+        sys.path.insert(0, service_tests)
+    from dense_model import publish_dense
+
+    return publish_dense
+
+
+def perturb_largest_weight(source: Path, target: Path) -> None:
+    """Write ``source``'s ONNX graph to ``target`` with noise on its largest float weight: a
+    well-formed graph that computes the wrong embeddings (what a faulty exporter could leave)."""
+    import numpy as np
+    import onnx
+
+    model = onnx.load(str(source))
+    init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)) if t.data_type == 1 else 0)
+    array = onnx.numpy_helper.to_array(init).copy()
+    array += np.random.default_rng(0).normal(0, 1.0, array.shape).astype(array.dtype)
+    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
+    onnx.save(model, str(target))
+
+
+@pytest.fixture(scope="session")
+def perturb_onnx_weights() -> Any:
+    """``perturb_onnx_weights(source, target)``: see ``perturb_largest_weight``."""
+    return perturb_largest_weight

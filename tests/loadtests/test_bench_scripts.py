@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,11 +67,8 @@ def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ce
         assert naive > 0 and service > 0 and row[-1] == "0/0", row  # both answered, without errors
 
 
-def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "tests" / "service"))
-    from test_http_dense import publish_dense  # the shared DCSM test model
-
-    publish_dense(tmp_path)
+def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path, publish_dense_model: Any) -> None:
+    publish_dense_model(tmp_path)
     out = run_script("bench_backends.py", "--store", str(tmp_path), "--model", "dense@production",
                      "--batch-sizes", "2", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1")  # fmt: skip
     dense = table(out.split("DCSM dense image features")[1])

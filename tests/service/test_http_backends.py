@@ -78,23 +78,17 @@ def test_onnx_and_bf16_answer_like_torch_fp32(
         assert sidecar["variants"] == {"pcclip": "text-pcclip.onnx"} and sidecar["image_precision"] == precision
 
 
-def _write_wrong_export(bundle: ModelBundle, target: Path) -> None:
+def _write_wrong_export(bundle: ModelBundle, target: Path, perturb: Any) -> None:
     """What a faulty exporter would leave: well-formed graphs, matching digests, wrong embeddings."""
-    onnx = pytest.importorskip("onnx")
     export_bundle(bundle, target, variants=True)
-    model = onnx.load(str(target / "image.onnx"))
-    init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)) if t.data_type == 1 else 0)
-    array = onnx.numpy_helper.to_array(init).copy()
-    array += np.random.default_rng(0).normal(0, 1.0, array.shape).astype(array.dtype)
-    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
-    onnx.save(model, str(target / "image.onnx"))
+    perturb(target / "image.onnx", target / "image.onnx")
     sidecar = json.loads((target / SIDECAR).read_text())
     sidecar["files"] = {name: _sha256(target / name) for name in sidecar["files"]}
     (target / SIDECAR).write_text(json.dumps(sidecar))
 
 
 def test_version_failing_onnx_parity_is_refused(
-    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, serve_app: Any, publish_model: Any, perturb_onnx_weights: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     root, cache_dir = tmp_path / "store", tmp_path / "onnx"
     publish_model(root, "gated", seed=31)
@@ -110,7 +104,7 @@ def test_version_failing_onnx_parity_is_refused(
         version = publish_model(root, "gated", seed=32, aliases=())
         # The service reuses an export it finds under the version's key; put a wrong one there.
         bundle = ModelBundle.load(store, f"gated@{version}")
-        _write_wrong_export(bundle, export_dir_for(cache_dir, bundle))
+        _write_wrong_export(bundle, export_dir_for(cache_dir, bundle), perturb_onnx_weights)
         store.promote("gated", "production", version)
         wait_refused(running.url)
         time.sleep(0.6)  # more polls: a refused version is not retried until the alias moves

@@ -228,8 +228,9 @@ def negation_accuracy(client: Client, method: str) -> float:
     """One shape: "a photo of a {its colour} shape and no {other} shape." against the same caption
     with the two colours exchanged (a negation swap; plain cosine prefers the wrong one, since both
     captions name the colour that is there)."""
-    cases = [(shape, c1, c2) for shape in ("circle", "square", "triangle", "cross")
-             for c1, c2 in itertools.permutations(("red", "blue", "green", "yellow"), 2) if seen_combo(c1, shape)]  # fmt: skip
+    colour_pairs = itertools.permutations(("red", "blue", "green", "yellow"), 2)
+    cases = [(shape, c1, c2) for c1, c2 in colour_pairs for shape in ("circle", "square", "triangle", "cross")
+             if seen_combo(c1, shape)]  # fmt: skip
     hits = 0
     for shape, c1, c2 in cases:
         true, swapped = (f"a photo of a {a} shape and no {b} shape." for a, b in ((c1, c2), (c2, c1)))

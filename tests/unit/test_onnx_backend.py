@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,16 +61,12 @@ def test_parity_and_dynamic_batch(bundle: ModelBundle, export_dir: Path) -> None
     np.testing.assert_allclose(towers.encode_tokens(tokens), bundle.encode_tokens(tokens), atol=1e-4)
 
 
-def test_corrupted_weights_fail_the_parity_gate(bundle: ModelBundle, export_dir: Path, tmp_path: Path) -> None:
+def test_corrupted_weights_fail_the_parity_gate(
+    bundle: ModelBundle, export_dir: Path, tmp_path: Path, perturb_onnx_weights: Any
+) -> None:
     bad_dir = tmp_path / "bad"
     bad_dir.mkdir()
-    model = onnx.load(str(export_dir / "image.onnx"))
-    # Scale the largest weight: a well-formed graph that computes the wrong embeddings.
-    init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)) if t.data_type == 1 else 0)
-    array = onnx.numpy_helper.to_array(init).copy()
-    array += np.random.default_rng(0).normal(0, 1.0, array.shape).astype(array.dtype)
-    init.CopyFrom(onnx.numpy_helper.from_array(array, init.name))
-    onnx.save(model, str(bad_dir / "image.onnx"))
+    perturb_onnx_weights(export_dir / "image.onnx", bad_dir / "image.onnx")  # well-formed, wrong embeddings
     (bad_dir / "text.onnx").write_bytes((export_dir / "text.onnx").read_bytes())
     sidecar = json.loads((export_dir / SIDECAR).read_text())
     sidecar["files"] = {name: _sha256(bad_dir / name) for name in sidecar["files"]}  # digests match the bad file

@@ -164,11 +164,8 @@ def test_dense_export_needs_a_dcsm_component(bundle: ModelBundle, tmp_path: Path
         export_bundle(bundle, tmp_path, dense=True)
 
 
-def test_dense_graphs_feed_the_dcsm_encoder_within_the_gate(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "tests" / "service"))
-    from test_http_dense import publish_dense  # the shared DCSM test model
-
-    publish_dense(tmp_path / "store")
+def test_dense_graphs_feed_the_dcsm_encoder_within_the_gate(tmp_path: Path, publish_dense_model: Any) -> None:
+    publish_dense_model(tmp_path / "store")
     bundle = ModelBundle.load(ModelStore(tmp_path / "store"), "dense@production")
     assert bundle.dense is not None
     texts = ["a red circle to the left of a blue square", "a square without a triangle"]
