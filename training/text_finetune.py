@@ -30,20 +30,26 @@ def finetune_text_tower(
     device: str,
     label: str,
     extra: Sequence[torch.nn.Parameter] = (),
+    extra_lr: float | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps.
 
-    ``extra``: parameters outside the model that ``step_loss`` uses (an auxiliary head), trained alongside.
+    ``extra``: parameters outside the model that ``step_loss`` uses (an auxiliary head), trained
+    alongside at ``extra_lr`` (default ``lr``): a head that starts from scratch needs a far larger
+    step than a pretrained tower that must not drift.
     """
     torch.manual_seed(seed)
     model = copy.deepcopy(base).to(device)
     model.eval()  # no dropout / BN updates anywhere; gradients still flow
-    params = list(extra)
+    params = []
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith(TRAINABLE_PREFIXES))
         if p.requires_grad:
             params.append(p)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    groups = [{"params": params, "base_lr": lr}]
+    if extra:
+        groups.append({"params": list(extra), "base_lr": extra_lr or lr})
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01)
     history: list[dict[str, float]] = []
     columns = [
         TextColumn(f"[bold]{label}"),
@@ -57,11 +63,11 @@ def finetune_text_tower(
         task = bar.add_task(label, total=steps, info="")
         for step in range(steps):
             for g in opt.param_groups:
-                g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
+                g["lr"] = g["base_lr"] * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
             loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)  # the tower only: the head's steps are its own
             opt.step()
             bar.update(task, advance=1, info=info)
             if (step + 1) % 100 == 0:

@@ -40,7 +40,9 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError(f"inputs must share one (B, D) shape, got {shapes}")
 
 
-def clip_contrastive_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: float | torch.Tensor) -> torch.Tensor:
+def clip_contrastive_loss(
+    a: torch.Tensor, b: torch.Tensor, logit_scale: float | torch.Tensor, exclude: torch.Tensor | None = None
+) -> torch.Tensor:
     """Symmetric CLIP cross-entropy between two batches of paired embeddings.
 
     With ``logits = logit_scale * a @ b.T`` the loss is
@@ -53,11 +55,16 @@ def clip_contrastive_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: float |
         b: ``(B, D)`` L2-normalised embeddings paired row by row with ``a``.
         logit_scale: inverse temperature, a positive float or a scalar tensor (which may be a
             learnable value; it is then not checked, to avoid a device sync).
+        exclude: optional ``(B, B)`` bool, True where ``(a_i, b_j)`` is not a negative (dropped
+            from both softmaxes); the diagonal must stay False.
 
     Raises:
-        ValueError: on mismatched shapes or a bad ``logit_scale``.
+        ValueError: on mismatched shapes, a bad ``logit_scale`` or a bad ``exclude``.
     """
     _check_same_shape(a=a, b=b)
+    n = a.shape[0]
+    if exclude is not None and (exclude.shape != (n, n) or exclude.dtype != torch.bool or exclude.diagonal().any()):
+        raise ValueError(f"exclude must be a ({n}, {n}) bool tensor with a False diagonal")
     if isinstance(logit_scale, torch.Tensor):
         if logit_scale.numel() != 1:
             raise ValueError("logit_scale tensor must hold a single value")
@@ -67,7 +74,9 @@ def clip_contrastive_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: float |
         if scale <= 0:
             raise ValueError(f"logit_scale must be a positive finite number, got {logit_scale!r}")
     logits = scale * (a @ b.T)
-    targets = torch.arange(a.shape[0], device=a.device)
+    if exclude is not None:
+        logits = logits.masked_fill(exclude.to(logits.device), float("-inf"))
+    targets = torch.arange(n, device=a.device)
     return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 2
 
 
@@ -184,19 +193,19 @@ def yukino_oti_loss(
     return (1 - cos_yes) + F.relu(cos_no - cos_yes + margin) + reg_weight * reg
 
 
-def yukino_matching_loss(
-    yes: torch.Tensor, no: torch.Tensor, captions: torch.Tensor, negatives: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Contrastive loss of the distilled inverter on YUKINO's matching score.
+def yukino_matching_loss(yes: torch.Tensor, no: torch.Tensor, captions: torch.Tensor, scale: float) -> torch.Tensor:
+    """Contrastive loss of the distilled inverter on YUKINO's matching score, both ways.
 
-    Row ``i``'s score for a caption ``c`` is ``cos(yes_i, c) - cos(no_i, c)``; its candidates are
-    every caption of the batch and every hard negative (``negatives[i]`` is false of image ``i``
-    but differs from ``captions[i]`` in one swap), and it must pick ``captions[i]``.
+    ``score[i, j] = cos(yes_i, c_j) - cos(no_i, c_j)``, with caption ``j`` true of image ``j``.
+    Each image must pick its caption among the batch's (text side) and each caption its image
+    (image side). Batches are meant to hold both images and both captions of hard-negative
+    pairs, so the swapped caption and the swapped image are always among the candidates: the
+    2x2 text and image scores are what the two terms train.
     """
-    _check_same_shape(yes=yes, no=no, captions=captions, negatives=negatives)
-    candidates = torch.cat([captions, negatives])
-    logits = scale * (yes - no) @ candidates.T
-    return F.cross_entropy(logits, torch.arange(yes.shape[0], device=yes.device))
+    _check_same_shape(yes=yes, no=no, captions=captions)
+    logits = scale * (yes - no) @ captions.T
+    targets = torch.arange(yes.shape[0], device=yes.device)
+    return F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)
 
 
 def weight_ensemble(

@@ -137,3 +137,16 @@ def test_weight_ensemble_endpoints():
 def test_weight_ensemble_rejects_bad_input(base, ft, w):
     with pytest.raises(ValueError):
         weight_ensemble(base, ft, w)
+
+
+def test_clip_loss_exclude_drops_those_pairs_as_negatives() -> None:
+    a = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]]), dim=-1)
+    exclude = torch.zeros(3, 3, dtype=torch.bool)
+    exclude[0, 1] = exclude[1, 0] = True  # rows 0 and 1 are near-copies: not each other's negatives
+    full, masked = clip_contrastive_loss(a, a, 10.0), clip_contrastive_loss(a, a, 10.0, exclude=exclude)
+    assert full.item() > 0.4 and masked.item() < 0.01
+    # With the confusable pair excluded, only the remaining (distinct) negative counts.
+    exclude[0, 2] = exclude[2, 0] = exclude[1, 2] = exclude[2, 1] = True
+    assert clip_contrastive_loss(a, a, 10.0, exclude=exclude).item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="False diagonal"):
+        clip_contrastive_loss(a, a, 10.0, exclude=torch.eye(3, dtype=torch.bool))

@@ -75,12 +75,16 @@ def test_oti_lowers_its_loss(tiny: torch.nn.Module) -> None:
     assert loss_of(found) < loss_of(start) - 0.05
 
 
-def test_matching_loss_prefers_the_true_caption() -> None:
+def test_matching_loss_prefers_the_true_caption_and_the_true_image() -> None:
     basis = torch.eye(4)
     yes, no = basis[:2], torch.zeros(2, 4)
-    right = yukino_matching_loss(yes, no, basis[:2], basis[2:], 10.0)
-    wrong = yukino_matching_loss(yes, no, basis[2:], basis[:2], 10.0)
-    assert right.item() < 0.01 and wrong.item() > 5.0
+    right = yukino_matching_loss(yes, no, basis[:2], 10.0)
+    swapped = yukino_matching_loss(yes, no, basis[[1, 0]], 10.0)
+    assert right.item() < 0.01 and swapped.item() > 10.0
+    # Image side: caption 0 fits both images; only the column term tells image 1 is the worse one.
+    captions = torch.nn.functional.normalize(torch.tensor([[1.0, 0.2, 0, 0], [0, 1.0, 0, 0]]), dim=-1)
+    both_fit = torch.tensor([[1.0, 0, 0, 0], [1.0, 1.0, 0, 0]])
+    assert yukino_matching_loss(both_fit, no, captions, 10.0) > yukino_matching_loss(yes, no, captions, 10.0) + 1.0
 
 
 def test_head_round_trips_through_files(tmp_path: Path) -> None:
