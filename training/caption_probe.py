@@ -2,8 +2,8 @@
 
 YUKINO (and plain cosine) score a caption ``c`` of an image by ``v . c`` for some vector ``v``
 computed from the image (``yes - no`` prompt features for YUKINO). This probe replaces the image
-by its **ground-truth scene** (each object's shape, colour, size and position, left to right)
-and trains an MLP from that to ``v`` with the same pair-wise contrastive loss, on TRAIN items;
+by its **ground-truth scene** (each object's shape, colour, size, position and relation to the
+other) and trains a ``SceneEncoder`` from that to ``v`` with a pair-wise contrastive loss, on TRAIN items;
 then it scores the official TEST 2x2 items. With perfect image information, what it cannot
 reach shows what the caption embeddings of swapped captions do not encode in a learnable way.
 
@@ -22,10 +22,11 @@ from torch import nn
 
 from model_store import ModelStore
 from service.encoders.bundle import ModelBundle
+from service.methods.losses import clip_contrastive_loss
 from service.methods.yukino import winoground
 from training.world.hard_negatives import KINDS, HardNegative, hard_negative_set
 from training.world.scene import Split
-from training.world.structure import scene_features
+from training.world.structure import SceneEncoder, scene_features
 
 
 def pairs(bundle: ModelBundle, items: Sequence[HardNegative], encoder: str) -> tuple[torch.Tensor, ...]:
@@ -39,17 +40,14 @@ def pairs(bundle: ModelBundle, items: Sequence[HardNegative], encoder: str) -> t
 def train_probe(train: tuple[torch.Tensor, ...], steps: int, seed: int = 0) -> nn.Module:
     x0, x1, c0, c1 = train
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(x0.shape[1], 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(),
-                        nn.Linear(512, c0.shape[1]))  # fmt: skip
+    net = SceneEncoder(c0.shape[1])
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.01)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         # Both images and both captions of each item in the batch: the swap is always a candidate.
         idx = torch.from_numpy(rng.choice(len(x0), size=64, replace=False))
         v = F.normalize(net(torch.cat([x0[idx], x1[idx]])), dim=-1)
-        logits = 100.0 * v @ torch.cat([c0[idx], c1[idx]]).T
-        target = torch.arange(len(v))
-        loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+        loss = clip_contrastive_loss(v, torch.cat([c0[idx], c1[idx]]), 100.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -86,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in (1000, 1001, 1002):  # the evaluation's TEST seeds (EvalConfig seed_offset + 0, 1, 2)
         items = hard_negative_set(Split.TEST, seed, args.test_items)
         rows[f"TEST seed {seed}"] = scores_2x2(net, pairs(bundle, items, args.encoder), [h.kind for h in items])
-    print(f"{bundle.ref}, captions through {args.encoder!r}, MLP from ground-truth scenes ({args.steps} steps)\n")
+    print(f"{bundle.ref}, captions through {args.encoder!r}, scene encoder from ground-truth scenes "
+          f"({args.steps} steps)\n")  # fmt: skip
     cols = ["text", "image", "group", *(f"group.{k}" for k in KINDS)]
     print("| items | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1))
     for name, row in rows.items():

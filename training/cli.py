@@ -144,7 +144,7 @@ def _yukino(
     text_cfg = YukinoTextConfig(seed=seed, device=device, items=64 if small else YukinoTextConfig.items,
                                 steps=steps if small else YukinoTextConfig.steps, batch_items=16 if small else 64)
     cfg = YukinoConfig(steps=steps, seed=seed, device=device, items=128 if small else 6000,
-                       oti_items=32 if small else 1000, batch_size=32 if small else 128)
+                       oti_items=32 if small else 1000, batch_items=16 if small else 64)
     oti_cfg = OTIConfig(steps=10 if small else OTIConfig.steps)
 
     def train_text() -> dict[str, torch.Tensor]:
@@ -323,7 +323,7 @@ def build_default(
     align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400,
     pcclip_steps: int = 800,
     semclip_steps: int = 400,
-    yukino_steps: int = 1500,
+    yukino_steps: int = 4000,
     seed: int = 0,
     device: DeviceOpt = "cpu",
     promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,

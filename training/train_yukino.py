@@ -3,21 +3,25 @@
 YUKINO matches captions in the linguistic space of a text encoder, which must tell apart
 captions that differ only in which attribute belongs to which object, or in a relation. The
 shapes-world base encoders do not (``training.caption_probe``: even the ground-truth scene
-gets group 0.02-0.07 through them), so ``train_yukino_text`` first finetunes a text variant for
-it. Inversion and inverter then work in the input space of that frozen variant and keep the
-image tower frozen.
+gets 2x2 group 0.04-0.07 through them, 0.50 through this variant), so ``train_yukino_text``
+first finetunes a text variant for it. Inversion and inverter then work in the input space of
+that frozen variant and keep the image tower frozen.
 
-* ``train_yukino_text``: from the SemCLIP variant, the CLIP loss over batches that hold both
-  images and both captions of hard-negative items (a swap is always a candidate), plus a
-  regression of each caption's scene structure (``training.world.structure``) from its
-  embedding by a linear head that is then dropped.
+* ``train_yukino_text``: from the SemCLIP variant, on batches that hold both images and both
+  captions of hard-negative items (a swap is always a candidate), a contrastive loss between
+  each caption and its ground-truth scene (``training.world.structure.SceneEncoder``, trained
+  alongside, then dropped), which makes swapped captions embed apart; plus, at a small weight,
+  the CLIP loss against the frozen image embeddings with each item's swapped partner left out
+  of the negatives (pooled embeddings of a swap are near-identical, and contrasting them would
+  pull the two captions back together), which keeps the variant usable for plain cosine.
 
 * ``oti``: per image, gradient steps on one pseudo-token ``v*`` under
   ``service.methods.losses.yukino_oti_loss`` (yes prompt toward the image embedding, no prompt
   away, ``v*`` near real concept-word embeddings). Slow: it is the teacher and the reference.
 * ``train_inverter``: the 3-layer MLP from the image's class + patch tokens to ``v*``, trained
-  with ``yukino_matching_loss`` on shapes-world captions and their hard negatives (swapped
-  colours, reversed relations, negations), plus a distillation term toward OTI's tokens.
+  with ``yukino_matching_loss`` (each image picks its caption, each caption its image) on
+  batches of hard-negative items with both images and both captions (swapped colours, reversed
+  relations, negations), plus a distillation term toward OTI's tokens.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
-from torch import nn
 
 from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for
 from service.encoders.preprocess import normalize_uint8
@@ -42,7 +45,7 @@ from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
-from training.world.structure import WIDTH, scene_features
+from training.world.structure import SceneEncoder, scene_features
 from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES
 
 CONCEPT_WORDS: tuple[str, ...] = (*SHAPES, *COLOUR_NAMES, *SIZES, "shape")
@@ -61,10 +64,11 @@ class OTIConfig:
 class YukinoTextConfig:
     start: str = "semclip"  # the text variant it is finetuned from
     items: int = 8000  # hard-negative items; each gives two images and two captions
-    steps: int = 1500
+    steps: int = 2000
     batch_items: int = 64
-    lr: float = 5e-5
-    structure_weight: float = 50.0
+    lr: float = 1e-3
+    scene_lr: float = 1e-3  # the scene encoder, trained from scratch alongside
+    image_weight: float = 0.2  # the CLIP term against the frozen image embeddings
     scale: float = 100.0
     seed: int = 0
     device: str = "cpu"
@@ -83,21 +87,23 @@ def train_yukino_text(
     tokens = Tokenize(start.context_length)(captions)
     log(f"yukino text: {len(scenes)} images and captions prepared in {time.time() - t0:.1f}s")
     torch.manual_seed(cfg.seed)
-    head = nn.Linear(images.shape[1], WIDTH).to(cfg.device)
+    scene_encoder = SceneEncoder(images.shape[1]).to(cfg.device)
     rng = np.random.default_rng([cfg.seed, 71])
-    n = len(items)
+    n, b = len(items), cfg.batch_items
+    partner = torch.roll(torch.eye(2 * b, dtype=torch.bool), b, dims=1)  # row i <-> its swapped twin
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
-        chosen = torch.from_numpy(rng.choice(n, size=cfg.batch_items, replace=False))
+        chosen = torch.from_numpy(rng.choice(n, size=b, replace=False))
         idx = torch.cat([chosen, chosen + n])  # both images and both captions of every item
         feats = normalize(text_features(model, tokens[idx].to(cfg.device))[0].float())
-        clip = clip_contrastive_loss(images[idx].to(cfg.device), feats, cfg.scale)
-        structure = F.mse_loss(head(feats), targets[idx].to(cfg.device))
-        return clip + cfg.structure_weight * structure, f"clip {clip.item():.3f} structure {structure.item():.4f}"
+        scenes_v = F.normalize(scene_encoder(targets[idx].to(cfg.device)), dim=-1)
+        scene = clip_contrastive_loss(scenes_v, feats, cfg.scale)
+        image = clip_contrastive_loss(images[idx].to(cfg.device), feats, cfg.scale, exclude=partner)
+        return scene + cfg.image_weight * image, f"scene {scene.item():.3f} image {image.item():.3f}"
 
     state, history = finetune_text_tower(
         start, step_loss, steps=cfg.steps, lr=cfg.lr, seed=cfg.seed, device=cfg.device, label="yukino text",
-        extra=list(head.parameters()),
+        extra=list(scene_encoder.parameters()), extra_lr=cfg.scene_lr,
     )  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,10 +116,10 @@ class YukinoConfig:
     text_encoder: str = "yukino"
     items: int = 6000  # hard-negative items; each gives two images and two captions
     oti_items: int = 1000  # images distilled from OTI tokens
-    steps: int = 1500
-    batch_size: int = 128
+    steps: int = 4000
+    batch_items: int = 64  # hard-negative items per batch: 128 images and their 128 captions
     lr: float = 3e-4
-    width: int = 256
+    width: int = 512
     scale: float = 100.0
     distill_weight: float = 0.5
     seed: int = 0
@@ -175,19 +181,14 @@ def train_inverter(
     items = hard_negative_set(Split.TRAIN, cfg.seed + 500, cfg.items)
     scenes = [h.scene for h in items] + [h.negative_scene for h in items]
     captions = [h.positive for h in items] + [h.negative for h in items]
-    negatives = [h.negative for h in items] + [h.positive for h in items]
     base = base.to(cfg.device).eval()
     pixels = render_batch(scenes, 64, seed=cfg.seed + 23)
     tokens = image_tokens(base, pixels, cfg.device)
     text_model = text_model.to(cfg.device).eval()
     for p in text_model.parameters():
         p.requires_grad_(False)
-    tokenize = Tokenize(text_model.context_length)
-    unique = list(dict.fromkeys(captions + negatives))
-    table = dict(zip(unique, encode_texts(text_model, tokenize, unique, device=cfg.device), strict=True))
-    cap = torch.stack([table[c] for c in captions])
-    neg = torch.stack([table[c] for c in negatives])
-    log(f"yukino: {len(scenes)} images and {len(unique)} captions encoded in {time.time() - t0:.1f}s")
+    cap = encode_texts(text_model, Tokenize(text_model.context_length), captions, device=cfg.device)
+    log(f"yukino: {len(scenes)} images and captions encoded in {time.time() - t0:.1f}s")
     t0 = time.time()
     n_oti = min(cfg.oti_items, len(scenes))
     teacher = oti(text_model, tokens[:n_oti, 0], oti_cfg or OTIConfig(), cfg.device)
@@ -199,10 +200,11 @@ def train_inverter(
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
-        idx = torch.from_numpy(rng.choice(len(scenes), size=cfg.batch_size, replace=False))
+        chosen = torch.from_numpy(rng.choice(len(items), size=cfg.batch_items, replace=False))
+        idx = torch.cat([chosen, chosen + len(items)])  # both images and both captions of every item
         v = inverter(tokens[idx].to(cfg.device))
         yes, no = prompt_features(text_model, v, text_model.context_length)
-        loss = yukino_matching_loss(yes, no, cap[idx].to(cfg.device), neg[idx].to(cfg.device), cfg.scale)
+        loss = yukino_matching_loss(yes, no, cap[idx].to(cfg.device), cfg.scale)
         taught = idx < n_oti
         if cfg.distill_weight > 0 and taught.any():
             distill = 1 - F.cosine_similarity(v[taught], teacher[idx[taught]].to(cfg.device), dim=-1).mean()
@@ -212,6 +214,7 @@ def train_inverter(
         opt.step()
         if (step + 1) % 100 == 0:
             history.append({"step": step + 1, "loss": loss.item()})
+        if (step + 1) % 500 == 0:
             log(f"yukino inverter step {step + 1}: loss {loss.item():.3f}")
     inverter = inverter.cpu().eval()
     config = {
