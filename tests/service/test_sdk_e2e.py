@@ -193,11 +193,17 @@ def test_rank_order_agrees_with_pairwise_answers(client: Client) -> None:
 
 # ----------------------------------------------------------------------------- comparative
 # ----------------------------------------------------------------------------- SemCLIP / YUKINO
-def colour_swap_accuracy(client: Client, encoder: str) -> float:
+THREE_COLOUR_PAIRS = (("red", "blue"), ("green", "orange"), ("purple", "yellow"))
+
+
+def colour_swap_accuracy(
+    client: Client, encoder: str | None, method: str = "standard", colour_pairs: Any = THREE_COLOUR_PAIRS
+) -> float:
     """Two shapes side by side: the true caption against the one with their colours swapped
-    (a negation SemCLIP was trained to push away; plain cosine is near chance on such swaps)."""
+    (a negation SemCLIP was trained to push away, and a binding swap YUKINO was trained on;
+    plain cosine is near chance on such swaps)."""
     cases = [(s1, c1, s2, c2) for s1, s2 in itertools.permutations(("circle", "square", "triangle", "cross"), 2)
-             for c1, c2 in (("red", "blue"), ("green", "orange"), ("purple", "yellow"))
+             for c1, c2 in colour_pairs
              if all(seen_combo(c, s) for c in (c1, c2) for s in (s1, s2))]  # fmt: skip
     hits = 0
     for s1, c1, s2, c2 in cases:
@@ -205,7 +211,8 @@ def colour_swap_accuracy(client: Client, encoder: str) -> float:
                       "left of")
         true = f"a photo of a {c1} {s1} to the left of a {c2} {s2}."
         swapped = f"a photo of a {c2} {s1} to the left of a {c1} {s2}."
-        res = client.classify([draw_scene_pil(scene, size=224)], [swapped, true], templates=["{}"], encoder=encoder)
+        res = client.classify([draw_scene_pil(scene, size=224)], [swapped, true], templates=["{}"], encoder=encoder,
+                              method=method)  # fmt: skip
         hits += res.labels[0] == true
     return hits / len(cases)
 
@@ -244,6 +251,14 @@ def test_yukino_reads_negation_where_cosine_does_not(client: Client) -> None:
     yukino, cosine = negation_accuracy(client, "yukino"), negation_accuracy(client, "standard")
     print(f"true caption over its negation swap: yukino {yukino:.3f}, plain cosine {cosine:.3f}")
     assert yukino >= 0.7 and cosine <= 0.5
+
+
+def test_yukino_reads_colour_binding_where_cosine_does_not(client: Client) -> None:
+    pairs = list(itertools.permutations(COLOUR_NAMES, 2))[::3]  # every third ordered pair: ~80 scenes
+    yukino = colour_swap_accuracy(client, None, "yukino", pairs)
+    cosine = colour_swap_accuracy(client, "base", colour_pairs=pairs)
+    print(f"true caption over its colour swap: yukino {yukino:.3f}, plain cosine {cosine:.3f}")
+    assert yukino >= 0.65 and yukino > cosine + 0.1
 
 
 def test_comparative_changes_only_the_targeted_label(client: Client) -> None:
