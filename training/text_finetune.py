@@ -48,7 +48,7 @@ def finetune_text_tower(
             params.append(p)
     groups = [{"params": params, "base_lr": lr}]
     if extra:
-        groups.append({"params": list(extra), "base_lr": extra_lr or lr})
+        groups.append({"params": list(extra), "base_lr": lr if extra_lr is None else extra_lr})
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01)
     history: list[dict[str, float]] = []
     columns = [
