@@ -203,9 +203,8 @@ def yukino_matching_loss(yes: torch.Tensor, no: torch.Tensor, captions: torch.Te
     2x2 text and image scores are what the two terms train.
     """
     _check_same_shape(yes=yes, no=no, captions=captions)
-    logits = scale * (yes - no) @ captions.T
-    targets = torch.arange(yes.shape[0], device=yes.device)
-    return F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)
+    # The CLIP loss over (yes - no, captions) is exactly these two sides; it averages them, this sums.
+    return 2 * clip_contrastive_loss(yes - no, captions, scale)
 
 
 def weight_ensemble(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +197,10 @@ THREE_COLOUR_PAIRS = (("red", "blue"), ("green", "orange"), ("purple", "yellow")
 
 
 def colour_swap_accuracy(
-    client: Client, encoder: str | None, method: str = "standard", colour_pairs: Any = THREE_COLOUR_PAIRS
+    client: Client,
+    encoder: str | None,
+    method: str = "standard",
+    colour_pairs: Sequence[tuple[str, str]] = THREE_COLOUR_PAIRS,
 ) -> float:
     """Two shapes side by side: the true caption against the one with their colours swapped
     (a negation SemCLIP was trained to push away, and a binding swap YUKINO was trained on;
