@@ -16,11 +16,11 @@ normalised, over the base model that DCSM was trained on; a ``DenseEncoder`` giv
 runner reads every feature from them, behind the same gate (per token).
 
 All graphs have a dynamic batch axis. With ``image_precision="int8"`` the image graph's MatMul
-weights are quantised to int8 per output channel after export (onnxruntime dynamic quantisation:
-activations are quantised per call, so no calibration data is needed); on a CPU with VNNI that
-is 2.2-3.6x torch fp32 image throughput on ViT-B-32 at a probe cosine of 0.9998
-(docs/benchmarks.md). The text graphs stay fp32: quantised, they were slower, and text is mostly
-served from the cache. The dense image graph follows the image precision.
+weights are quantised to 7-bit signed integers per output channel after export (onnxruntime
+dynamic quantisation: activations are quantised per call, so no calibration data is needed). The
+seventh bit is what makes the graph portable: see ``quantize_int8``. The text graphs stay fp32:
+quantised, they were slower, and text is mostly served from the cache. The dense image graph
+follows the image precision. Speed and parity per CPU kind: docs/benchmarks.md.
 
 ``text.onnx`` is the default text encoder; for serving, every
 other text-encoder variant gets its own ``text-<variant>.onnx`` (the image tower is shared, so it
@@ -61,6 +61,9 @@ PARITY_THRESHOLD = 0.999
 OPSET = 17
 ImagePrecision = Literal["fp32", "int8"]
 SIDECAR = "onnx.json"
+REFUSAL = "refused.json"
+# How int8 image graphs are quantised; part of the export key, so a change re-exports.
+INT8_SCHEME = "matmul-s8-per-channel-reduce-range"
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # what cache keys allow, so also safe as a file name
 # Fixed probe texts: short and long, functional words, one longer than any small context.
 PROBE_TEXTS = (
@@ -219,12 +222,14 @@ def export_towers(
     sidecar = {
         "opset": OPSET,
         "image_precision": image_precision,
+        "int8_scheme": INT8_SCHEME if image_precision == "int8" else None,
         "dense": {kind: path.name for kind, path in dense.items()},
         "image_size": image_size,
         "context_length": context_length,
         "variants": {v: paths[f"text-{v}"].name for v in variants},
         "files": {p.name: _sha256(p) for p in paths.values()},
     }
+    (out_dir / REFUSAL).unlink(missing_ok=True)  # a refusal was of the graphs this export replaces
     # Written last: an export interrupted half-way has no sidecar, so it is never loaded.
     (out_dir / SIDECAR).write_text(json.dumps(sidecar, indent=2))
     return paths
@@ -232,7 +237,14 @@ def export_towers(
 
 def quantize_int8(path: Path) -> None:
     """Replace the graph at ``path`` by its dynamically quantised form: int8 MatMul weights, one
-    scale per output channel (per-tensor scales lose more on attention and MLP weights)."""
+    scale per output channel (per-tensor scales lose more on attention and MLP weights).
+
+    Weights use 7 bits (``reduce_range``). On x86-64 CPUs without VNNI, onnxruntime multiplies
+    uint8 activations by int8 weights with ``vpmaddubsw``, which adds each pair of products into
+    a saturating int16: with full-range weights, 2 x 255 x 127 overflows it and the embeddings
+    drift (min probe cosine 0.988 on an AVX2-only EPYC, against 0.9999 with VNNI). With 7-bit
+    weights (2 x 255 x 64 < 2^15) no sum can saturate, so the same graph gives the same answers
+    on every x86-64 CPU, at a cost of about 1e-4 in probe cosine."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     staged = path.with_name(path.stem + ".int8.onnx")
@@ -242,7 +254,12 @@ def quantize_int8(path: Path) -> None:
     logging.getLogger().addFilter(quiet)
     try:
         quantize_dynamic(
-            str(path), str(staged), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+            str(path),
+            str(staged),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+            op_types_to_quantize=["MatMul"],
         )
     finally:
         logging.getLogger().removeFilter(quiet)
@@ -290,9 +307,12 @@ def export_bundle(
 def export_dir_for(root: Path, bundle: ModelBundle, image_precision: ImagePrecision = "fp32") -> Path:
     """``<root>/<name>/<version>-<key>``: per version, and keyed by the manifest (so another store's
     ``name@version`` never reuses this export), by the exporter (a torch upgrade re-exports) and by
-    the image precision (``-int8`` exports live beside the fp32 ones)."""
+    the image precision (``-int8`` exports live beside the fp32 ones, keyed by their scheme too)."""
     manifest = bundle.manifest.model_dump_json().encode()
-    key = hashlib.sha256(manifest + f"|torch {torch.__version__}|opset {OPSET}".encode()).hexdigest()[:16]
+    exporter = f"|torch {torch.__version__}|opset {OPSET}"
+    if image_precision == "int8":
+        exporter += f"|{INT8_SCHEME}"
+    key = hashlib.sha256(manifest + exporter.encode()).hexdigest()[:16]
     suffix = "" if image_precision == "fp32" else f"-{image_precision}"
     return root / bundle.name / f"{bundle.version}-{key}{suffix}"
 
@@ -383,15 +403,58 @@ def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None)
     return OnnxTowers(image, text, int(sidecar["context_length"]), sessions, dense_image, dense_text)
 
 
+def _precision_key(image_precision: str, int8_scheme: str | None = INT8_SCHEME) -> str:
+    return f"int8/{int8_scheme}" if image_precision == "int8" else image_precision
+
+
 def _exported(export_dir: Path) -> tuple[set[str], str, bool] | None:
-    """Variants, image precision and whether it has the dense graphs, of an existing export; None
-    when it has no readable sidecar."""
+    """Variants, image precision (with its int8 scheme) and whether it has the dense graphs, of an
+    existing export; None when it has no readable sidecar."""
     try:
         sidecar = json.loads((export_dir / SIDECAR).read_text())
-        held = set(sidecar.get("variants", {})), str(sidecar.get("image_precision", "fp32"))
-        return (*held, bool(sidecar.get("dense")))
+        precision = _precision_key(str(sidecar.get("image_precision", "fp32")), sidecar.get("int8_scheme"))
+        return set(sidecar.get("variants", {})), precision, bool(sidecar.get("dense"))
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def cpu_identity() -> str:
+    """The CPU model, its instruction-set flags and onnxruntime's version: what decides which
+    kernels a graph runs on (a refusal recorded on one CPU is not trusted on another)."""
+    import platform
+
+    import onnxruntime
+
+    model, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
+    return f"{platform.machine()} {model or 'unknown CPU'} (flags {digest}), onnxruntime {onnxruntime.__version__}"
+
+
+def _remembered_refusal(export_dir: Path) -> str | None:
+    """The reason this export was refused on this CPU before, if it was (so a version that cannot
+    pass the gate here is not exported and probed again on every retry)."""
+    try:
+        record = json.loads((export_dir / REFUSAL).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("cpu") != cpu_identity():
+        return None
+    return str(record.get("reason", "refused"))
+
+
+def _refusal_hint(image_precision: ImagePrecision) -> str:
+    if image_precision == "int8":
+        return "serve this version with CLIP_PRECISION=fp32 (ONNX fp32) or CLIP_BACKEND=torch"
+    return "serve this version with CLIP_BACKEND=torch"
 
 
 def ensure_towers(
@@ -409,20 +472,35 @@ def ensure_towers(
     ``export_dir`` should be keyed by name and version (exports are per version, like cache keys;
     ``export_dir_for`` builds one). With ``variants`` every text-encoder variant gets its tower.
     A corrupted, stale or incomplete export is re-created once; a backend that still fails parity
-    raises ``BackendError``, and the caller refuses the version (or keeps torch).
+    raises ``BackendError`` (saying what to set instead), and the caller refuses the version (or
+    keeps torch). The refusal is recorded in ``export_dir`` for this CPU, so a retry answers at once
+    instead of exporting and probing again.
     """
+    if (refused := _remembered_refusal(export_dir)) is not None:
+        raise BackendError(refused)
     wanted = {v for v in bundle.text_models if v != bundle.default_text_encoder} if variants else set()
     held = _exported(export_dir)
-    if held is None or not wanted <= held[0] or held[1] != image_precision or (dense and not held[2]):
+    if (
+        held is None
+        or not wanted <= held[0]
+        or held[1] != _precision_key(image_precision)
+        or (dense and not held[2])
+    ):
         export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision, dense=dense)
     try:
         towers = load_towers(export_dir, device, threads)
     except BackendError:
         export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision, dense=dense)
         towers = load_towers(export_dir, device, threads)
-    require_parity(bundle, towers)
-    if dense:
-        require_dense_parity(bundle, towers)
+    try:
+        require_parity(bundle, towers)
+        if dense:
+            require_dense_parity(bundle, towers)
+    except BackendError as exc:
+        reason = f"{exc} on {cpu_identity()}; {_refusal_hint(image_precision)}"
+        record = {"cpu": cpu_identity(), "reason": reason, "at": time.time()}
+        (export_dir / REFUSAL).write_text(json.dumps(record, indent=2))
+        raise BackendError(reason) from exc
     return towers
 
 

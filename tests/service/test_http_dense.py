@@ -23,6 +23,7 @@ from dense_model import publish_dense, training_row
 from PIL import Image
 
 LEFT = "a red circle to the left of a blue square"
+DENSE_BATCH_TOLERANCE = 1e-5  # scores alone vs in a batch (docs/api.md, how a dense score is computed)
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +211,10 @@ def test_score_does_not_depend_on_concurrent_requests(cold_server: Any, image: A
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert results[0]["scores"] == alone["scores"]
+    # Equal within the documented tolerance (docs/api.md): the image tower's matrix kernels block
+    # their sums by batch size, so float rounding differs (in the 7th digit) alone and in a batch.
+    assert results[0]["scores"] == pytest.approx(alone["scores"], rel=0, abs=DENSE_BATCH_TOLERANCE)
+    assert results[1]["scores"] != pytest.approx(alone["scores"], rel=0, abs=DENSE_BATCH_TOLERANCE)
     metrics = httpx.get(f"{cold_server.url}/metrics").text
     ones = _sample(metrics, 'batch_size_bucket{batcher="dense-image",le="1.0"}')
     assert _sample(metrics, 'batch_size_count{batcher="dense-image"}') > ones, "no dense-image batch held 2+ images"
