@@ -77,3 +77,18 @@ def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path, 
         assert batch == "2" and float(rate) > 0
         if backend != "torch fp32":
             assert float(parity) >= 0.999, backend
+
+
+def test_soak_samples_the_servers_rss_under_unique_traffic(tiny_store: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "loadtests.soak", "--store", str(tiny_store), "--model", "tiny@production",
+           "--duration", "4", "--concurrency", "2", "--threads", "1", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr
+    statuses = re.search(r"statuses (\{.*\})", proc.stdout)
+    assert statuses and set(eval(statuses.group(1))) == {200}, proc.stdout  # every request answered
+    samples = (tmp_path / "soak_rss.csv").read_text().splitlines()
+    assert samples[0] == "seconds,rss_mib" and len(samples) >= 4  # about one sample a second
+    assert all(float(line.split(",")[1]) > 50 for line in samples[1:])  # a real process's RSS
+    assert (tmp_path / "soak_rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "slope over the second half" in proc.stdout
