@@ -1,0 +1,235 @@
+"""This service against Infinity (a maintained open-source embedding server), same architecture, same load.
+
+Both serve a random-weights CLIP of one architecture (open_clip's ``--arch``, ViT-B-32 by default):
+this service through open_clip, Infinity through a ``transformers.CLIPModel`` of the same dimensions
+built by ``hf_clip_folder.py`` (the same tokenizer ids; speed does not depend on weight values).
+Infinity runs in its own virtualenv (``--infinity-venv``; created on first use with
+``infinity-emb[server,torch]==0.0.78``, ``aiohttp`` and ``numpy<2``: its ``vision`` extra would
+downgrade torch), offline (``HF_HUB_OFFLINE=1``, ``DO_NOT_TRACK=1``) on 127.0.0.1, torch engine,
+CPU, no vector disk cache.
+
+Load: one closed loop per (server, kind, concurrency), ``loadtests.run``'s runner; every image
+request carries one new 224 px JPEG (never repeated, so no cache helps), every text request one
+new sentence. This service answers images at ``POST /embed`` (``{"images": [{"data": ...}]}``),
+Infinity at ``POST /embeddings`` (``{"input": ["data:image/jpeg;base64,..."], "modality":
+"image"}``). Servers run one at a time with the same thread count, rounds alternate the order
+(A B, then B A) so drift of a shared machine hits both, and the table prints each round's req/s
+and the ratio of the medians. The model-only batch-1 ceiling of this service's image tower is
+measured in-process first, so "% of ceiling" says what a single request pays outside the model.
+
+    .venv/bin/python -m loadtests.peer.benchmark --arch ViT-B-32 --concurrency 1 8 32 --duration 15 --rounds 2 \
+        --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import median
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from loadtests.bench_latency import free_port
+from loadtests.benchmark import model_ceiling, publish_random_arch, server
+from loadtests.run import SHAPES, RequestSpec, RunResult, run_load
+from training.world.render import draw_scene_pil
+from training.world.scene import Scene, SceneObject
+
+ROOT = Path(__file__).resolve().parents[2]
+INFINITY_PACKAGES = ["infinity-emb[server,torch]==0.0.78", "aiohttp", "numpy<2"]
+SERVED_NAME = "clip"
+KINDS = ("image", "text")
+
+
+class JpegPool:
+    """New 224 px JPEGs on demand: shapes-world scenes with an 8x8 corner block set to a counter
+    (JPEG would smooth a single pixel away), so no two requests send the same bytes."""
+
+    def __init__(self, px: int = 224, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        self.bases = [
+            np.asarray(
+                draw_scene_pil(
+                    Scene(objects=(SceneObject(s, c, "medium", 0.2, rng.uniform(0.3, 0.7), 0.5),), relation=None),
+                    size=px,
+                ).convert("RGB")
+            )
+            for s in SHAPES
+            for c in ("red", "green", "blue")
+        ]
+        self.count = 0
+
+    def take(self) -> dict[str, str]:
+        i, self.count = self.count, self.count + 1
+        arr = self.bases[i % len(self.bases)].copy()
+        arr[:8, :8] = (i & 255, (i >> 8) & 255, (i >> 16) & 255)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="JPEG", quality=90)
+        return {"data": base64.b64encode(buf.getvalue()).decode()}
+
+
+class Requests:
+    """Turns each request of the runner into this kind's request for this server."""
+
+    def __init__(self, server_kind: str, kind: str, pool: JpegPool) -> None:
+        self.server_kind, self.kind, self.pool, self.n = server_kind, kind, pool, 0
+
+    def __call__(self, spec: RequestSpec) -> RequestSpec:
+        self.n += 1
+        if self.kind == "image":
+            image = self.pool.take()["data"]
+            if self.server_kind == "infinity":
+                body = {"model": SERVED_NAME, "input": [f"data:image/jpeg;base64,{image}"], "modality": "image"}
+                return "image", "/embeddings", body
+            return "image", "/embed", {"images": [{"data": image}]}
+        text = f"a photo of shape number {self.n} {random.random():.6f}, drawn in colour {self.n % 97}"
+        if self.server_kind == "infinity":
+            return "text", "/embeddings", {"model": SERVED_NAME, "input": [text]}
+        return "text", "/embed", {"texts": [text]}
+
+
+def ensure_infinity(venv: Path) -> Path:
+    """The virtualenv's ``infinity_emb`` executable, installing the pinned packages on first use."""
+    exe = venv / "bin" / "infinity_emb"
+    if not exe.exists():
+        print(f"installing {' '.join(INFINITY_PACKAGES)} into {venv} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *INFINITY_PACKAGES], check=True)
+    return exe
+
+
+def build_peer_model(venv: Path, arch: str, out: Path) -> None:
+    import open_clip
+
+    package = Path(open_clip.__file__).parent
+    config = package / "model_configs" / f"{arch}.json"
+    bpe = package / "bpe_simple_vocab_16e6.txt.gz"
+    script = Path(__file__).with_name("hf_clip_folder.py")
+    cmd = [str(venv / "bin" / "python"), str(script), "--config", str(config), "--bpe", str(bpe), "--out", str(out)]
+    subprocess.run(cmd, check=True)
+
+
+@contextmanager
+def infinity_server(exe: Path, model_dir: Path, threads: int | None, batch_size: int) -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [str(exe), "v2", "--model-id", str(model_dir), "--served-model-name", SERVED_NAME, "--engine", "torch",
+           "--device", "cpu", "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"infinity exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("infinity did not become ready")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool: JpegPool) -> RunResult:
+    return asyncio.run(
+        run_load(url, "embed", concurrency=c, duration_s=duration, pool=pool, warmup=3,  # type: ignore[arg-type]
+                 on_request=Requests(server_kind, kind, pool), timeout_s=600)  # fmt: skip
+    )
+
+
+def service_ceiling(store: Path, ref: str, threads: int | None) -> float:
+    """This service's image tower, batch 1, in-process (median call): images/s."""
+    import torch
+
+    from model_store import ModelStore
+    from service.encoders.bundle import ModelBundle
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    bundle = ModelBundle.load(ModelStore(store), ref)
+    return model_ceiling(bundle.encode_images, bundle.image_size, [1], 4.0)[1][0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="ViT-B-32", help="open_clip architecture (random weights in both)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per (server, kind, concurrency)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating which server goes first")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads of both servers")
+    parser.add_argument("--infinity-batch-size", type=int, default=32)
+    parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
+    args = parser.parse_args(argv)
+
+    exe = ensure_infinity(args.infinity_venv)
+    with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp:
+        store, peer_dir = Path(tmp) / "store", Path(tmp) / "hf-clip"
+        ref = publish_random_arch(store, args.arch)
+        build_peer_model(args.infinity_venv, args.arch, peer_dir)
+        ceiling = service_ceiling(store, ref, args.threads)
+        print(f"\n{args.arch} (random weights); this service's image tower, batch 1, in-process: {ceiling:.2f} images/s")
+        pool = JpegPool()
+        svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model", ref]
+        results: dict[tuple[str, str, int], list[float]] = {}
+        order = ["infinity", "service"]
+        for r in range(args.rounds):
+            for server_kind in order if r % 2 == 0 else order[::-1]:
+                if server_kind == "service":
+                    context = server(svc_cmd, args.threads)
+                else:
+                    context = infinity_server(exe, peer_dir, args.threads, args.infinity_batch_size)
+                with context as url:
+                    for kind in args.kinds:
+                        for c in args.concurrency:
+                            s = measure(url, server_kind, kind, c, args.duration, pool).summary()[kind]
+                            results.setdefault((server_kind, kind, c), []).append(s["throughput"])
+                            print(
+                                f"round {r + 1} {server_kind:8s} {kind:5s} c={c:<3d} {s['throughput']:.2f} req/s "
+                                f"p50 {s['p50']:.0f} ms p99 {s['p99']:.0f} ms errors {s['errors']:.0f}",
+                                flush=True,
+                            )
+        print_table(args, results, ceiling)
+
+
+def print_table(args: argparse.Namespace, results: dict[tuple[str, str, int], list[float]], ceiling: float) -> None:
+    print("\n| kind | conc. | Infinity req/s (per round) | this service req/s (per round) | service / Infinity "
+          "(medians) | service images/s, % of batch-1 ceiling |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for kind in args.kinds:
+        for c in args.concurrency:
+            inf, svc = results[("infinity", kind, c)], results[("service", kind, c)]
+            ratio = median(svc) / median(inf) if median(inf) else float("inf")
+            share = f"{100 * median(svc) / ceiling:.0f}%" if kind == "image" else ""
+            print(f"| {kind} | {c} | {' / '.join(f'{x:.2f}' for x in inf)} | {' / '.join(f'{x:.2f}' for x in svc)} "
+                  f"| **{ratio:.2f}x** | {share} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
