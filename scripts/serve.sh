@@ -3,7 +3,7 @@
 # Uses a local Redis for the embedding cache when one is installed or reachable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+bash scripts/install.sh cpu
 if [ -z "${CLIP_REDIS_URL:-}" ]; then
   if command -v redis-cli >/dev/null && redis-cli -p 6379 ping >/dev/null 2>&1; then
     export CLIP_REDIS_URL=redis://127.0.0.1:6379/0

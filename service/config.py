@@ -8,6 +8,7 @@ double underscore in the environment: ``CLIP_LIMITS__MAX_IMAGES=16``,
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -152,6 +153,16 @@ class Settings(BaseSettings):
             # Few CPUs have fast fp16 kernels, and fp16's range (65504) can overflow where bf16, with
             # fp32's range, cannot: bf16 is the CPU choice.
             raise ValueError(f"precision fp16 needs a CUDA device (device={self.device}); use bf16 on CPU")
+        return self
+
+    @model_validator(mode="after")
+    def _onnxruntime_installed(self) -> Settings:
+        if self.backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+            extra = "gpu" if _cuda_device(self.device) else "cpu"
+            raise ValueError(
+                f"backend=onnx needs onnxruntime: install the project's `{extra}` extra "
+                f"(pip install '.[{extra}]'), or use backend=torch"
+            )
         return self
 
     def redacted(self) -> dict[str, Any]:

@@ -191,3 +191,13 @@ def test_an_export_without_the_variants_is_completed(bundle: ModelBundle, tmp_pa
     assert not (target / "text-pcclip.onnx").exists()
     towers = ensure_towers(bundle, target, device="cpu", variants=True)
     assert (target / "text-pcclip.onnx").exists() and set(towers.variants) == {"pcclip"}
+
+
+def test_onnx_backend_without_onnxruntime_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    with pytest.raises(ValidationError, match=r"needs onnxruntime: install the project's `cpu` extra"):
+        Settings(backend="onnx")
+    Settings(backend="torch")  # the torch backend does not need it
