@@ -23,7 +23,7 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     parser.add_argument("--store", help="model store root (CLIP_STORE, default ./models)")
     parser.add_argument("--model", help="name@alias or name@version (CLIP_MODEL, default default@production)")
     parser.add_argument("--redis-url", help="redis://host:port/db for the shared cache (CLIP_REDIS_URL)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], help="CLIP_DEVICE, default cpu")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (CLIP_DEVICE, default cpu)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
                         help="CLIP_LOG_LEVEL, default info")
     args = vars(parser.parse_args(argv))

@@ -65,7 +65,11 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     store: str = "models"
     model: str = "default@production"
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    device: str = Field(
+        default="cpu",
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="`cpu`, `cuda` (the current CUDA device), `cuda:N` (device N) or `auto` (CUDA when available).",
+    )
     backend: Literal["torch", "onnx"] = Field(
         default="torch",
         description="Runtime of the pooled image and text towers. `onnx`: each version is exported once to ONNX "
@@ -186,7 +190,7 @@ class Settings(BaseSettings):
 
 def _cuda_device(device: str) -> bool:
     if device != "auto":
-        return device == "cuda"
+        return device == "cuda" or device.startswith("cuda:")
     import torch  # only here: settings stay importable without loading torch
 
     return bool(torch.cuda.is_available())

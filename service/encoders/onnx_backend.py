@@ -317,13 +317,16 @@ def export_dir_for(root: Path, bundle: ModelBundle, image_precision: ImagePrecis
     return root / bundle.name / f"{bundle.version}-{key}{suffix}"
 
 
-def providers(device: str = "auto") -> list[str]:
-    """CUDA when asked for (or ``auto``) and present in this onnxruntime build, else CPU."""
+def providers(device: str = "auto") -> list[str | tuple[str, dict[str, str]]]:
+    """CUDA when asked for (``cuda``, ``cuda:N`` or ``auto``) and present in this onnxruntime build,
+    else CPU. ``cuda:N`` runs on device N."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
-    if device in ("cuda", "auto") and "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if (device == "auto" or device.startswith("cuda")) and "CUDAExecutionProvider" in available:
+        _, _, index = device.partition(":")
+        cuda = ("CUDAExecutionProvider", {"device_id": index}) if index else "CUDAExecutionProvider"
+        return [cuda, "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
 
 
@@ -623,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--arch", default=None, help="a random-weights open_clip architecture instead of --model")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--min-seconds", type=float, default=3.0)
-    parser.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads for torch and onnxruntime alike")
     parser.add_argument("--image-precision", default="fp32", choices=["fp32", "int8"])
     args = parser.parse_args(argv)

@@ -201,3 +201,27 @@ def test_onnx_backend_without_onnxruntime_names_the_extra(monkeypatch: pytest.Mo
     with pytest.raises(ValidationError, match=r"needs onnxruntime: install the project's `cpu` extra"):
         Settings(backend="onnx")
     Settings(backend="torch")  # the torch backend does not need it
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:3", "auto"])
+def test_devices_include_a_numbered_cuda_device(device: str) -> None:
+    assert Settings(device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "cuda:x", "CUDA", "cuda:1 "])
+def test_unknown_devices_are_rejected(device: str) -> None:
+    with pytest.raises(ValidationError, match="device"):
+        Settings(device=device)
+
+
+def test_onnx_providers_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime
+
+    from service.encoders.onnx_backend import providers
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert providers("cuda:2") == [("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
+    assert providers("cuda") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert providers("cpu") == ["CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert providers("cuda:1") == ["CPUExecutionProvider"]  # a CPU-only onnxruntime build
