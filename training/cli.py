@@ -23,6 +23,7 @@ from rich.console import Console
 from model_store import ModelStore
 from service.encoders.bundle import ModelBundle
 from service.encoders.clip_model import build_model
+from training.datasets.cli import data_app
 from training.evaluate import EvalConfig, Evaluator, evaluate, generator_images
 from training.publish import publish_bundle
 from training.report import metrics_table, sweep_table
@@ -37,6 +38,7 @@ from training.world.scene import Split, sample_scene
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES
 
 app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 console = Console()
 CONFIG_DIR = Path(__file__).parent / "configs"
 
