@@ -1,0 +1,1 @@
+"""Texts generated for a user's data: difference texts, hard negatives, comparatives (template or LLM)."""
