@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -77,13 +78,27 @@ def colourise(values: np.ndarray) -> np.ndarray:
     return np.rint(out).astype(np.uint8)  # type: ignore[no-any-return]
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: line breaks, tabs and other control characters become single spaces
+    (Pillow measures and draws single lines only; a caption may hold any of them)."""
+    return " ".join("".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in text).split())
+
+
 def _fit(draw: ImageDraw.ImageDraw, text: str, width: int, font: ImageFont.ImageFont | ImageFont.FreeTypeFont) -> str:
-    """``text`` cut (with an ellipsis) to fit ``width`` pixels."""
+    """``text`` on one line, cut (with an ellipsis) to fit ``width`` pixels."""
+    text = one_line(text)
     if draw.textlength(text, font=font) <= width:
         return text
-    while text and draw.textlength(text + "...", font=font) > width:
-        text = text[:-1]
-    return text + "..."
+    # The longest prefix that fits with the ellipsis, by bisection (texts may be thousands of
+    # characters long; measuring one character less at a time would be quadratic).
+    low, high = 0, len(text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if draw.textlength(text[:mid] + "...", font=font) <= width:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low] + "..."
 
 
 def heatmap_png(

@@ -245,6 +245,13 @@ def test_heatmap_png(client: httpx.Client, bundle: Any, image: Any) -> None:
     assert empty.status_code == 400 and empty.json()["error"]["field"] == "text"
 
 
+@pytest.mark.parametrize("text", ["a red circle\nto the left of\ta blue square", "🙂 " * 300, "x" * 1900])
+def test_heatmap_of_any_text_is_a_png(client: httpx.Client, image: Any, text: str) -> None:
+    r = client.post("/score/dense/heatmap", json={"image": image("circle", "red", x=0.3), "text": text})
+    assert r.status_code == 200, r.text
+    assert Image.open(io.BytesIO(r.content)).format == "PNG"
+
+
 # ----------------------------------------------------------------------------- loading and /models
 def test_models_lists_components_and_default_encoder(client: httpx.Client, base_url: str) -> None:
     version = client.get("/models/dense").json()["versions"][0]

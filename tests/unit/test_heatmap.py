@@ -92,3 +92,21 @@ def test_bad_inputs() -> None:
         heatmap_png(_image(), np.zeros((2, 11)), ["a", "b"], [False, False])
     with pytest.raises(ValueError, match="labels"):
         heatmap_png(_image(), _maps(2), ["a"], [False, False])
+
+
+@pytest.mark.parametrize(
+    "title",
+    ["two\nlines", "a\r\nwindows line", "tab\tand\vvertical tab", "nul \x00 bell \x07", "emoji 😀 and 中文",
+     "x" * 20_000, "\n\n\n", ""],  # fmt: skip
+)
+def test_any_title_and_label_is_drawn_on_one_line(title: str) -> None:
+    from PIL import ImageDraw, ImageFont
+
+    from service.heatmap import _fit, one_line
+
+    png = heatmap_png(_image(), _maps(2), [title, "b\nc"], [False, True], title=title)
+    assert Image.open(io.BytesIO(png)).size == heatmap_size(2)
+    draw, font = ImageDraw.Draw(Image.new("RGB", (1, 1))), ImageFont.load_default()
+    fitted = _fit(draw, title, 300, font)
+    assert "\n" not in fitted and "\t" not in fitted and draw.textlength(fitted, font=font) <= 300
+    assert one_line("a\n\tb  c\r\n") == "a b c"
