@@ -31,6 +31,7 @@ from service.encoders.clip_model import (
 )
 from service.encoders.dense import DCSMHead, DenseEncoder
 from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
+from service.encoders.tokenizer import BoundedTokenizer
 from service.encoders.yukino import YukinoHead, prompt_features
 from service.methods.dcsm import dcsm_scores, prepare_maps
 
@@ -54,6 +55,12 @@ class DenseLayout:
     words: list[str]  # functional words found, in order
     labels: list[str]  # text of each valid position ("<start>", "red", "cy", "an", ..., "<end>")
     truncated: bool  # some tokens did not fit the L positions (or the model context)
+
+
+def _dropped(tok: BoundedTokenizer, text: str, positions: int) -> bool:
+    """Whether part of ``text`` is lost in ``positions`` token positions (start and end included)."""
+    ids, cut = tok.encode_with_cut(text)
+    return cut or len(ids) + 2 > positions
 
 
 def load_weights(model: CLIP, path: Path, strict: bool = True) -> None:
@@ -151,15 +158,16 @@ class ModelBundle:
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
         """Token ids (trimmed to the batch's longest text) and which texts were truncated.
 
-        One BPE pass per text; a text longer than the context keeps its first tokens and
-        ends with the end token, as open_clip's tokenizer does.
+        One bounded BPE pass per text (``BoundedTokenizer``); a text longer than the context keeps
+        its first tokens and ends with the end token, as open_clip's tokenizer does.
         """
         tok = tokenizer_for(self.context_length)
         sot, eot = tok.sot_token_id, tok.eot_token_id
         rows, truncated = [], []
         for text in texts:
-            ids = [sot, *tok.encode(text), eot]
-            truncated.append(len(ids) > self.context_length)
+            encoded, cut = tok.encode_with_cut(text)
+            ids = [sot, *encoded, eot]
+            truncated.append(cut or len(ids) > self.context_length)
             if truncated[-1]:
                 ids = ids[: self.context_length]
                 ids[-1] = eot
@@ -245,7 +253,7 @@ class ModelBundle:
                 labels[-1] = END_LABEL
             out.append(DenseLayout(
                 valid=np.arange(enc.length) < n, row_index=np.asarray(rows, dtype=np.int64), words=list(words),
-                labels=labels, truncated=len(tok.encode(text)) + 2 > min(len(row), enc.length),
+                labels=labels, truncated=_dropped(tok, text, min(len(row), enc.length)),
             ))
         return out
 

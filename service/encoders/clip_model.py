@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from torch import nn
 
+from service.encoders.tokenizer import BoundedTokenizer
+
 # Parameter-name prefixes of the text tower of an open_clip CLIP (everything else is the image
 # tower or the logit scale/bias).
 TEXT_TOWER_PREFIXES = ("token_embedding", "positional_embedding", "transformer.", "ln_final", "text_projection")
@@ -102,9 +104,10 @@ def load_architecture(architecture: dict[str, Any], device: str = "cpu", pretrai
 
 
 @functools.lru_cache(maxsize=8)
-def tokenizer_for(context_length: int) -> open_clip.tokenizer.SimpleTokenizer:
-    """The standard open_clip BPE tokenizer (cached: building it reads the vocabulary)."""
-    return open_clip.tokenizer.SimpleTokenizer(context_length=context_length)
+def tokenizer_for(context_length: int) -> BoundedTokenizer:
+    """The standard open_clip BPE tokenizer with bounded work and memory per text (cached:
+    building it reads the vocabulary)."""
+    return BoundedTokenizer(context_length=context_length)
 
 
 def trimmed(tokens: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,7 @@ class Pipeline:
         self.http: httpx.AsyncClient | None = None
         if settings.allow_url_images:
             self.http = httpx.AsyncClient(timeout=settings.url_timeout_s, trust_env=False)
-        self._truncation: OrderedDict[tuple[int, str], bool] = OrderedDict()
+        self._truncation: OrderedDict[tuple[int, str], bool] = OrderedDict()  # (context, text digest)
 
     async def close(self) -> None:
         if self.http is not None:
@@ -123,7 +123,7 @@ class Pipeline:
     async def embed_texts(self, runtime: ModelRuntime, texts: Sequence[str], encoder: str | None) -> TextEmbeddings:
         variant = self.encoder_name(runtime, encoder)
         stacked = await self._encode_texts(runtime, texts, "text", variant, runtime.text_batchers[variant])
-        truncated = self.truncated(runtime, texts)
+        truncated = await self.truncated(runtime, texts)
         self.metrics.texts_truncated(sum(truncated))
         return TextEmbeddings(stacked, truncated)
 
@@ -153,23 +153,32 @@ class Pipeline:
         index = {t: i for i, t in enumerate(unique)}
         return np.stack([found[index[t]] for t in texts]).astype(np.float32, copy=False)  # type: ignore[misc]
 
-    def truncated(self, runtime: ModelRuntime, texts: Sequence[str]) -> list[bool]:
-        """Whether each text was cut to the model context (memoised: tokenizing costs ~0.1 ms)."""
+    async def truncated(self, runtime: ModelRuntime, texts: Sequence[str]) -> list[bool]:
+        """Whether each text was cut to the model context. Memoised by digest (a bounded table of
+        flags, never the texts themselves); texts not seen before are tokenized in the decode
+        pool, off the event loop."""
         ctx = runtime.bundle.context_length
-        out: list[bool] = []
-        for text in texts:
+        out = [False] * len(texts)
+        todo: dict[str, tuple[str, list[int]]] = {}  # digest -> (text, its positions)
+        for i, text in enumerate(texts):
             # Each BPE token covers at least one byte, so short ASCII texts cannot overflow.
             if text.isascii() and len(text) + 2 <= ctx:
-                out.append(False)
                 continue
-            memo_key = (ctx, text)
-            flag = self._truncation.get(memo_key)
+            digest = text_digest(text)
+            flag = self._truncation.get((ctx, digest))
             if flag is None:
-                flag = len(tokenizer_for(ctx).encode(text)) + 2 > ctx
-                self._truncation[memo_key] = flag
-                if len(self._truncation) > _TRUNCATION_MEMO:
-                    self._truncation.popitem(last=False)
-            out.append(flag)
+                todo.setdefault(digest, (text, []))[1].append(i)
+            else:
+                out[i] = flag
+        if todo:
+            tok = tokenizer_for(ctx)
+            flags = await self.offload(lambda: {d: tok.truncated(text) for d, (text, _) in todo.items()})
+            for digest, (_, positions) in todo.items():
+                self._truncation[(ctx, digest)] = flags[digest]
+                for i in positions:
+                    out[i] = flags[digest]
+            while len(self._truncation) > _TRUNCATION_MEMO:
+                self._truncation.popitem(last=False)
         return out
 
     # ------------------------------------------------------------------ images
