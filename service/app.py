@@ -59,9 +59,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await services.manager.close()
-            await services.pipeline.close()
-            await services.cache.close()
+            # Each part closes even if one before it fails.
+            for part in (services.manager, services.pipeline, services.cache):
+                try:
+                    await part.close()
+                except Exception:
+                    log.exception("closing %s failed", type(part).__name__)
 
     app = FastAPI(
         title="CLIP difference & composition scoring service",

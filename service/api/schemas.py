@@ -261,6 +261,11 @@ class HealthResponse(BaseModel):
 class ReadyResponse(BaseModel):
     ready: bool
     model: str | None
+    store: Literal["ok", "unreadable"] = Field(
+        default="ok",
+        description="whether the served alias can be read from the model store; while 'unreadable' the loaded "
+        "version keeps serving and hot swaps wait (details in the server log)",
+    )
 
 
 RETRY_AFTER = {

@@ -36,7 +36,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from model_store import ModelStore, StoreError, parse_ref
+from model_store import ModelStore, parse_ref
 from service.api.errors import ApiError, ErrorCode
 from service.config import Settings
 from service.encoders.bundle import ModelBundle
@@ -282,6 +282,10 @@ class ModelManager:
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
         self.last_error: str | None = None
+        # Why the alias could not be read on the last poll (None: it could). The serving version
+        # keeps serving meanwhile; /readyz and the store_watch_ok gauge report it.
+        self.watch_error: str | None = None
+        self._watch_logged = 0.0
         self._refused: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
@@ -296,8 +300,12 @@ class ModelManager:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # a watcher that died must not stop the rest of the shutdown
+                log.exception("the model watcher had failed")
         for task in list(self._retiring):
             task.cancel()
         current, self.current = self.current, None
@@ -361,15 +369,24 @@ class ModelManager:
             return
         while True:
             await asyncio.sleep(self.settings.watch_interval_s)
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the watcher outlives any bug in one poll: the next one retries
+                log.exception("watching %s@%s failed; retrying", self.name, self.alias)
 
     async def poll_once(self) -> None:
         assert self.alias is not None and self.current is not None
         try:
             target = await asyncio.to_thread(self.store.alias_target, self.name, self.alias)
-        except StoreError as exc:
-            log.warning("cannot read alias %s@%s: %s", self.name, self.alias, exc)
+        except Exception as exc:  # unreadable, half-written, missing: report, keep serving, retry
+            self._watch_failed(f"{type(exc).__name__}: {exc}")
             return
+        if self.watch_error is not None:
+            log.info("alias %s@%s readable again", self.name, self.alias)
+            self.watch_error = None
+            self.metrics.set_store_watch(ok=True)
         if target is None or target == self.current.bundle.version or target == self._refused:
             return
         log.info("alias %s@%s moved to %s; loading beside %s", self.name, self.alias, target, self.current.ref)
@@ -390,6 +407,15 @@ class ModelManager:
             )
             return
         self._install(runtime, initial=False)
+
+    def _watch_failed(self, error: str) -> None:
+        # A new error is logged at once; the same one again once a minute at most.
+        if error != self.watch_error or time.monotonic() - self._watch_logged >= 60.0:
+            log.warning("cannot read alias %s@%s (%s); %s keeps serving, retrying every %.1fs", self.name,
+                        self.alias, error, self.current.ref if self.current else "nothing", self.settings.watch_interval_s)
+            self._watch_logged = time.monotonic()
+        self.watch_error = error
+        self.metrics.set_store_watch(ok=False)
 
     async def _load(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()

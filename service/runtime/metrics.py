@@ -133,6 +133,12 @@ class ServiceMetrics:
             ["result"],
             registry=r,
         )
+        self.store_watch_ok = Gauge(
+            "store_watch_ok",
+            "1 while the serving alias can be read from the model store (hot swaps work), 0 when not.",
+            registry=r,
+        )
+        self.store_watch_ok.set(1)
         self.inflight_requests = Gauge(
             "inflight_requests",
             "HTTP requests being handled right now.",
@@ -195,6 +201,9 @@ class ServiceMetrics:
                 self.model_info.remove(*lbl)
             except KeyError:  # already removed by a caller using the raw gauge
                 pass
+
+    def set_store_watch(self, ok: bool) -> None:
+        self.store_watch_ok.set(1 if ok else 0)
 
     def model_swap(self, result: str) -> None:
         self.model_swaps_total.labels(result=result).inc()

@@ -38,7 +38,7 @@ def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_mo
         while httpx.get(f"{running.url}/readyz").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "late@v1"}
+        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "late@v1", "store": "ok"}
 
 
 def test_queue_full_is_429_with_retry_after(tmp_path: Path, serve_app: Any, publish_model: Any,
@@ -134,7 +134,7 @@ def test_corrupt_version_is_refused_old_keeps_serving(tmp_path: Path, serve_app:
         ready = httpx.get(f"{running.url}/readyz").json()
         refused = metric_value(running.url, "model_swaps_total", result="refused")
         models = httpx.get(f"{running.url}/models").json()
-    assert ready == {"ready": True, "model": "guarded@v1"}
+    assert ready == {"ready": True, "model": "guarded@v1", "store": "ok"}
     assert refused == 1
     assert seen and {status for status, _ in seen} == {200}
     assert {m for _, m in seen} == {"guarded@v1"}
@@ -212,3 +212,48 @@ def test_request_past_its_deadline_is_504(tmp_path: Path, serve_app: Any, publis
         r = httpx.post(f"{running.url}/embed", json={"texts": ["waits in the queue past its deadline"]})
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         assert metric_value(running.url, "batcher_rejected_total", reason="deadline") >= 1
+
+
+def _wait(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "watch", seed=8)
+    aliases = root / "watch" / "aliases.json"
+    good = aliases.read_bytes()
+    with serve_app(store=str(root), model="watch@production", watch_interval_s=0.1) as running:
+        manager = running.services.manager
+        for broken in (b'{"aliases": {"production": ', b"\xff\xfe not json"):  # half-written, then garbage
+            aliases.write_bytes(broken)
+            _wait(lambda: manager.watch_error is not None)
+            ready = httpx.get(f"{running.url}/readyz")
+            assert ready.status_code == 200 and ready.json() == {"ready": True, "model": "watch@v1", "store": "unreadable"}
+            assert metric_value(running.url, "store_watch_ok") == 0
+            time.sleep(0.3)  # several polls fail; the watcher keeps polling
+            assert manager._task is not None and not manager._task.done()
+        aliases.unlink()
+        aliases.mkdir()  # a directory where the file should be: another error type
+        _wait(lambda: "IsADirectoryError" in (manager.watch_error or ""))
+        aliases.rmdir()
+        aliases.write_bytes(good)
+        _wait(lambda: manager.watch_error is None)
+        assert metric_value(running.url, "store_watch_ok") == 1
+        publish_model(root, "watch", seed=9)  # v2, promoted to production
+        _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "watch@v2")
+        assert httpx.get(f"{running.url}/readyz").json()["store"] == "ok"
+    assert any("cannot read alias watch@production" in r.getMessage() for r in caplog.records)
+
+
+def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
+    missing = tmp_path / "secret-mount" / "store"
+    with serve_app(store=str(missing), model="gone@production", watch_interval_s=0.1, ready=False) as running:
+        _wait(lambda: running.services.manager.last_error is not None)
+        r = httpx.get(f"{running.url}/readyz")
+        assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text

@@ -19,10 +19,13 @@ async def healthz() -> HealthResponse:
 @router.get("/readyz", response_model=ReadyResponse,
             responses={503: error_response_doc("not_ready", retry_after=True)})
 async def readyz(services: ServicesDep) -> ReadyResponse:
-    current = services.manager.current
+    manager = services.manager
+    current = manager.current
     if current is None:
-        raise ApiError(ErrorCode.not_ready, services.manager.not_ready_message(), headers={"Retry-After": "1"})
-    return ReadyResponse(ready=True, model=current.ref)
+        # Unauthenticated callers (load balancers) get no detail: errors can name internal paths.
+        message = f"model {manager.settings.model} is not loaded yet; the server log says why"
+        raise ApiError(ErrorCode.not_ready, message, headers={"Retry-After": "1"})
+    return ReadyResponse(ready=True, model=current.ref, store="ok" if manager.watch_error is None else "unreadable")
 
 
 @router.get("/metrics", response_class=Response,
