@@ -240,6 +240,9 @@ class VersionInfo(BaseModel):
     components: list[str] = Field(description="optional components this version has, e.g. 'dcsm' (dense scoring)")
     metrics: dict[str, float]
     eval: dict[str, object] | None = None
+    error: str | None = Field(
+        default=None, description="set when the version's manifest cannot be read: it cannot be served"
+    )
 
 
 class ModelInfo(BaseModel):
@@ -247,6 +250,7 @@ class ModelInfo(BaseModel):
     aliases: dict[str, str]
     serving: str | None = Field(default=None, description="the version this server answers with, if any")
     versions: list[VersionInfo]
+    error: str | None = Field(default=None, description="set when the model's alias table cannot be read")
 
 
 class ModelsResponse(BaseModel):

@@ -257,3 +257,25 @@ def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
         _wait(lambda: running.services.manager.last_error is not None)
         r = httpx.get(f"{running.url}/readyz")
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
+
+
+def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "listed", seed=10, aliases=())  # v1, never served
+    publish_model(root, "listed", seed=11)  # v2 = production
+    (root / "listed" / "versions" / "v1" / "manifest.json").write_text("{ not json")
+    with serve_app(store=str(root), model="listed@production") as running:
+        listing = httpx.get(f"{running.url}/models")
+        assert listing.status_code == 200, listing.text
+        (model,) = listing.json()["models"]
+        v1, v2 = model["versions"]
+        assert v1["version"] == "v1" and v1["error"].startswith("InvalidManifest") and "Invalid JSON" in v1["error"]
+        assert v2["serving"] and v2["error"] is None and v2["aliases"] == ["production"]
+        one = httpx.get(f"{running.url}/models/listed")
+        assert one.status_code == 200 and one.json()["serving"] == "v2"
+        (root / "listed" / "aliases.json").write_text("[")  # the alias table too
+        model = httpx.get(f"{running.url}/models/listed").json()
+        assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 2
+        assert httpx.get(f"{running.url}/models/nothing").status_code == 404

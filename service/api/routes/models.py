@@ -30,11 +30,32 @@ def _eval_annex(store: ModelStore, name: str, version: str) -> dict[str, Any] | 
     return data if isinstance(data, dict) else None
 
 
+def _problem(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
-    aliases = store.aliases(name)
+    """One model's versions. A version (or alias table) that cannot be read is listed with its
+    error instead of failing the whole answer: the others, and the serving one, stay visible."""
+    versions_listed = store.list_versions(name)  # ModelNotFound for an unknown name
+    alias_error = None
+    try:
+        aliases = store.aliases(name)
+    except Exception as exc:
+        aliases, alias_error = {}, _problem(exc)
+        log.warning("cannot read the aliases of %s: %s", name, alias_error)
     versions = []
-    for version in store.list_versions(name):
-        manifest = store.manifest(name, version)
+    for version in versions_listed:
+        try:
+            manifest = store.manifest(name, version)
+        except Exception as exc:
+            log.warning("cannot read the manifest of %s@%s: %s", name, version, _problem(exc))
+            versions.append(VersionInfo(
+                version=version, created_at="", aliases=sorted(a for a, v in aliases.items() if v == version),
+                serving=serving == f"{name}@{version}", text_encoders=[], default_text_encoder="",
+                components=[], metrics={}, error=_problem(exc),
+            ))
+            continue
         components = manifest.components
         encoders = ["base", *components.get("text_encoders", {})]
         versions.append(VersionInfo(
@@ -49,7 +70,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
             eval=_eval_annex(store, name, version),
         ))
     serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
-    return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions)
+    return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions, error=alias_error)
 
 
 def _serving(services: ServicesDep) -> str | None:
