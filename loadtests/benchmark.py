@@ -118,6 +118,9 @@ def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
         # CLIP_TORCH_THREADS: the service sets it on its model thread (and onnxruntime's sessions).
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CLIP_TORCH_THREADS=str(threads))
     env.pop("CLIP_REDIS_URL", None)
+    # Throughput runs measure capacity: a closed loop of 32 clients on a large model queues more
+    # than the default 2 s, which the service would answer with 429 by design.
+    env.setdefault("CLIP_BATCHING__MAX_QUEUE_DELAY_S", "600")
     exports = tempfile.TemporaryDirectory(prefix="bench-service-onnx-")  # a backend=onnx export per run
     env["CLIP_ONNX_CACHE_DIR"] = exports.name
     proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, env=env)

@@ -52,6 +52,13 @@ class Batching(BaseModel):
     # concurrency 1 and bought nothing at concurrency 8.
     max_wait_ms: float = Field(default=0.0, ge=0)
     max_queue: int = Field(default=4096, ge=1)
+    max_queue_delay_s: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="Refuse (429 with Retry-After) a request whose items would wait longer than this in a batch "
+        "queue, estimated from the queue and the measured batch time: overload answers at once instead of with "
+        "seconds of latency. `max_queue` still bounds the items held. Unset (null): no time bound.",
+    )
     request_timeout_s: float = Field(default=30.0, gt=0)
     decode_workers: int = Field(default=2, ge=1)
 

@@ -30,6 +30,7 @@ __all__ = [
     "DynamicBatcher",
     "QueueFull",
     "RequestTooLarge",
+    "Reservation",
     "SubmitTimings",
 ]
 
@@ -77,6 +78,27 @@ class SubmitTimings:
 
 
 @dataclass(eq=False)
+class Reservation:
+    """Room held in a batcher's queue by ``DynamicBatcher.reserve``; release it before submitting
+    the items it was for (and in any case when the request ends)."""
+
+    batcher: DynamicBatcher  # type: ignore[type-arg]
+    n: int
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.batcher._reserved -= self.n
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(eq=False)
 class _Request(Generic[T, R]):
     items: Sequence[T]
     future: asyncio.Future[list[R]]
@@ -112,6 +134,7 @@ class DynamicBatcher(Generic[T, R]):
         executor: concurrent.futures.ThreadPoolExecutor | None = None,
         metrics: ServiceMetrics | None = None,
         default_timeout_s: float | None = None,
+        max_delay_s: float | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
@@ -119,6 +142,10 @@ class DynamicBatcher(Generic[T, R]):
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
+        # The queue measured in time: a submit whose last item would wait longer than this
+        # (batches ahead of it x the measured batch time) is refused with Retry-After, so
+        # overload answers 429 at once instead of seconds of latency (None: no such bound).
+        self.max_delay_s = max_delay_s
         self.default_timeout_s = default_timeout_s
         self._fn = fn
         self._metrics = metrics
@@ -134,6 +161,7 @@ class DynamicBatcher(Generic[T, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._batch_s = _INITIAL_BATCH_S  # EWMA of fn run time, for Retry-After
+        self._reserved = 0  # items admitted by reserve() and not yet submitted
 
     # -- public -------------------------------------------------------------------------------
 
@@ -165,17 +193,9 @@ class DynamicBatcher(Generic[T, R]):
         if self._task is None or self._wakeup is None or self._loop is None:
             raise RuntimeError(f"batcher {self.name!r} not started")
         n = len(items)
-        if self._closing:
-            self._reject("closed")
-            raise BatcherClosed(f"batcher {self.name!r} is shutting down", self._retry_after(n))
+        self.admit(n)
         if n == 0:
             return [], SubmitTimings(0.0, 0.0, 0)
-        if n > self.max_queue:
-            self._reject("too_large")
-            raise RequestTooLarge(f"{n} items exceed the queue size {self.max_queue}")
-        if self._depth + n > self.max_queue:
-            self._reject("queue_full")
-            raise QueueFull(f"batcher {self.name!r} queue is full", self._retry_after(n))
 
         timeout = self.default_timeout_s if timeout_s is None else timeout_s
         now = self._loop.time()
@@ -207,6 +227,39 @@ class DynamicBatcher(Generic[T, R]):
         end = self._loop.time()
         start = req.first_start if req.first_start is not None else end
         return results, SubmitTimings(start - req.enqueued_at, end - start, req.batches)
+
+    def reserve(self, n: int) -> Reservation:
+        """Admit ``n`` items now and hold their room until ``release`` (or the submit that
+        follows): a request checks before its costly preparation (decoding images), so an
+        overloaded server refuses cheaply, and concurrent requests cannot all pass the check
+        before any of them has queued."""
+        self.admit(n)
+        self._reserved += n
+        return Reservation(self, n)
+
+    def admit(self, n: int) -> None:
+        """Raise now what a submit of ``n`` items would raise (closed, too large, queue full or
+        too long a wait), without queueing or reserving anything."""
+        if self._closing:
+            self._reject("closed")
+            raise BatcherClosed(f"batcher {self.name!r} is shutting down", self._retry_after(n))
+        if n == 0:
+            return
+        if n > self.max_queue:
+            self._reject("too_large")
+            raise RequestTooLarge(f"{n} items exceed the queue size {self.max_queue}")
+        ahead = self._depth + self._reserved
+        if ahead + n > self.max_queue:
+            self._reject("queue_full")
+            raise QueueFull(f"batcher {self.name!r} queue is full", self._retry_after(n))
+        if self.max_delay_s is not None and ahead > 0:  # an idle queue takes any request
+            delay = math.ceil((ahead + n) / self.max_batch) * self._batch_s
+            if delay > self.max_delay_s:
+                self._reject("queue_delay")
+                raise QueueFull(
+                    f"batcher {self.name!r} queue would take {delay:.2f}s (limit {self.max_delay_s:g}s)",
+                    max(delay - self.max_delay_s, self._batch_s, 0.001),
+                )
 
     async def stop(self, drain: bool = True) -> None:
         """Refuse new work; with ``drain`` finish what is queued, else fail it with BatcherClosed."""
@@ -351,7 +404,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _retry_after(self, n: int) -> float:
         """Seconds until ``n`` more items would fit: the batches that must finish first."""
-        excess = max(self._depth + n - self.max_queue, 1)
+        excess = max(self._depth + self._reserved + n - self.max_queue, 1)
         batches = math.ceil(excess / self.max_batch)
         return max(batches * self._batch_s + self.max_wait_s, 0.001)
 

@@ -233,7 +233,8 @@ def build_runtime(
 
         return encode_texts
 
-    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, executor=executor, metrics=metrics)
+    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, max_delay_s=b.max_queue_delay_s,
+                  executor=executor, metrics=metrics)  # fmt: skip
     images = DynamicBatcher(IMAGE_BATCHER, encode_images, max_batch=b.max_batch_images, **common)  # type: ignore[arg-type]
     texts = {
         v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]

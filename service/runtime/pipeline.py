@@ -30,7 +30,15 @@ from service.config import Settings
 from service.encoders.bundle import BASE_ENCODER, DenseLayout
 from service.encoders.clip_model import tokenizer_for
 from service.images import decode_base64, decode_image, fetch_url
-from service.runtime.batcher import BatcherClosed, DeadlineExceeded, DynamicBatcher, QueueFull, RequestTooLarge
+from service.runtime.batcher import (
+    BatcherClosed,
+    BatcherError,
+    DeadlineExceeded,
+    DynamicBatcher,
+    QueueFull,
+    RequestTooLarge,
+    Reservation,
+)
 from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
 from service.runtime.lifecycle import ModelRuntime
 from service.runtime.metrics import ServiceMetrics
@@ -186,8 +194,9 @@ class Pipeline:
         self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str]
     ) -> ImageEmbeddings:
         """Embeddings of request images; ``fields`` are their paths for errors (``images.0``)."""
-        read = await self._read_images(images, fields)
-        vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher)
+        with self._reserve(runtime.image_batcher, images) as room:
+            read = await self._read_images(images, fields)
+            vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher, room)
         return ImageEmbeddings(vectors, read.ids)
 
     async def dense_images(
@@ -198,11 +207,19 @@ class Pipeline:
         embeddings of request images, each image decoded at most once; ``with_pixels`` also
         returns the model-input pixels of images sent as data or URL (references have none)."""
         assert runtime.dense_image_batcher is not None, "dense_images needs a version with a DCSM component"
-        read = await self._read_images(images, fields)
-        if with_pixels:
-            await self._decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
-        vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher) if pooled else None
-        tokens = await self._encode_images(runtime, read, "dense", runtime.dense_image_batcher)
+        with (
+            self._reserve(runtime.dense_image_batcher, images) as dense_room,
+            self._reserve(runtime.image_batcher, images if pooled else []) as pooled_room,
+        ):
+            read = await self._read_images(images, fields)
+            if with_pixels:
+                await self._decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
+            vectors = (
+                await self._encode_images(runtime, read, "image", runtime.image_batcher, pooled_room)
+                if pooled
+                else None
+            )
+            tokens = await self._encode_images(runtime, read, "dense", runtime.dense_image_batcher, dense_room)
         pixels = [read.decoded.get(d) for d in read.ids] if with_pixels else []
         return DenseImages(tokens, vectors, read.ids, pixels)
 
@@ -211,8 +228,19 @@ class Pipeline:
     ) -> ImageEmbeddings:
         """Per image, YUKINO's yes and no prompt features ``(N, 2, D)`` (cache kind ``yukino``)."""
         assert runtime.yukino_batcher is not None, "yukino_prompts needs a version with a YUKINO component"
-        read = await self._read_images(images, fields)
-        return ImageEmbeddings(await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher), read.ids)
+        with self._reserve(runtime.yukino_batcher, images) as room:
+            read = await self._read_images(images, fields)
+            vectors = await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher, room)
+        return ImageEmbeddings(vectors, read.ids)
+
+    def _reserve(self, batcher: DynamicBatcher[Any, np.ndarray], images: Sequence[ImageInput]) -> Reservation:
+        """Room in the batcher's queue for the images that may need encoding (those sent as data
+        or URL: references are cached or unknown), taken before fetching or decoding anything,
+        so an overloaded server refuses a request at once and cheaply."""
+        try:
+            return batcher.reserve(sum(img.sha256 is None for img in images))
+        except BatcherError as exc:
+            raise self._batcher_error(exc) from None
 
     async def _read_images(self, images: Sequence[ImageInput], fields: Sequence[str]) -> _ReadImages:
         payloads = await asyncio.gather(*(self._image_bytes(img, f) for img, f in zip(images, fields, strict=True)))
@@ -226,7 +254,8 @@ class Pipeline:
         return read
 
     async def _encode_images(
-        self, runtime: ModelRuntime, read: _ReadImages, kind: str, batcher: DynamicBatcher[Any, np.ndarray]
+        self, runtime: ModelRuntime, read: _ReadImages, kind: str, batcher: DynamicBatcher[Any, np.ndarray],
+        room: Reservation,
     ) -> np.ndarray:
         unique = list(dict.fromkeys(read.ids))
         keys = [embedding_key(runtime.ref, kind, IMAGE_VARIANT, d) for d in unique]
@@ -244,6 +273,7 @@ class Pipeline:
         for start in range(0, len(missing), step):
             chunk = missing[start:start + step]
             pixels = await self._decode(runtime, read, [unique[i] for i in chunk])
+            room.release()  # the submit takes the room it held (no await in between)
             vectors = await self._submit(batcher, pixels)
             await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
             for i, v in zip(chunk, vectors, strict=True):
@@ -309,17 +339,20 @@ class Pipeline:
                 stages.inference_s += timings.run_s
                 stages.batches += timings.batches
             return [quantize(v) for v in vectors]
-        except BatcherClosed as exc:
-            raise ApiError(ErrorCode.not_ready, "model is being replaced; retry",
-                           headers={"Retry-After": _seconds(exc.retry_after)}) from None
-        except QueueFull as exc:
-            raise ApiError(ErrorCode.overloaded, "server is overloaded; retry later",
-                           headers={"Retry-After": _seconds(exc.retry_after)}) from None
-        except RequestTooLarge as exc:
-            raise too_large(str(exc)) from None
-        except DeadlineExceeded:
-            raise ApiError(ErrorCode.timeout, "request did not finish within "
-                           f"{self.settings.batching.request_timeout_s:g}s") from None
+        except BatcherError as exc:
+            raise self._batcher_error(exc) from None
+
+    def _batcher_error(self, exc: BatcherError) -> ApiError:
+        if isinstance(exc, BatcherClosed):
+            return ApiError(ErrorCode.not_ready, "model is being replaced; retry",
+                            headers={"Retry-After": _seconds(exc.retry_after)})
+        if isinstance(exc, QueueFull):
+            return ApiError(ErrorCode.overloaded, "server is overloaded; retry later",
+                            headers={"Retry-After": _seconds(exc.retry_after)})
+        if isinstance(exc, RequestTooLarge):
+            return too_large(str(exc))
+        assert isinstance(exc, DeadlineExceeded), exc
+        return ApiError(ErrorCode.timeout, f"request did not finish within {self.settings.batching.request_timeout_s:g}s")
 
 
 def _seconds(value: float) -> str:

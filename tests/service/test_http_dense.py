@@ -268,7 +268,9 @@ def test_a_scorer_that_fails_warm_up_is_refused(tmp_path: Path, serve_app: Any) 
             threading.Event().wait(0.05)
             deadline -= 1
         r = httpx.get(f"{running.url}/readyz", timeout=10)
-        assert r.status_code == 503 and "DCSM" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "server log" in r.json()["error"]["message"]  # no detail for probes
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["a red circle"]}, timeout=10)
+        assert r.status_code == 503 and "DCSM" in r.json()["error"]["message"]  # API callers get the reason
 
 
 # ----------------------------------------------------------------------------- contract gaps

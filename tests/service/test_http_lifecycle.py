@@ -62,6 +62,9 @@ def test_queue_full_is_429_with_retry_after(tmp_path: Path, serve_app: Any, publ
                 assert r.json()["error"]["code"] == "overloaded"
                 assert int(r.headers["retry-after"]) >= 1
         assert metric_value(running.url, "batcher_rejected_total", reason="queue_full") >= 1
+        # Refused before decoding: only the accepted request's images were decoded.
+        accepted = sum(2 for r in responses if r.status_code == 200)
+        assert metric_value(running.url, "images_decoded_total") == accepted
 
 
 def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: list[tuple[int, str]]) -> None:

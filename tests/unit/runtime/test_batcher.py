@@ -159,6 +159,26 @@ async def test_queue_full_is_immediate_with_retry_after(make: BatcherFactory) ->
     assert await last == [14]
 
 
+async def test_a_queue_longer_than_the_delay_bound_refuses_at_once(make: BatcherFactory) -> None:
+    fn = Recorder()
+    b = await started(make(fn, max_batch=2, max_wait_ms=0, max_queue=100, max_delay_s=0.5))
+    b._batch_s = 0.2  # as if measured: each batch of 2 takes 0.2 s
+    b.admit(50)  # an idle queue takes any request that fits
+    fn.hold()
+    running = asyncio.create_task(b.submit([0]))
+    await fn.wait_started()
+    queued = asyncio.create_task(b.submit([1, 2, 3, 4]))  # 2 batches ahead: 0.4 s
+    await asyncio.sleep(0)
+    b.admit(0)
+    with pytest.raises(QueueFull, match="would take 0.60s") as err:
+        b.admit(1)  # 3 batches: 0.6 s > 0.5 s
+    assert err.value.retry_after == pytest.approx(0.2)
+    with pytest.raises(QueueFull):
+        await b.submit([5])  # submit applies the same bound
+    fn.gate.set()
+    assert await running == [0] and await queued == [2, 4, 6, 8]
+
+
 async def test_deadline_drops_queued_items(make: BatcherFactory) -> None:
     fn = Recorder()
     b = await started(make(fn, max_batch=4, max_wait_ms=0))
