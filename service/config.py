@@ -35,6 +35,12 @@ class Limits(BaseModel):
     # Checked from the image header before any pixel is decoded (decompression-bomb guard).
     max_pixels: int = Field(default=40_000_000, gt=0)
     max_image_bytes: int = Field(default=10 * MiB, gt=0)
+    max_url_bytes: int = Field(
+        default=20 * MiB,
+        gt=0,
+        description="Bytes that all the image URLs of one request may download together (a request of a few KB "
+        "may name many large images; each is also capped by `max_image_bytes`).",
+    )
     max_pairs: int = Field(default=64, ge=1)
     max_prompts_per_label: int = Field(default=64, ge=1)
     max_comparatives: int = Field(default=256, ge=0)

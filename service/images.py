@@ -133,10 +133,25 @@ async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
         )
 
 
+class ByteBudget:
+    """Bytes that all the URL fetches of one request may still read together (a request of a few
+    KB may name many large images: each is capped, and so is their sum)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.left = total, total
+
+    def take(self, n: int, field: str) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise too_large(f"the image URLs of this request exceed {self.total} bytes in all", field)
+
+
 async def fetch_url(
-    client: httpx.AsyncClient, url: str, field: str, *, allowlist: Sequence[str], max_bytes: int, timeout_s: float
+    client: httpx.AsyncClient, url: str, field: str, *, allowlist: Sequence[str], max_bytes: int, timeout_s: float,
+    budget: ByteBudget | None = None,
 ) -> bytes:
-    """GET an image URL with the SSRF guard on every hop, a byte cap and a total deadline."""
+    """GET an image URL with the SSRF guard on every hop, a byte cap (per image and, with
+    ``budget``, per request) and a total deadline."""
     try:
         async with asyncio.timeout(timeout_s):
             for _ in range(MAX_REDIRECTS + 1):
@@ -156,6 +171,8 @@ async def fetch_url(
                         total += len(chunk)
                         if total > max_bytes:
                             raise too_large(f"image is larger than {max_bytes} bytes", field)
+                        if budget is not None:
+                            budget.take(len(chunk), field)
                         chunks.append(chunk)
                     return b"".join(chunks)
             raise _bad_image(f"image URL redirected more than {MAX_REDIRECTS} times", field)

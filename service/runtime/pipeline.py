@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,7 +29,7 @@ from service.api.schemas import ImageInput
 from service.config import Settings
 from service.encoders.bundle import BASE_ENCODER, DenseLayout
 from service.encoders.clip_model import tokenizer_for
-from service.images import decode_base64, decode_image, fetch_url
+from service.images import ByteBudget, decode_base64, decode_image, fetch_url
 from service.runtime.batcher import (
     BatcherClosed,
     BatcherError,
@@ -243,7 +243,10 @@ class Pipeline:
             raise self._batcher_error(exc) from None
 
     async def _read_images(self, images: Sequence[ImageInput], fields: Sequence[str]) -> _ReadImages:
-        payloads = await asyncio.gather(*(self._image_bytes(img, f) for img, f in zip(images, fields, strict=True)))
+        budget = ByteBudget(self.settings.limits.max_url_bytes)
+        payloads = await _all_or_none(
+            [self._image_bytes(img, f, budget) for img, f in zip(images, fields, strict=True)]
+        )
         read = _ReadImages()
         for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
             digest = img.sha256.lower() if img.sha256 is not None else bytes_digest(data or b"")
@@ -289,7 +292,7 @@ class Pipeline:
         read.decoded.update(zip(todo, pixels, strict=True))
         return [read.decoded[d] for d in digests]
 
-    async def _image_bytes(self, image: ImageInput, field: str) -> bytes | None:
+    async def _image_bytes(self, image: ImageInput, field: str, budget: ByteBudget) -> bytes | None:
         """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache)."""
         limits = self.settings.limits
         if image.data is not None:
@@ -304,7 +307,7 @@ class Pipeline:
                 raise ApiError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
             return await fetch_url(
                 self.http, image.url, f"{field}.url", allowlist=self.settings.url_allowlist,
-                max_bytes=limits.max_image_bytes, timeout_s=self.settings.url_timeout_s,
+                max_bytes=limits.max_image_bytes, timeout_s=self.settings.url_timeout_s, budget=budget,
             )
         return None  # sha256: resolved through the cache
 
@@ -353,6 +356,19 @@ class Pipeline:
             return too_large(str(exc))
         assert isinstance(exc, DeadlineExceeded), exc
         return ApiError(ErrorCode.timeout, f"request did not finish within {self.settings.batching.request_timeout_s:g}s")
+
+
+async def _all_or_none(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Results of all ``coros`` in order; on the first failure the others are cancelled (a bad URL
+    must not leave its siblings downloading for nobody) and that failure is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _seconds(value: float) -> str:

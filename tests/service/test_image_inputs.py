@@ -6,6 +6,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ def test_ssrf_address_classification(address: str, public: bool) -> None:
 # ----------------------------------------------------------------------------- over HTTP
 class _Images(http.server.BaseHTTPRequestHandler):
     png = png_bytes(Image.new("RGB", (32, 32), (0, 200, 0)))
+    slow_finished = 0
+    slow_dropped = 0
 
     def do_GET(self) -> None:
         if self.path == "/img.png":
@@ -84,6 +87,21 @@ class _Images(http.server.BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path == "/big.png":
             self._send(200, b"\0" * 300_000)
+        elif self.path.startswith("/80k.png"):  # under the per-image cap, ~80 KB each
+            self._send(200, self.png + b"\0" * 80_000)
+        elif self.path.startswith("/slow.png"):  # trickles for ~10 s unless the client goes away
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(100 * 500))
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"\0" * 500)
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                _Images.slow_finished += 1
+            except OSError:
+                _Images.slow_dropped += 1
         else:
             self._send(404, b"no")
 
@@ -110,7 +128,7 @@ def image_host() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def url_servers(serve_app: Any, tiny_store: Path) -> Iterator[tuple[str, str]]:
     common = {"store": str(tiny_store), "model": "tiny@production", "allow_url_images": True,
-              "limits": {"max_image_bytes": 100_000}}
+              "limits": {"max_image_bytes": 100_000, "max_url_bytes": 250_000}, "url_timeout_s": 30}
     with serve_app(**common) as guarded, serve_app(**common, url_allowlist=["127.0.0.1"]) as allowed:
         yield guarded.url, allowed.url
 
@@ -140,3 +158,25 @@ def test_allowlisted_url_is_fetched(url_servers: tuple[str, str], image_host: st
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "bad_image"
     big = embed(allowed, {"url": f"{image_host}/big.png"})
     assert big.status_code == 413
+
+
+def test_the_urls_of_one_request_share_a_byte_budget(url_servers: tuple[str, str], image_host: str) -> None:
+    _, allowed = url_servers
+    three = [{"url": f"{image_host}/80k.png?{i}"} for i in range(3)]  # 3 x 80 KB: within 250 KB
+    assert httpx.post(f"{allowed}/embed", json={"images": three}, timeout=30).status_code == 200
+    four = [{"url": f"{image_host}/80k.png?{i}"} for i in range(4)]  # 4 x 80 KB: over
+    r = httpx.post(f"{allowed}/embed", json={"images": four}, timeout=30)
+    assert r.status_code == 413 and "250000 bytes in all" in r.json()["error"]["message"]
+
+
+def test_a_failed_fetch_cancels_its_siblings(url_servers: tuple[str, str], image_host: str) -> None:
+    _, allowed = url_servers
+    before = _Images.slow_dropped
+    images = [{"url": f"{image_host}/slow.png?{i}"} for i in range(3)] + [{"url": f"{image_host}/missing.png"}]
+    r = httpx.post(f"{allowed}/embed", json={"images": images}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "images.3.url"
+    deadline = time.monotonic() + 20
+    while _Images.slow_dropped < before + 3:  # the server sees each slow download abandoned
+        assert time.monotonic() < deadline, "the sibling downloads went on"
+        time.sleep(0.05)
+    assert _Images.slow_finished == 0
