@@ -66,8 +66,19 @@ def decode_base64(value: str, field: str, max_bytes: int) -> bytes:
     return data
 
 
-def decode_image(data: bytes, field: str, max_pixels: int) -> Image.Image:
-    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ApiError``."""
+# An image is shrunk while decoding only when its shorter side is at least this many times the
+# model input: below that, pixels are exactly those of a full decode + resize.
+DRAFT_FACTOR = 4
+
+
+def decode_image(data: bytes, field: str, max_pixels: int, min_side: int | None = None) -> Image.Image:
+    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ApiError``.
+
+    With ``min_side`` (the model input side), an image much larger than that is reduced before
+    its colours are converted and transparency flattened (JPEG: while decoding, in draft mode;
+    others: an integer box reduction right after), so a 6300 px transparent PNG costs a decode,
+    not a full-size compositing pass; the result keeps at least ``2 * min_side`` on its shorter
+    side for the resize that follows."""
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError:
@@ -82,7 +93,14 @@ def decode_image(data: bytes, field: str, max_pixels: int) -> Image.Image:
             raise too_large(f"image is {width}x{height}, more than {max_pixels} pixels", field)
         try:
             image.seek(0)
+            keep = 2 * (min_side or 0)  # the shorter side to keep at least; 0: no reduction
+            large = keep > 0 and min(width, height) >= DRAFT_FACTOR * keep // 2
+            if large and image.format == "JPEG":
+                image.draft("RGB", (keep, keep))
             image.load()
+            factor = min(image.size) // keep if large else 1
+            if factor >= 2:
+                return to_rgb(_reducible(image).reduce(factor))
             return to_rgb(image)
         except Image.DecompressionBombError:
             raise too_large(f"image has more than {max_pixels} pixels", field) from None
@@ -90,9 +108,20 @@ def decode_image(data: bytes, field: str, max_pixels: int) -> Image.Image:
             raise _bad_image("image data is corrupt or truncated", field) from None
 
 
+def _reducible(image: Image.Image) -> Image.Image:
+    """``image`` in a mode ``Image.reduce`` takes (palette and bilevel images are expanded first)."""
+    if image.mode in ("RGB", "RGBA", "L", "LA"):
+        return image
+    return image.convert("RGBA" if _has_alpha(image) else "RGB")
+
+
+def _has_alpha(image: Image.Image) -> bool:
+    return image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB copy; transparency is flattened onto white (the renderers draw on light backgrounds)."""
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+    if _has_alpha(image):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")

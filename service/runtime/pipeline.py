@@ -315,7 +315,8 @@ class Pipeline:
         max_pixels = self.settings.limits.max_pixels
 
         def work() -> np.ndarray:
-            return runtime.bundle.preprocess(decode_image(data, field, max_pixels))
+            side = runtime.bundle.image_size
+            return runtime.bundle.preprocess(decode_image(data, field, max_pixels, min_side=side))
 
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work)
 

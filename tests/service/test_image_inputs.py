@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -180,3 +181,36 @@ def test_a_failed_fetch_cancels_its_siblings(url_servers: tuple[str, str], image
         assert time.monotonic() < deadline, "the sibling downloads went on"
         time.sleep(0.05)
     assert _Images.slow_finished == 0
+
+
+def test_a_huge_transparent_image_is_reduced_before_its_alpha_is_flattened(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service import images
+
+    big = Image.new("RGBA", (4000, 3000), (255, 0, 0, 0))
+    big.paste((0, 0, 255, 255), (1000, 1000, 3000, 2000))
+    data = png_bytes(big)
+    composited: list[tuple[int, int]] = []
+    real = Image.alpha_composite
+    monkeypatch.setattr(Image, "alpha_composite", lambda a, b: composited.append(b.size) or real(a, b))
+    out = images.decode_image(data, "image", 40_000_000, min_side=64)
+    assert composited == [out.size] and min(out.size) >= 128 and max(out.size) < 1000  # reduced first
+    assert out.getpixel((out.width // 2, out.height // 2)) == (0, 0, 255)
+    assert out.getpixel((2, 2)) == (255, 255, 255)  # transparent flattened on white
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "P", "LA", "RGB", "1"])
+def test_images_near_the_model_size_decode_exactly_as_before(mode: str) -> None:
+    from service import images
+
+    rng = np.random.default_rng(0)
+    base = Image.fromarray(rng.integers(0, 256, (250, 300, 4), dtype=np.uint8), "RGBA")
+    image = base if mode == "RGBA" else base.convert(mode)
+    if mode == "P":
+        image.info["transparency"] = 0
+    data = png_bytes(image)
+    reference = images.to_rgb(Image.open(io.BytesIO(data)))  # a full decode, then flattening
+    out = images.decode_image(data, "image", 40_000_000, min_side=64)  # 250 < 4 x 64: no reduction
+    assert np.array_equal(np.asarray(out), np.asarray(reference))
+    large = image.resize((1200, 1000))
+    shrunk = images.decode_image(png_bytes(large), "image", 40_000_000, min_side=64)
+    assert shrunk.mode == "RGB" and min(shrunk.size) >= 128
