@@ -37,6 +37,7 @@ def build_services(settings: Settings) -> Services:
     cache = EmbeddingCache(
         settings.redis_url_value(), ttl_s=settings.cache_ttl_s, lru_items=settings.lru_items,
         timeout_s=settings.redis_timeout_s, retry_after_s=settings.redis_retry_after_s, metrics=metrics,
+        timeouts_to_open=settings.redis_timeouts_to_open, successes_to_close=settings.redis_successes_to_close,
     )
     return Services(
         settings=settings, store=store, metrics=metrics, cache=cache,

@@ -114,9 +114,28 @@ class Settings(BaseSettings):
     redis_url: SecretStr | None = None  # may carry a password: redacted like a key
     cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
     lru_items: int = Field(default=50_000, ge=0)
-    redis_timeout_s: float = Field(default=0.05, gt=0)
-    # After a Redis failure the cache skips Redis this long before probing it again.
-    redis_retry_after_s: float = Field(default=5.0, gt=0)
+    redis_timeout_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="Time allowed for one Redis round trip before it counts as a miss and a timeout.",
+    )
+    redis_retry_after_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="After Redis failed, the cache skips it this long before probing it again (doubled while "
+        "probes keep failing, at most 60 s).",
+    )
+    redis_timeouts_to_open: int = Field(
+        default=3,
+        ge=1,
+        description="Timeouts in a row that make the cache skip Redis (a refused or reset connection does at "
+        "once): a loaded machine can be slow while Redis is healthy.",
+    )
+    redis_successes_to_close: int = Field(
+        default=3,
+        ge=1,
+        description="Successful probes in a row before Redis is used normally again after a failure.",
+    )
     limits: Limits = Field(default_factory=lambda: Limits())
     batching: Batching = Field(default_factory=lambda: Batching())
     allow_url_images: bool = False

@@ -9,8 +9,12 @@ float16 halves the memory and network cost; for L2-normalised embeddings the rou
 below 1e-3 per component. Values come back as read-only float32 arrays of the stored shape, and
 the LRU holds the same float16-rounded values, so a result never depends on which layer hit.
 
-Redis is an optimisation, never a dependency: every Redis error or timeout becomes a miss, is
-counted, and opens a circuit breaker that skips Redis for ``retry_after_s``.
+Redis is an optimisation, never a dependency: every Redis error or timeout becomes a miss and is
+counted. A circuit breaker then skips Redis for a pause (``retry_after_s``, doubling while it keeps
+failing, at most a minute). It tells a slow machine from a dead server: a refused or reset
+connection opens it at once, timeouts only after ``timeouts_to_open`` in a row (a loaded CPU
+delays the event loop while Redis is healthy). After the pause Redis is probed and trusted again
+only after ``successes_to_close`` successes in a row, so a restarting server does not flap.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ _MAX_NDIM = 8
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # At most one Redis warning per interval: a dead Redis must not flood the logs per request.
+MAX_PAUSE_S = 60.0  # longest pause between probes of a Redis that keeps failing
 _WARN_INTERVAL_S = 30.0
 
 
@@ -123,10 +128,12 @@ class EmbeddingCache:
         *,
         ttl_s: int = 7 * 24 * 3600,
         lru_items: int = 50_000,
-        timeout_s: float = 0.05,
+        timeout_s: float = 0.25,
         retry_after_s: float = 5.0,
         metrics: ServiceMetrics | None = None,
         lru_max_bytes: int = 512 * 1024 * 1024,
+        timeouts_to_open: int = 3,
+        successes_to_close: int = 3,
     ) -> None:
         self.ttl_s = int(ttl_s)
         self.lru_items = int(lru_items)
@@ -139,6 +146,16 @@ class EmbeddingCache:
         self._redis: Any = None
         self._state = "disabled"
         self._down_until = 0.0
+        # A dead server (refused, reset) opens the breaker at once; timeouts only after this many
+        # in a row, since a loaded machine (or event loop) can be slow while Redis is healthy.
+        self.timeouts_to_open = max(1, int(timeouts_to_open))
+        # After the pause, Redis is probed ("probing") and trusted again only after this many
+        # successes in a row: a restarting server (or a pool of stale connections) fails some.
+        self.successes_to_close = max(1, int(successes_to_close))
+        self._timeouts = 0
+        self._successes = 0
+        self._pause_s = self.retry_after_s  # doubles while probes keep failing, up to MAX_PAUSE_S
+        self.last_error: str | None = None
         self._last_warn = -_WARN_INTERVAL_S
         self._suppressed = 0
         if redis_url:
@@ -149,7 +166,8 @@ class EmbeddingCache:
 
     @property
     def redis_state(self) -> str:
-        """ "disabled" (no URL), "up", or "down" (breaker open or last attempt failed)."""
+        """ "disabled" (no URL), "up", "down" (breaker open: Redis skipped) or "probing" (trying
+        Redis again after a pause, not yet trusted)."""
         return self._state
 
     def __len__(self) -> int:
@@ -270,27 +288,40 @@ class EmbeddingCache:
     def _redis_usable(self) -> bool:
         if self._redis is None:
             return False
-        # While the breaker is open, skip Redis; after retry_after_s the next call probes it.
-        return self._state == "up" or time.monotonic() >= self._down_until
+        if self._state == "down":
+            if time.monotonic() < self._down_until:
+                return False  # breaker open: skip Redis
+            self._state, self._successes = "probing", 0
+        return True
 
     def _on_success(self) -> None:
-        if self._state == "down":
-            log.info("redis cache reachable again")
-        self._state = "up"
+        self._timeouts = 0
+        if self._state == "probing":
+            self._successes += 1
+            if self._successes >= self.successes_to_close:
+                log.info("redis cache reachable again")
+                self._state, self._pause_s, self.last_error = "up", self.retry_after_s, None
 
     def _on_error(self, op: str, exc: BaseException, keys: int) -> None:
         self._count("redis", "error", max(keys, 1))
+        self.last_error = f"{op}: {type(exc).__name__}: {exc}"[:300]
+        timed_out = isinstance(exc, TimeoutError) or type(exc).__name__ == "TimeoutError"
+        self._timeouts = self._timeouts + 1 if timed_out else 0
+        if self._state == "up" and timed_out and self._timeouts < self.timeouts_to_open:
+            return  # slow, not dead (yet): the request got misses, the breaker stays closed
+        if self._state == "probing":
+            self._pause_s = min(2 * self._pause_s, MAX_PAUSE_S)  # still failing: wait longer
         was_up = self._state == "up"
-        self._state = "down"
-        self._down_until = time.monotonic() + self.retry_after_s
+        self._state, self._successes = "down", 0
         now = time.monotonic()
+        self._down_until = now + self._pause_s
         if was_up or now - self._last_warn >= _WARN_INTERVAL_S:
             log.warning(
                 "redis cache %s failed (%s: %s); skipping redis for %.1fs (%d errors suppressed)",
                 op,
                 type(exc).__name__,
                 exc,
-                self.retry_after_s,
+                self._pause_s,
                 self._suppressed,
             )
             self._last_warn = now

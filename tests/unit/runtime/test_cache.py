@@ -235,8 +235,12 @@ async def test_redis_killed_degrades_to_misses_then_recovers(private_redis: Redi
     assert cache.redis_state == "down"  # the breaker waits out retry_after_s
     await asyncio.sleep(0.6)
     await cache.put_many({keys[3]: unit_vectors(4)[3]})
-    assert cache.redis_state == "up"
+    assert cache.redis_state == "probing"  # one success is not trusted yet
     assert private_redis.client().exists(keys[3]) == 1
+    cache.clear_lru()
+    assert (await cache.get_many([keys[3]]))[0] is not None  # answered by Redis while probing
+    await cache.get_many([keys[2]])
+    assert cache.redis_state == "up"  # three successes in a row
     await cache.close()
 
 
@@ -265,8 +269,44 @@ async def test_silent_redis_times_out_within_timeout(silent_server: int) -> None
     t0 = time.perf_counter()
     assert await cache.get_many(keys_for(3)) == [None, None, None]
     await cache.put_many({keys_for(1)[0]: unit_vectors(1)[0]})
+    assert cache.redis_state == "up"  # two timeouts: slow, maybe, not dead
+    assert await cache.get_many(keys_for(6)[4:]) == [None, None]
     elapsed = time.perf_counter() - t0
-    assert elapsed < 0.6, elapsed
+    assert elapsed < 1.0, elapsed
+    assert cache.redis_state == "down"  # the third timeout in a row opens the breaker
+    assert cache_counts(metrics, "redis", "error") == 3 + 1 + 2
+    assert "TimeoutError" in (cache.last_error or "")
+    await cache.close()
+
+
+async def test_a_slow_moment_does_not_open_the_breaker_and_a_restart_does_not_flap(
+    private_redis: RedisServer,
+) -> None:
+    cache = EmbeddingCache(private_redis.url, timeout_s=0.15, retry_after_s=0.3)
+    keys = keys_for(3)
+    await cache.put_many({keys[0]: unit_vectors(1)[0]})
+    admin = private_redis.client()
+    for _ in range(2):  # Redis healthy but stalled (as under CPU load): a timeout, not an outage
+        admin.execute_command("CLIENT", "PAUSE", "400", "ALL")
+        cache.clear_lru()
+        assert await cache.get_many(keys[:1]) == [None]
+        time.sleep(0.45)
+        cache.clear_lru()
+        assert (await cache.get_many(keys[:1]))[0] is not None  # a success resets the count
+        assert cache.redis_state == "up"
+    # A dead server opens it at once; probes keep failing: the pause doubles.
+    private_redis.stop()
+    await cache.get_many(keys[1:2])
     assert cache.redis_state == "down"
-    assert cache_counts(metrics, "redis", "error") == 3
+    await asyncio.sleep(0.35)
+    await cache.get_many(keys[1:2])  # probe fails
+    assert cache.redis_state == "down" and cache._pause_s == pytest.approx(0.6)
+    private_redis.start()
+    await asyncio.sleep(0.65)
+    states = []
+    for k in keys:
+        await cache.put_many({k: unit_vectors(3)[keys.index(k)]})
+        states.append(cache.redis_state)
+    assert states == ["probing", "probing", "up"]
+    assert cache._pause_s == pytest.approx(0.3)  # back to the configured pause
     await cache.close()
