@@ -5,9 +5,9 @@
     python scripts/export_openapi.py --config-doc         # rewrite docs/configuration.md
     python scripts/export_openapi.py --config-doc --check
 
-The schema comes from ``create_app(settings).openapi()`` with default settings (the environment
-is ignored, so the file does not depend on who runs this) and without the lifespan, so no model
-is loaded. The same check also audits that every operation documents its error answers with the
+The schema comes from ``create_app(settings).openapi()`` with default settings plus one API key
+(the environment is ignored, so the file does not depend on who runs this) and without the
+lifespan, so no model is loaded. The same check also audits that every operation documents its error answers with the
 ``ErrorResponse`` envelope.
 """
 
@@ -57,9 +57,15 @@ def default_settings() -> Settings:
 
 
 def build_schema() -> dict[str, Any]:
+    """The schema of a server with API keys (the contract covers every deployment: the bearer
+    scheme is declared where a server with keys requires it; one without keys serves the same
+    schema without it)."""
+    from pydantic import SecretStr
+
     from service.app import create_app
 
-    return create_app(default_settings()).openapi()
+    settings = default_settings().model_copy(update={"api_keys": [SecretStr("contract")]})
+    return create_app(settings).openapi()
 
 
 def render(schema: dict[str, Any]) -> str:

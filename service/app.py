@@ -76,8 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.services = services
     install_error_handlers(app)
-    # Keys are enforced by AuthMiddleware; this only documents the scheme in the OpenAPI spec.
-    documented = [Depends(HTTPBearer(auto_error=False, description="API key, when the server has keys"))]
+    # Keys are enforced by AuthMiddleware; this only documents the scheme in the OpenAPI spec, and
+    # only on a server that has keys (the committed contract is that of the default, open server).
+    documented = [Depends(HTTPBearer(auto_error=False, description="API key"))] if services.auth.enabled else []
     for module in (classify, rank, dense, embed, models):
         app.include_router(module.router, dependencies=documented)
     app.include_router(health.router)

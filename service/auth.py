@@ -69,7 +69,12 @@ class ApiKeyAuth:
         if scheme.lower() != "bearer" or not token:
             raise ApiError(ErrorCode.unauthorized, "Authorization header must be 'Bearer <key>'",
                            headers=_CHALLENGE)
-        presented = token.encode()
+        # The middleware decodes header bytes as latin-1 (HTTP's rule), so encoding back gives the
+        # bytes the client sent: a UTF-8 key then matches its UTF-8 bytes (it never could as text).
+        try:
+            presented = token.encode("latin-1")
+        except UnicodeEncodeError:  # a caller that passed real text, not header bytes
+            presented = token.encode("utf-8")
         matched = False
         for key in self.keys():
             matched |= hmac.compare_digest(presented, key)

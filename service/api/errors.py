@@ -156,9 +156,16 @@ _HTTP_CODES = {
 }
 
 
+# FastAPI's words for a body its JSON parser gave up on (e.g. nested deeper than Python's recursion
+# limit): a malformed body, which the API answers 422 like any other invalid JSON.
+_UNPARSABLE_BODY = "There was an error parsing the body"
+
+
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     # Starlette raises these for unknown routes and methods; FastAPI for unreadable bodies.
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
+        return error_response(ErrorCode.validation_error, "request body is not valid JSON (or nested too deeply)")
     code = _HTTP_CODES.get(exc.status_code, ErrorCode.internal_error)
     message = exc.detail if isinstance(exc.detail, str) else code.value.replace("_", " ")
     response = error_response(code, message, None, dict(exc.headers or {}))

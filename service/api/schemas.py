@@ -20,6 +20,12 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _min_items(n: int) -> dict[str, object]:
+    """The contract's lower bound of a list; the server checks it (400 with the field) in
+    ``service.api.validation``, where the upper bounds (from settings) are checked too."""
+    return {"minItems": n}
+
+
 class ErrorDetail(BaseModel):
     code: ErrorCode = Field(description="one of a closed set; branch on it, not on the message")
     message: str = Field(description="human-readable; its wording may change")
@@ -32,6 +38,11 @@ class ErrorResponse(BaseModel):
 
 class ImageInput(_Request):
     """Exactly one of ``data`` (base64 or a ``data:`` URI), ``url`` or ``sha256``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]},
+    )
 
     data: str | None = Field(default=None, description="base64 image bytes or a data: URI")
     url: str | None = Field(default=None, description="http(s) URL; only when the server allows URLs")
@@ -56,11 +67,12 @@ class ComparativeInput(_Request):
 
 # ----------------------------------------------------------------------------- classify
 class ClassifyRequest(_Request):
-    images: list[ImageInput]
-    labels: list[str]
-    templates: list[str] | None = Field(default=None, description="each with exactly one {}")
+    images: list[ImageInput] = Field(json_schema_extra=_min_items(1))
+    labels: list[str] = Field(json_schema_extra=_min_items(2))
+    templates: list[str] | None = Field(default=None, description="each with exactly one {}",
+                                        json_schema_extra=_min_items(1))  # fmt: skip
     descriptions: dict[str, list[str]] | None = None
-    comparatives: list[ComparativeInput] | None = None
+    comparatives: list[ComparativeInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     alpha: float = Field(default=0.9, ge=0.0, le=1.0)
     symmetric: bool = False
     gate_margin: float | None = Field(default=None, ge=0.0)
@@ -118,7 +130,7 @@ class RankPairRequest(_Request):
     image_a: ImageInput | None = None
     image_b: ImageInput | None = None
     difference: str | None = None
-    pairs: list[PairInput] | None = None
+    pairs: list[PairInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
     model: str | None = None
 
@@ -150,7 +162,7 @@ class RankPairResponse(BaseModel):
 
 
 class RankRequest(_Request):
-    images: list[ImageInput]
+    images: list[ImageInput] = Field(json_schema_extra=_min_items(2))
     difference: str
     encoder: str | None = None
     model: str | None = None
@@ -171,7 +183,8 @@ class RankResponse(BaseModel):
 # ----------------------------------------------------------------------------- dense (DCSM)
 class DenseRequest(_Request):
     image: ImageInput
-    texts: list[str] = Field(description="1 to max_texts candidate texts, each scored against the image")
+    texts: list[str] = Field(description="1 to max_texts candidate texts, each scored against the image",
+                             json_schema_extra=_min_items(1))
     return_maps: bool = Field(default=False, description="also return the z-scored token x patch maps")
     model: str | None = None
 
@@ -207,8 +220,8 @@ class HeatmapRequest(_Request):
 
 # ----------------------------------------------------------------------------- embed
 class EmbedRequest(_Request):
-    texts: list[str] | None = None
-    images: list[ImageInput] | None = None
+    texts: list[str] | None = Field(default=None, json_schema_extra=_min_items(1))
+    images: list[ImageInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
     model: str | None = None
 

@@ -87,3 +87,19 @@ def test_auth_off_without_keys() -> None:
 def test_missing_key_file_fails_at_startup(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="api_keys_file"):
         ApiKeyAuth(Settings(api_keys_file=tmp_path / "absent"))
+
+
+def test_a_non_ascii_key_matches_its_utf8_bytes(serve_app: Any, tiny_store: Path) -> None:
+    with serve_app(store=str(tiny_store), model="tiny@production", api_keys=["clé-sécrète-ü"]) as running:
+        good = {"Authorization": "Bearer clé-sécrète-ü".encode()}  # header bytes as UTF-8
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["a"]}, headers=good)  # type: ignore[arg-type]
+        assert r.status_code == 200, r.text
+        wrong = {"Authorization": "Bearer clé-sécrète-u".encode()}
+        assert httpx.post(f"{running.url}/embed", json={"texts": ["a"]}, headers=wrong).status_code == 403  # type: ignore[arg-type]
+        assert "HTTPBearer" in httpx.get(f"{running.url}/openapi.json").json()["components"]["securitySchemes"]
+
+
+def test_an_open_server_declares_no_bearer_scheme(base_url: str) -> None:
+    schema = httpx.get(f"{base_url}/openapi.json").json()
+    assert "securitySchemes" not in schema.get("components", {})
+    assert not any(op.get("security") for item in schema["paths"].values() for op in item.values())

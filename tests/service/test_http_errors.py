@@ -277,3 +277,20 @@ def test_limits_are_413_with_field(small: httpx.Client, make_image: Any) -> None
     many.save(buf, "PNG")
     r = small.post("/embed", json={"images": [{"data": base64.b64encode(buf.getvalue()).decode()}]})
     assert_error(r, 413, "payload_too_large", "images.0.data")
+
+
+def test_deeply_nested_json_is_a_422_like_any_invalid_body(base_url: str) -> None:
+    for body in ("[" * 100_000 + "]" * 100_000, '{"texts": ' + "[" * 5000 + "]" * 5000 + "}"):
+        r = httpx.post(f"{base_url}/embed", content=body, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+
+
+def test_the_contract_states_list_minimums_and_one_image_form(base_url: str) -> None:
+    schemas = httpx.get(f"{base_url}/openapi.json").json()["components"]["schemas"]
+    assert schemas["ClassifyRequest"]["properties"]["labels"]["minItems"] == 2
+    assert schemas["RankRequest"]["properties"]["images"]["minItems"] == 2
+    assert schemas["DenseRequest"]["properties"]["texts"]["minItems"] == 1
+    assert schemas["ImageInput"]["oneOf"] == [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]
+    # What the contract states is what the server enforces (400 with the field, as documented).
+    r = httpx.post(f"{base_url}/classify", json={"images": [], "labels": ["a", "b"]})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "images"
