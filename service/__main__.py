@@ -35,8 +35,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import uvicorn
-
+    from service import http_server
     from service.app import create_app
     from service.config import Settings
 
@@ -52,13 +51,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler
     # that was installed before it started: make that one a clean exit (code 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(
+    http_server.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # the service logs one structured line per request itself
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        keep_alive_s=settings.keep_alive_s,
     )
 
 

@@ -111,6 +111,23 @@ class Settings(BaseSettings):
         "default, one per core). On a machine shared with other CPU-heavy work, 1 avoids threads waiting for "
         "descheduled siblings (see docs/benchmarks.md).",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers) the server reads; more answers 431 and "
+        "closes the connection.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Time a client has to send a whole request head from its first byte (or from connecting); "
+        "later answers 408 and closes the connection (slow-header clients cannot hold connections).",
+    )
+    keep_alive_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long an idle keep-alive connection stays open between requests.",
+    )
     redis_url: SecretStr | None = None  # may carry a password: redacted like a key
     cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
     lru_items: int = Field(default=50_000, ge=0)
