@@ -282,3 +282,26 @@ def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
         model = httpx.get(f"{running.url}/models/listed").json()
         assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 2
         assert httpx.get(f"{running.url}/models/nothing").status_code == 404
+
+
+def test_a_swapped_out_version_is_freed(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
+    import gc
+    import weakref
+
+    root = tmp_path / "store"
+    publish_model(root, "freed", seed=12)
+    with serve_app(store=str(root), model="freed@production", watch_interval_s=0.1, drain_timeout_s=2) as running:
+        manager = running.services.manager
+        old_runtime = weakref.ref(manager.current)
+        old_model = weakref.ref(manager.current.bundle.model)
+        body = {"images": [make_image("circle", "red")], "labels": ["red circle", "blue square"]}
+        assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
+        publish_model(root, "freed", seed=13)
+        _wait(lambda: manager.current is not None and manager.current.ref == "freed@v2")
+        _wait(lambda: not manager._retiring)  # drained and stopped
+        assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
+        deadline = time.monotonic() + 10
+        while old_model() is not None or old_runtime() is not None:
+            gc.collect()
+            assert time.monotonic() < deadline, "the old version is still referenced"
+            time.sleep(0.1)
