@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from service.api.errors import ErrorCode
 
 SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+# A 16 px PNG of a red circle: the contract's example image (clients and fuzzers get a valid one).
+EXAMPLE_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAABAAAAAQCAIAAACQkWg2AAAAS0lEQVR42mP8//8/AymAiYFEQLIGFkyhu/LycLbyw4cEbEBWjclF14ApjSnIhF81"
+    "phTtQ4kCDZghiFWKCZcELkEm/NKYRjAOvsQHAFBRGxtkUgvpAAAAAElFTkSuQmCC"
+)
 
 
 class _Request(BaseModel):
@@ -44,7 +49,7 @@ class ImageInput(_Request):
         json_schema_extra={"oneOf": [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]},
     )
 
-    data: str | None = Field(default=None, description="base64 image bytes or a data: URI")
+    data: str | None = Field(default=None, description="base64 image bytes or a data: URI", examples=[EXAMPLE_PNG])
     url: str | None = Field(default=None, description="http(s) URL; only when the server allows URLs")
     sha256: str | None = Field(
         default=None, pattern=SHA256_PATTERN,
@@ -68,7 +73,7 @@ class ComparativeInput(_Request):
 # ----------------------------------------------------------------------------- classify
 class ClassifyRequest(_Request):
     images: list[ImageInput] = Field(json_schema_extra=_min_items(1))
-    labels: list[str] = Field(json_schema_extra=_min_items(2))
+    labels: list[str] = Field(json_schema_extra=_min_items(2), examples=[["red circle", "blue square", "green cross"]])
     templates: list[str] | None = Field(default=None, description="each with exactly one {}",
                                         json_schema_extra=_min_items(1))  # fmt: skip
     descriptions: dict[str, list[str]] | None = None
