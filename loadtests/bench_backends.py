@@ -7,14 +7,13 @@ service's image batcher calls (``TorchTowers`` / ``OnnxTowers``), after the pari
 backends take turns within each round, and each cell is the best of ``--rounds`` rounds, so a
 busy neighbour slows every backend alike rather than whichever ran during the burst.
 
-    .venv/bin/python loadtests/bench_backends.py --store models --model default@production --threads 1
-    .venv/bin/python loadtests/bench_backends.py --arch ViT-B-32 --threads 1 --min-seconds 4
+    .venv/bin/python -m loadtests.bench_backends --store models --model default@production --threads 1
+    .venv/bin/python -m loadtests.bench_backends --arch ViT-B-32 --threads 1 --min-seconds 4
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -23,12 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from model_store import ModelStore  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from service.encoders.onnx_backend import (  # noqa: E402
+from clipcore.backends.onnx import (
     PARITY_THRESHOLD,
     OnnxTowers,
     _random_bundle,
@@ -38,7 +32,11 @@ from service.encoders.onnx_backend import (  # noqa: E402
     image_throughput,
     load_towers,
 )
-from service.runtime.lifecycle import AUTOCAST_DTYPES, TorchTowers, resolve_device  # noqa: E402
+from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
+from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

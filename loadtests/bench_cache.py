@@ -10,8 +10,8 @@ Two layers, each with 1-key and 20-key lookups of stored embeddings (every looku
 The cache gets a ``ServiceMetrics`` as in the service, so the figures include observing
 ``cache_lookup_seconds``; the event loop is uvloop when installed (uvicorn's default choice).
 
-    .venv/bin/python loadtests/bench_cache.py
-    .venv/bin/python loadtests/bench_cache.py --redis-url redis://127.0.0.1:6379/0 --n 5000 --dim 768
+    .venv/bin/python -m loadtests.bench_cache
+    .venv/bin/python -m loadtests.bench_cache --redis-url redis://127.0.0.1:6379/0 --n 5000 --dim 768
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import hashlib
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -31,11 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from service.runtime.cache import EmbeddingCache, embedding_key
+from service.runtime.metrics import ServiceMetrics
 
-from service.runtime.cache import EmbeddingCache, embedding_key  # noqa: E402
-from service.runtime.metrics import ServiceMetrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 POOL = 2000  # distinct stored keys; lookups draw from them at random
 

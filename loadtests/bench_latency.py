@@ -5,7 +5,7 @@ sends each request kind ``--n`` times after a warm-up, and prints p50 / p95 per 
 the same computation done directly on the loaded bundle (the model-only baseline), so the
 ratio shows what HTTP, validation, decoding, caching and batching add.
 
-    .venv/bin/python loadtests/bench_latency.py --store models --model default@production
+    .venv/bin/python -m loadtests.bench_latency --store models --model default@production
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
+from training.world.render import draw_scene_pil
+from training.world.scene import Scene, SceneObject
 
-from model_store import ModelStore  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from training.world.render import draw_scene_pil  # noqa: E402
-from training.world.scene import Scene, SceneObject  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DENSE_TEXTS = [
     "a red circle to the left of a blue square",

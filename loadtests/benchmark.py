@@ -17,8 +17,8 @@ backend, with torch fp32's beside it.
 ``--arch ViT-B-32`` publishes a random-weights open_clip ViT-B-32 into a temporary store first
 (speed does not depend on weight values) and benchmarks that instead of ``--model``.
 
-    .venv/bin/python loadtests/benchmark.py --store models --model default@production
-    .venv/bin/python loadtests/benchmark.py --arch ViT-B-32 --duration 20
+    .venv/bin/python -m loadtests.benchmark --store models --model default@production
+    .venv/bin/python -m loadtests.benchmark --arch ViT-B-32 --duration 20
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ import httpx
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from clipcore.models.bundle import ModelBundle
+from loadtests.bench_latency import free_port
+from loadtests.run import ImagePool, RunResult, run_load
+from model_store import ModelStore
+from service.config import Settings
+from service.runtime.assembly import serving_towers
 
-from loadtests.bench_latency import free_port  # noqa: E402
-from loadtests.run import ImagePool, RunResult, run_load  # noqa: E402
-from model_store import ModelStore  # noqa: E402
-from service.config import Settings  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from service.runtime.lifecycle import serving_towers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ENDPOINTS = {"classify": ("/classify", 1), "rank-pair": ("/rank-pair", 2)}  # scenario -> (name, images/request)
 
@@ -213,7 +212,7 @@ def main() -> None:
         pool = ImagePool(pool_size, px=image_size, seed=1)
         store_arg = str(store_root)
         svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", store_arg, "--model", ref]
-        naive_cmd = [sys.executable, str(ROOT / "loadtests" / "naive_server.py"), "--store", store_arg, "--model", ref]
+        naive_cmd = [sys.executable, "-m", "loadtests.naive_server", "--store", store_arg, "--model", ref]
         results: dict[tuple[str, str, int], RunResult] = {}
         for label, cmd, duration in (
             ("service", svc_cmd, args.duration),

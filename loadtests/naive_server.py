@@ -6,7 +6,7 @@ decoding). Endpoints answer the JSON contract subset the benchmarks use: ``/clas
 ``/rank-pair`` (single pair), ``/embed`` and ``/readyz``. It exists to be measured against,
 not to be deployed: there are no limits, no auth and no error envelope beyond a 400.
 
-    .venv/bin/python loadtests/naive_server.py --store models --model default@production --port 8100
+    .venv/bin/python -m loadtests.naive_server --store models --model default@production --port 8100
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import argparse
 import base64
 import hashlib
 import io
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,8 @@ from fastapi import FastAPI, HTTPException
 from PIL import Image
 from pydantic import BaseModel
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from model_store import ModelStore  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from service.methods.pairwise_rank import pair_decision, pair_scores  # noqa: E402
-from service.methods.zero_shot import (  # noqa: E402
+from clipcore.methods.pairwise_rank import pair_decision, pair_scores
+from clipcore.methods.zero_shot import (
     DEFAULT_TEMPLATES,
     class_embeddings,
     expand_prompts,
@@ -37,6 +31,10 @@ from service.methods.zero_shot import (  # noqa: E402
     zero_shot_logits,
     zero_shot_probs,
 )
+from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class NaiveImage(BaseModel):

@@ -20,7 +20,7 @@ changed so every picture has its own digest). With ``--pool`` at least the numbe
 run sends, no image repeats, so the service's embedding cache never hits: the figures are for
 fresh images. Targets must be 127.0.0.1 / localhost.
 
-    .venv/bin/python loadtests/run.py --url http://127.0.0.1:8000 --scenario mix --concurrency 8 --duration 20
+    .venv/bin/python -m loadtests.run --url http://127.0.0.1:8000 --scenario mix --concurrency 8 --duration 20
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import base64
 import io
 import itertools
 import random
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,11 +42,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from training.world.render import draw_scene_pil
+from training.world.scene import Scene, SceneObject
 
-from training.world.render import draw_scene_pil  # noqa: E402
-from training.world.scene import Scene, SceneObject  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")

@@ -8,6 +8,7 @@ live before, and tells garbage collection which versions must survive.
 
 from __future__ import annotations
 
+import builtins
 import json
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,7 +61,7 @@ class AliasTable(BaseModel):
         self.aliases[alias] = target
         return target
 
-    def referenced(self) -> set[str]:
+    def referenced(self) -> builtins.set[str]:  # this class has a method named `set`
         """Every version an alias points to now or may be rolled back to."""
         refs = set(self.aliases.values())
         for past in self.history.values():

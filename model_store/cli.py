@@ -58,9 +58,9 @@ def _store(ctx: typer.Context) -> ModelStore:
 @app.callback()
 def main(
     ctx: typer.Context,
-    store: Annotated[
-        Path, typer.Option("--store", envvar="MODEL_STORE", help="Registry root directory.")
-    ] = Path("models"),
+    store: Annotated[Path, typer.Option("--store", envvar="MODEL_STORE", help="Registry root directory.")] = Path(
+        "models"
+    ),
 ) -> None:
     """Operate on the model registry at --store (env MODEL_STORE)."""
     ctx.obj = ModelStore(store)
@@ -145,8 +145,8 @@ def show(
     out.print(files)
     if manifest.metrics:
         metrics = Table("metric", "value", title="metrics")
-        for metric, value in sorted(manifest.metrics.items()):
-            metrics.add_row(metric, f"{value:.4f}")
+        for metric, figure in sorted(manifest.metrics.items()):
+            metrics.add_row(metric, f"{figure:.4f}")
         out.print(metrics)
 
 

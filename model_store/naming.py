@@ -61,9 +61,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
 def natural_key(version: str) -> tuple[tuple[int, int, str], ...]:
     """Sort key that orders embedded integers numerically, so ``v2`` < ``v10``."""
     return tuple(
-        (0, int(chunk), "") if chunk.isdigit() else (1, 0, chunk)
-        for chunk in _CHUNK_RE.split(version)
-        if chunk
+        (0, int(chunk), "") if chunk.isdigit() else (1, 0, chunk) for chunk in _CHUNK_RE.split(version) if chunk
     )
 
 

@@ -25,9 +25,7 @@ FileSource = os.PathLike[str] | bytes
 
 def manifest_error(exc: ValidationError, context: str) -> InvalidManifest:
     """Condense a pydantic error into one line an operator can act on."""
-    details = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-    )
+    details = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())
     return InvalidManifest(f"{context}: {details}")
 
 

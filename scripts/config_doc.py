@@ -48,7 +48,7 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "batching.max_queue": "Items a batcher queues; beyond it requests answer 429 with `Retry-After`.",
     "batching.request_timeout_s": "Budget of one request in the batchers; beyond it 504 `timeout`.",
     "batching.decode_workers": "Threads that decode and preprocess images.",
-    "allow_url_images": "Accept `{\"url\": ...}` images (fetched with an SSRF guard).",
+    "allow_url_images": 'Accept `{"url": ...}` images (fetched with an SSRF guard).',
     "url_allowlist": "Hosts (exact names or IP literals) that may be fetched even when they resolve "
     "to private, loopback or link-local addresses; every other host must resolve to public addresses.",
     "url_timeout_s": "Total time allowed to fetch one image URL (redirects included).",
@@ -92,8 +92,9 @@ def describe_default(field: FieldInfo) -> str:
 
 def describe_constraints(field: FieldInfo) -> str:
     signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-    return ", ".join(f"{sign} {getattr(m, key)}" for m in field.metadata
-                     for key, sign in signs.items() if hasattr(m, key))
+    return ", ".join(
+        f"{sign} {getattr(m, key)}" for m in field.metadata for key, sign in signs.items() if hasattr(m, key)
+    )
 
 
 def settings_rows() -> list[tuple[str, str, str, str, str, str]]:
@@ -141,15 +142,19 @@ def cli_flags() -> list[tuple[str, str]]:
     for action in captured[0]._actions:
         if not action.option_strings or action.dest == "help":
             continue
-        flag = action.option_strings[-1] + (" {" + ",".join(map(str, action.choices)) + "}" if action.choices
-                                            else f" {action.dest.upper()}")
+        flag = action.option_strings[-1] + (
+            " {" + ",".join(map(str, action.choices)) + "}" if action.choices else f" {action.dest.upper()}"
+        )
         flags.append((flag, action.help or ""))
     return flags
 
 
 def config_doc() -> str:
-    groups = {name: f.annotation for name, f in Settings.model_fields.items()
-              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+    groups = {
+        name: f.annotation
+        for name, f in Settings.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+    }
     lines = [
         "# Configuration",
         "",
@@ -159,7 +164,7 @@ def config_doc() -> str:
         "The service is configured by environment variables, read once at startup. Every setting",
         "below is an environment variable with the prefix `CLIP_`; settings of a group are joined",
         "with a double underscore (`CLIP_LIMITS__MAX_IMAGES=16`), and a whole group can also be given",
-        "as JSON (`CLIP_LIMITS='{\"max_images\": 16}'`). Lists are JSON (`CLIP_API_KEYS='[\"k1\",\"k2\"]'`),",
+        'as JSON (`CLIP_LIMITS=\'{"max_images": 16}\'`). Lists are JSON (`CLIP_API_KEYS=\'["k1","k2"]\'`),',
         "booleans are `true`/`false`. Invalid values stop the server at startup with a message naming",
         "the setting. Secrets (`api_keys`, the password in `redis_url`) are redacted in the startup log.",
         "",
@@ -173,18 +178,26 @@ def config_doc() -> str:
         doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
         lines.append(f"- `CLIP_{name.upper()}__*`: {doc}")
     lines += [
-        "", "## Command line", "",
+        "",
+        "## Command line",
+        "",
         "`python -m service` (also installed as `clip-service`) starts the server under uvicorn.",
         "Flags mirror the environment settings of the same name and win over them; every other",
         "setting comes from the environment. Run from the repository root with no flags, it serves",
         "the committed default model (`default@production` from `./models`).",
-        "", "| Flag | Meaning |", "| --- | --- |",
+        "",
+        "| Flag | Meaning |",
+        "| --- | --- |",
     ]
     lines += [f"| `{flag}` | {text} |" for flag, text in cli_flags()]
     lines += [
-        "", "Example:", "", "```bash",
+        "",
+        "Example:",
+        "",
+        "```bash",
         "CLIP_LIMITS__MAX_IMAGES=16 CLIP_API_KEYS_FILE=/etc/clip/keys \\",
         "  python -m service --host 0.0.0.0 --port 8000 --store models --model default@production",
-        "```", "",
+        "```",
+        "",
     ]
     return "\n".join(lines)

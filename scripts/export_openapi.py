@@ -157,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-doc", action="store_true", help="docs/configuration.md instead of the OpenAPI file")
     args = parser.parse_args(argv)
     if args.config_doc:
-        return _write_or_check(CONFIG_DOC_PATH, config_doc(), args.check,
-                               ["regenerate with: python scripts/export_openapi.py --config-doc"])
+        return _write_or_check(
+            CONFIG_DOC_PATH,
+            config_doc(),
+            args.check,
+            ["regenerate with: python scripts/export_openapi.py --config-doc"],
+        )
     schema = build_schema()
     problems, notes = audit(schema)
     for note in notes:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the tests need (Redis server, the project with its dev extras, the SDK)
-# and run the whole suite.
+# Install everything the tests need (Redis server, the project with its dev extras, the SDK),
+# run the static checks and the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages the suite runs: redis-server (the embedding cache) and qemu-user (runs the int8
@@ -17,4 +17,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 bash scripts/install.sh dev
+# Static checks first: lint and format (ruff), types (mypy on the core, the store and the service),
+# import layers (import-linter contracts in pyproject.toml). Any failure stops the run.
+PATHS=(clipcore service training model_store loadtests tests clients scripts deploy)
+.venv/bin/ruff check "${PATHS[@]}"
+.venv/bin/ruff format --check "${PATHS[@]}"
+.venv/bin/mypy
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q "$@"

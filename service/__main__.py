@@ -24,8 +24,9 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     parser.add_argument("--model", help="name@alias or name@version (CLIP_MODEL, default default@production)")
     parser.add_argument("--redis-url", help="redis://host:port/db for the shared cache (CLIP_REDIS_URL)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (CLIP_DEVICE, default cpu)")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical"],
-                        help="CLIP_LOG_LEVEL, default info")
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error", "critical"], help="CLIP_LOG_LEVEL, default info"
+    )
     args = vars(parser.parse_args(argv))
     return {key: value for key, value in args.items() if value is not None}
 
@@ -45,9 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValidationError as exc:
         print(f"invalid settings:\n{exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler
     # that was installed before it started: make that one a clean exit (code 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)

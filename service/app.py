@@ -35,13 +35,22 @@ def build_services(settings: Settings) -> Services:
     metrics = ServiceMetrics()
     store = ModelStore(settings.store)
     cache = EmbeddingCache(
-        settings.redis_url_value(), ttl_s=settings.cache_ttl_s, lru_items=settings.lru_items,
-        timeout_s=settings.redis_timeout_s, retry_after_s=settings.redis_retry_after_s, metrics=metrics,
-        timeouts_to_open=settings.redis_timeouts_to_open, successes_to_close=settings.redis_successes_to_close,
+        settings.redis_url_value(),
+        ttl_s=settings.cache_ttl_s,
+        lru_items=settings.lru_items,
+        timeout_s=settings.redis_timeout_s,
+        retry_after_s=settings.redis_retry_after_s,
+        metrics=metrics,
+        timeouts_to_open=settings.redis_timeouts_to_open,
+        successes_to_close=settings.redis_successes_to_close,
     )
     return Services(
-        settings=settings, store=store, metrics=metrics, cache=cache,
-        manager=ModelManager(settings, store, metrics), pipeline=Pipeline(settings, cache, metrics),
+        settings=settings,
+        store=store,
+        metrics=metrics,
+        cache=cache,
+        manager=ModelManager(settings, store, metrics),
+        pipeline=Pipeline(settings, cache, metrics),
         auth=ApiKeyAuth(settings),
     )
 
@@ -54,8 +63,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("starting with settings %s", json.dumps(settings.redacted(), sort_keys=True))
         if settings.redis_url is not None and not await services.cache.ping():
-            log.warning("redis at the configured redis_url is unreachable; serving with the in-process cache "
-                        "only until it comes back")
+            log.warning(
+                "redis at the configured redis_url is unreachable; serving with the in-process cache "
+                "only until it comes back"
+            )
         await services.manager.start()
         try:
             yield
@@ -87,7 +98,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(ObserveMiddleware, metrics=services.metrics)
     return app

@@ -62,13 +62,11 @@ class ApiKeyAuth:
         if not self.enabled:
             return
         if not authorization:
-            raise ApiError(ErrorCode.unauthorized, "missing Authorization: Bearer <key> header",
-                           headers=_CHALLENGE)
+            raise ApiError(ErrorCode.unauthorized, "missing Authorization: Bearer <key> header", headers=_CHALLENGE)
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise ApiError(ErrorCode.unauthorized, "Authorization header must be 'Bearer <key>'",
-                           headers=_CHALLENGE)
+            raise ApiError(ErrorCode.unauthorized, "Authorization header must be 'Bearer <key>'", headers=_CHALLENGE)
         # The middleware decodes header bytes as latin-1 (HTTP's rule), so encoding back gives the
         # bytes the client sent: a UTF-8 key then matches its UTF-8 bytes (it never could as text).
         try:

@@ -39,7 +39,7 @@ class _HeadGuard:
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
         self._head_timer: asyncio.TimerHandle | None = None
         self._next_is_head = False
@@ -86,7 +86,7 @@ class _HeadGuard:
         self.transport.close()
 
 
-class GuardedH11Protocol(_HeadGuard, H11Protocol):
+class GuardedH11Protocol(_HeadGuard, H11Protocol):  # type: ignore[misc]  # both narrow the transport type
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from service.api.errors import ApiError, ErrorCode, bad_input, too_large
+from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 
 FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 MAX_REDIRECTS = 3
@@ -39,8 +39,8 @@ _WHITESPACE = re.compile(r"\s+")
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
-def _bad_image(message: str, field: str) -> ApiError:
-    return ApiError(ErrorCode.bad_image, message, field)
+def _bad_image(message: str, field: str) -> ClipError:
+    return ClipError(ErrorCode.bad_image, message, field)
 
 
 def decode_base64(value: str, field: str, max_bytes: int) -> bytes:
@@ -50,7 +50,7 @@ def decode_base64(value: str, field: str, max_bytes: int) -> bytes:
         match = _DATA_URI.match(value)
         if match is None or ";base64" not in match.group("params"):
             raise bad_input("data URIs must be base64 encoded (data:<type>;base64,...)", field)
-        payload = value[match.end():]
+        payload = value[match.end() :]
     if len(payload) // 4 * 3 > max_bytes + 3:
         raise too_large(f"image is larger than {max_bytes} bytes", field)
     # Line breaks are common (MIME wraps at 76 columns) and harmless; anything else is not.
@@ -72,7 +72,7 @@ DRAFT_FACTOR = 4
 
 
 def decode_image(data: bytes, field: str, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ApiError``.
+    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ClipError``.
 
     With ``min_side`` (the model input side), an image much larger than that is reduced before
     its colours are converted and transparency flattened (JPEG: while decoding, in draft mode;
@@ -144,9 +144,9 @@ async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
     """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ApiError(ErrorCode.url_forbidden, "only http and https image URLs are allowed", field)
+        raise ClipError(ErrorCode.url_forbidden, "only http and https image URLs are allowed", field)
     if parts.username or parts.password:
-        raise ApiError(ErrorCode.url_forbidden, "image URLs must not carry credentials", field)
+        raise ClipError(ErrorCode.url_forbidden, "image URLs must not carry credentials", field)
     host = parts.hostname
     if _host_allowed(host, allowlist):
         return
@@ -157,9 +157,7 @@ async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
         raise _bad_image(f"cannot resolve image host {host!r}", field) from None
     addresses = {info[4][0] for info in infos}
     if not addresses or not all(is_public_address(str(a)) for a in addresses):
-        raise ApiError(
-            ErrorCode.url_forbidden, f"image host {host!r} resolves to a non-public address", field
-        )
+        raise ClipError(ErrorCode.url_forbidden, f"image host {host!r} resolves to a non-public address", field)
 
 
 class ByteBudget:
@@ -176,7 +174,13 @@ class ByteBudget:
 
 
 async def fetch_url(
-    client: httpx.AsyncClient, url: str, field: str, *, allowlist: Sequence[str], max_bytes: int, timeout_s: float,
+    client: httpx.AsyncClient,
+    url: str,
+    field: str,
+    *,
+    allowlist: Sequence[str],
+    max_bytes: int,
+    timeout_s: float,
     budget: ByteBudget | None = None,
 ) -> bytes:
     """GET an image URL with the SSRF guard on every hop, a byte cap (per image and, with

@@ -52,8 +52,19 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", str(self.workdir)]
+        cmd = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -112,8 +123,8 @@ def publish_tiny(
     """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version."""
     import torch
 
+    from clipcore.models.clip_model import build_model
     from model_store import ModelStore
-    from service.encoders.clip_model import build_model
     from training.publish import publish_bundle
 
     config = json.loads(SMOKE_CONFIG.read_text())
@@ -125,10 +136,17 @@ def publish_tiny(
         for k, v in model.state_dict().items()
     }
     manifest = publish_bundle(
-        ModelStore(root), name, model, config, text_variants={"pcclip": variant},
+        ModelStore(root),
+        name,
+        model,
+        config,
+        text_variants={"pcclip": variant},
         default_text_encoder="base",
         comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
-        aliases=list(aliases), fp16=False, training={"seed": seed}, metrics={"smoke.random": 0.5},
+        aliases=list(aliases),
+        fp16=False,
+        training={"seed": seed},
+        metrics={"smoke.random": 0.5},
     )
     return manifest.version
 
@@ -181,8 +199,9 @@ def serve(settings: Any = None, *, ready: bool = True, **overrides: Any) -> Iter
     elif overrides:
         settings = settings.model_copy(update=overrides)
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
@@ -205,8 +224,9 @@ def serve(settings: Any = None, *, ready: bool = True, **overrides: Any) -> Iter
 @pytest.fixture(scope="module")
 def tiny_server(tiny_store: Path, service_redis: RedisProcess) -> Iterator[RunningServer]:
     """The real app on ``tiny@production`` with the session Redis; shared by a test module."""
-    with serve(store=str(tiny_store), model="tiny@production", redis_url=service_redis.url,
-               watch_interval_s=0.5) as running:
+    with serve(
+        store=str(tiny_store), model="tiny@production", redis_url=service_redis.url, watch_interval_s=0.5
+    ) as running:
         yield running
 
 
@@ -222,8 +242,9 @@ def png_b64(image: Any, fmt: str = "PNG") -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def shape_image(shape: str = "circle", colour: str = "red", size: str = "medium", *, x: float = 0.5,
-                y: float = 0.5, px: int = 96) -> Any:
+def shape_image(
+    shape: str = "circle", colour: str = "red", size: str = "medium", *, x: float = 0.5, y: float = 0.5, px: int = 96
+) -> Any:
     """A clean single-object picture from the shapes world."""
     from training.world.render import draw_scene_pil
     from training.world.scene import Scene, SceneObject

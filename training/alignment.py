@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from service.encoders.clip_model import tokenizer_for
-from service.methods.token_spans import find_word_spans
+from clipcore.methods.token_spans import find_word_spans
+from clipcore.models.clip_model import tokenizer_for
 from training.world.render import object_mask
 from training.world.scene import Scene
 from training.world.vocab import COLOUR_NAMES, SHAPES, SIZES

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clipcore.methods.losses import clip_contrastive_loss
+from clipcore.methods.yukino import winoground
+from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
-from service.encoders.bundle import ModelBundle
-from service.methods.losses import clip_contrastive_loss
-from service.methods.yukino import winoground
 from training.world.hard_negatives import KINDS, HardNegative, hard_negative_set
 from training.world.scene import Split
 from training.world.structure import SceneEncoder, scene_features

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from service.encoders.dense import DCSMHead, DenseEncoder
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square
-from service.methods.token_spans import find_word_spans
+from clipcore.methods.token_spans import find_word_spans
+from clipcore.models.dense import DCSMHead, DenseEncoder
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square
 from training.alignment import patch_masks
 from training.world.captions import full_caption
 from training.world.hard_negatives import KINDS, HardNegative, sample_hard_negative

@@ -37,9 +37,7 @@ def publish_derived(
     base's text encoders. Metrics start from the base's and are updated by ``metrics``."""
     base_name, base_version = store.resolve(base_ref)
     base, directory = store.load_verified(base_name, base_version)
-    sources: dict[str, Any] = {
-        filename: directory / filename for filename in base.files if filename not in ANNEX_FILES
-    }
+    sources: dict[str, Any] = {filename: directory / filename for filename in base.files if filename not in ANNEX_FILES}
     sources.update(files)
     merged = dict(base.components)
     merged.update(components)

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
-from service.encoders.preprocess import normalize_uint8
+from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.preprocess import normalize_uint8
 
 
 class Tokenize:

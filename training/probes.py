@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from service.methods.zero_shot import class_embeddings, zero_shot_logits
+from clipcore.methods.zero_shot import class_embeddings, zero_shot_logits
 from training.encode import Tokenize, encode_images, encode_texts
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene

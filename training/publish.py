@@ -10,9 +10,9 @@ import torch
 from open_clip.model import CLIP
 from safetensors.torch import save
 
+from clipcore.models.clip_model import is_text_param
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD
 from model_store import Manifest, ModelStore
-from service.encoders.clip_model import is_text_param
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD
 
 
 def tensor_bytes(state: Mapping[str, torch.Tensor], fp16: bool) -> bytes:

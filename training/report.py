@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 def _cell(metrics: Mapping[str, float], key: str) -> str:
@@ -37,3 +37,35 @@ def sweep_table(sweep: list[Mapping[str, object]]) -> str:
     for r in sweep:
         lines.append(f"| {r['alpha']} | {r['symmetric']} | {r['gate']} | {r['confused']:.3f} | {r['overall']:.3f} |")
     return "\n".join(lines)
+
+
+def print_report(report: dict, print_: Callable[..., None]) -> None:
+    """The evaluation report as markdown through ``print_`` (a rich console's ``print``: it takes
+    ``markup=False``): the metric tables, the comparative sweep, text geometry."""
+    metrics = report["metrics"]
+    encoders = sorted({k.split(".")[0] for k in metrics if ".zeroshot." in k}, key=lambda e: (e != "base", e))
+    print_(f"\n## Evaluation of {report['model']} (mean ± stderr over seeds {report['seeds']})\n")
+    matching = {k: v for k, v in metrics.items() if k.split(".")[1] in ("winoground", "swap")}
+    print_(
+        metrics_table(
+            {k: v for k, v in metrics.items() if k.split(".")[0] in encoders and k not in matching}, encoders
+        ),
+        markup=False,
+    )
+    if matching:
+        print_("\n### Compositional caption matching: 2x2 (Winoground-style) and swap tests\n")
+        print_(metrics_table(matching, ["base", "oti", "yukino"]), markup=False)
+    dense = {k: v for k, v in metrics.items() if k.split(".")[0] in ("cosine", "dcsm", "readout", "dense")}
+    if dense:
+        print_("\n### Dense scoring (2-way: caption vs its hard negative) and localisation\n")
+        print_(metrics_table(dense, ["cosine", "dcsm"]), markup=False)
+    details = report.get("details", {})
+    first = details.get(str(report["seeds"][0]), {})
+    for enc in encoders:
+        comp = first.get(f"{enc}.comparative")
+        if comp:
+            print_(f"\n### Comparative prompting sweep, {enc} (seed {report['seeds'][0]}; pairs {comp['pairs']})\n")
+            print_(sweep_table(comp["sweep"]), markup=False)
+        geo = first.get(f"{enc}.text_geometry")
+        if geo:
+            print_(f"\ntext geometry ({enc}): " + ", ".join(f"{k} {v:.3f}" for k, v in geo.items()), markup=False)

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from service.encoders.clip_model import build_model, image_features, is_text_param, text_features
-from service.encoders.preprocess import normalize_uint8
-from service.methods.losses import clip_contrastive_loss
+from clipcore.methods.losses import clip_contrastive_loss
+from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
+from clipcore.models.preprocess import normalize_uint8
 from training.alignment import AlignmentTargets, mask_alignment_loss
 from training.encode import Tokenize
 from training.probes import probe_set, zero_shot_accuracy

@@ -21,8 +21,7 @@ import torch
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from service.encoders.dense import DenseEncoder, dcsm_state_bytes
-from service.methods.dcsm import (
+from clipcore.methods.dcsm import (
     DEFAULT_SCORER_CONFIG,
     FUNCTIONAL_GROUPS,
     DCSMScorer,
@@ -31,6 +30,7 @@ from service.methods.dcsm import (
     functional_row_table,
     prepare_maps,
 )
+from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from service.encoders.clip_model import normalize, text_features
-from service.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
+from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
+from clipcore.models.clip_model import normalize, text_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.captions import random_caption

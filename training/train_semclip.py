@@ -1,7 +1,7 @@
 """SemCLIP: finetune the text tower so paraphrases stay close and negations move away.
 
 Images of TRAIN scenes are embedded once by the frozen image tower. Each step takes a batch of
-(image, original, paraphrase, negation) and minimises ``service.methods.losses.semclip_loss``
+(image, original, paraphrase, negation) and minimises ``clipcore.methods.losses.semclip_loss``
 in a fixed random projection subspace. Weights ``(a, b, c)`` of (clip, paraphrase, negation)
 give the ablations: ``(1, 1, 0)`` is paraphrase-only, ``(1, 0, 1)`` negation-only.
 """
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from service.encoders.clip_model import normalize, text_features
-from service.methods.losses import semclip_loss
-from service.methods.semclip import projection_directions
+from clipcore.methods.losses import semclip_loss
+from clipcore.methods.semclip import projection_directions
+from clipcore.models.clip_model import normalize, text_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.render import render_batch

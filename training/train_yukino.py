@@ -16,7 +16,7 @@ that frozen variant and keep the image tower frozen.
   pull the two captions back together), which keeps the variant usable for plain cosine.
 
 * ``oti``: per image, gradient steps on one pseudo-token ``v*`` under
-  ``service.methods.losses.yukino_oti_loss`` (yes prompt toward the image embedding, no prompt
+  ``clipcore.methods.losses.yukino_oti_loss`` (yes prompt toward the image embedding, no prompt
   away, ``v*`` near real concept-word embeddings). Slow: it is the teacher and the reference.
 * ``train_inverter``: the 3-layer MLP from the image's class + patch tokens to ``v*``, trained
   with ``yukino_matching_loss`` (each image picks its caption, each caption its image) on
@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
 
-from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for
-from service.encoders.preprocess import normalize_uint8
-from service.encoders.yukino import Inverter, YukinoHead, prompt_features
-from service.methods.losses import clip_contrastive_loss, yukino_matching_loss, yukino_oti_loss
+from clipcore.methods.losses import clip_contrastive_loss, yukino_matching_loss, yukino_oti_loss
+from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for
+from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
 from training.encode import Tokenize, encode_images, encode_texts
 from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
@@ -75,7 +75,11 @@ class YukinoTextConfig:
 
 
 def train_yukino_text(
-    base: CLIP, start: CLIP, cfg: YukinoTextConfig, out_dir: Path | None = None, log=print  # noqa: ANN001
+    base: CLIP,
+    start: CLIP,
+    cfg: YukinoTextConfig,
+    out_dir: Path | None = None,
+    log=print,  # noqa: ANN001
 ) -> dict[str, torch.Tensor]:
     """The text variant YUKINO matches in (see the module docstring); returns its state dict."""
     t0 = time.time()

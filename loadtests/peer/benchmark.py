@@ -158,8 +158,16 @@ def infinity_server(exe: Path, model_dir: Path, threads: int | None, batch_size:
 
 def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool: JpegPool) -> RunResult:
     return asyncio.run(
-        run_load(url, "embed", concurrency=c, duration_s=duration, pool=pool, warmup=3,  # type: ignore[arg-type]
-                 on_request=Requests(server_kind, kind, pool), timeout_s=600)  # fmt: skip
+        run_load(
+            url,
+            "embed",
+            concurrency=c,
+            duration_s=duration,
+            pool=pool,
+            warmup=3,  # type: ignore[arg-type]
+            on_request=Requests(server_kind, kind, pool),
+            timeout_s=600,
+        )  # fmt: skip
     )
 
 
@@ -167,8 +175,8 @@ def service_ceiling(store: Path, ref: str, threads: int | None) -> float:
     """This service's image tower, batch 1, in-process (median call): images/s."""
     import torch
 
+    from clipcore.models.bundle import ModelBundle
     from model_store import ModelStore
-    from service.encoders.bundle import ModelBundle
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -194,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         ref = publish_random_arch(store, args.arch)
         build_peer_model(args.infinity_venv, args.arch, peer_dir)
         ceiling = service_ceiling(store, ref, args.threads)
-        print(f"\n{args.arch} (random weights); this service's image tower, batch 1, in-process: {ceiling:.2f} images/s")
+        print(
+            f"\n{args.arch} (random weights); this service's image tower, batch 1, in-process: {ceiling:.2f} images/s"
+        )
         pool = JpegPool()
         svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model", ref]
         results: dict[tuple[str, str, int], list[float]] = {}

@@ -89,7 +89,9 @@ def main() -> None:
     CLIPModel(CLIPConfig(**clip_config(cfg))).eval().save_pretrained(args.out)
     size = cfg["vision_cfg"]["image_size"]
     CLIPImageProcessor(
-        size={"shortest_edge": size}, crop_size={"height": size, "width": size}, image_mean=OPENAI_MEAN,
+        size={"shortest_edge": size},
+        crop_size={"height": size, "width": size},
+        image_mean=OPENAI_MEAN,
         image_std=OPENAI_STD,
     ).save_pretrained(args.out)
     vocab, merges = clip_vocab(args.bpe)

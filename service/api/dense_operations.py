@@ -1,7 +1,7 @@
 """What the DCSM endpoints compute: dense features from the pipeline, scores from the bundle.
 
 Dense image and text features come through the pipeline (cache, then batched encodes); the
-map and score math is ``service.methods.dcsm``, reached through ``ModelBundle.score_dense`` on
+map and score math is ``clipcore.methods.dcsm``, reached through ``ModelBundle.score_dense`` on
 the version's model thread. Each text is scored on its own, so scores never depend on what
 else a request (or a concurrent one) contains.
 """
@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from clipcore.heatmap import heatmap_png, heatmap_title
+from clipcore.methods.common import l2_normalize
+from clipcore.methods.zero_shot import zero_shot_logits
 from service.api.errors import ApiError, ErrorCode
 from service.api.operations import both
 from service.api.schemas import DenseRequest, DenseResponse, HeatmapRequest
-from service.heatmap import heatmap_png, heatmap_title
-from service.methods.common import l2_normalize
-from service.methods.zero_shot import zero_shot_logits
-from service.runtime.lifecycle import ModelRuntime
+from service.runtime.assembly import ModelRuntime
 from service.runtime.pipeline import DenseImages, DenseTexts, Pipeline
 
 
 def require_dcsm(runtime: ModelRuntime) -> None:
     if runtime.bundle.dcsm is None or runtime.dense_image_batcher is None:
-        raise ApiError(ErrorCode.unknown_component,
-                       f"{runtime.ref} has no DCSM scorer (component 'dcsm'); dense scoring needs a model "
-                       "version published with one")
+        raise ApiError(
+            ErrorCode.unknown_component,
+            f"{runtime.ref} has no DCSM scorer (component 'dcsm'); dense scoring needs a model "
+            "version published with one",
+        )
 
 
 async def _score(runtime: ModelRuntime, image: DenseImages, texts: DenseTexts) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +59,7 @@ async def score_dense(pipeline: Pipeline, rt: ModelRuntime, req: DenseRequest) -
 
 
 async def heatmap(pipeline: Pipeline, rt: ModelRuntime, req: HeatmapRequest) -> bytes:
-    """PNG of the text's per-token maps beside the image (``service.heatmap``)."""
+    """PNG of the text's per-token maps beside the image (``clipcore.heatmap``)."""
     require_dcsm(rt)
     image, texts = await both(
         pipeline.dense_images(rt, [req.image], ["image"], pooled=False, with_pixels=True),

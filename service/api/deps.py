@@ -46,6 +46,8 @@ async def serving_runtime(request: Request, services: ServicesDep) -> AsyncItera
 
 
 RuntimeDep = Annotated[ModelRuntime, Depends(serving_runtime)]
+
+
 def get_pipeline(services: ServicesDep) -> Pipeline:
     return services.pipeline
 
@@ -56,5 +58,8 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 def ensure_model(services: Services, runtime: ModelRuntime, requested: str | None) -> None:
     """A request may name the model it expects; anything but the serving one is a 404."""
     if requested is not None and not services.manager.matches(requested, runtime):
-        raise ApiError(ErrorCode.unknown_model,
-                       f"model {requested!r} is not served here; this server serves {runtime.ref}", "model")
+        raise ApiError(
+            ErrorCode.unknown_model,
+            f"model {requested!r} is not served here; this server serves {runtime.ref}",
+            "model",
+        )

@@ -1,7 +1,8 @@
 """The one closed set of API errors and the handlers that render them.
 
 Every non-2xx answer has the body ``{"error": {"code", "message", "field"}}``, whatever raised
-it: our own ``ApiError``, FastAPI's request validation, Starlette's routing (404/405), the body
+it: a ``ClipError`` (from anywhere below: its code gives the status), an ``ApiError`` of the
+HTTP layer, FastAPI's request validation, Starlette's routing (404/405), the body
 size guard, or an unexpected exception (500, traceback logged, never details to the client).
 
 Decisions clients can rely on:
@@ -21,7 +22,7 @@ Decisions clients can rely on:
 from __future__ import annotations
 
 import logging
-from enum import StrEnum
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,28 +30,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
+
+__all__ = ["STATUS", "ApiError", "ClipError", "ErrorCode", "bad_input", "error_response", "too_large"]
+
 log = logging.getLogger("service.errors")
-
-
-class ErrorCode(StrEnum):
-    bad_input = "bad_input"
-    bad_image = "bad_image"
-    urls_disabled = "urls_disabled"
-    url_forbidden = "url_forbidden"
-    unauthorized = "unauthorized"
-    forbidden = "forbidden"
-    not_found = "not_found"
-    unknown_model = "unknown_model"
-    unknown_image = "unknown_image"
-    unknown_component = "unknown_component"
-    method_not_allowed = "method_not_allowed"
-    payload_too_large = "payload_too_large"
-    validation_error = "validation_error"
-    overloaded = "overloaded"
-    internal_error = "internal_error"
-    bad_gateway = "bad_gateway"
-    not_ready = "not_ready"
-    timeout = "timeout"
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -75,8 +59,9 @@ STATUS: dict[ErrorCode, int] = {
 }
 
 
-class ApiError(Exception):
-    """An error with a fixed code; raised anywhere below the routes, rendered by the handler."""
+class ApiError(ClipError):
+    """A ``ClipError`` raised by the HTTP layer itself, with extra response headers (an auth
+    challenge)."""
 
     def __init__(
         self,
@@ -84,24 +69,23 @@ class ApiError(Exception):
         message: str,
         field: str | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
+        super().__init__(code, message, field, retry_after=retry_after)
         self.headers = headers or {}
 
-    @property
-    def status(self) -> int:
-        return STATUS[self.code]
+
+def retry_after_header(seconds: float) -> str:
+    """Retry-After in whole seconds, at least 1 (clients sleep that long)."""
+    return str(max(1, math.ceil(seconds)))
 
 
-def bad_input(message: str, field: str | None = None) -> ApiError:
-    return ApiError(ErrorCode.bad_input, message, field)
-
-
-def too_large(message: str, field: str | None = None) -> ApiError:
-    return ApiError(ErrorCode.payload_too_large, message, field)
+def headers_for(exc: ClipError) -> dict[str, str]:
+    headers = dict(getattr(exc, "headers", {}) or {})
+    if exc.retry_after is not None:
+        headers.setdefault("Retry-After", retry_after_header(exc.retry_after))
+    return headers
 
 
 def error_body(code: ErrorCode | str, message: str, field: str | None = None) -> dict[str, Any]:
@@ -123,8 +107,8 @@ def dotted(loc: tuple[Any, ...] | list[Any]) -> str | None:
 
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return error_response(exc.code, exc.message, exc.field, exc.headers)
+    assert isinstance(exc, ClipError)
+    return error_response(exc.code, exc.message, exc.field, headers_for(exc))
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
@@ -180,8 +164,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ClipError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
-

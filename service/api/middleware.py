@@ -40,9 +40,11 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(ErrorCode.payload_too_large,
-                                      f"request body is larger than {self.max_bytes} bytes",
-                                      headers={"Connection": "close"})
+            response = error_response(
+                ErrorCode.payload_too_large,
+                f"request body is larger than {self.max_bytes} bytes",
+                headers={"Connection": "close"},
+            )
             await response(scope, receive, send)
             return
         seen = 0
@@ -113,7 +115,14 @@ class ObserveMiddleware:
             method = scope.get("method", "")
             self.metrics.observe_request(route, method, status, seconds)
             state = scope.get("state") or {}
-            access_log.info(json.dumps({
-                "route": route, "method": method, "status": status, "ms": round(seconds * 1000, 2),
-                "model": state.get("model"),
-            }))
+            access_log.info(
+                json.dumps(
+                    {
+                        "route": route,
+                        "method": method,
+                        "status": status,
+                        "ms": round(seconds * 1000, 2),
+                        "model": state.get("model"),
+                    }
+                )
+            )

@@ -1,4 +1,4 @@
-"""What each endpoint computes: embeddings from the pipeline, math from ``service.methods``.
+"""What each endpoint computes: embeddings from the pipeline, math from ``clipcore.methods``.
 
 No formula lives here; these functions only gather inputs (prompts, comparatives, image and text
 embeddings) in the shapes the pure method functions take and turn their outputs into responses.
@@ -12,6 +12,18 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from clipcore.methods.common import l2_normalize, softmax
+from clipcore.methods.comparative import apply_comparatives, gated_probs
+from clipcore.methods.pairwise_rank import pair_decision, pair_scores, rank_images
+from clipcore.methods.yukino import yes_no_scores
+from clipcore.methods.zero_shot import (
+    DEFAULT_TEMPLATES,
+    class_embeddings,
+    expand_prompts,
+    top_k,
+    zero_shot_logits,
+    zero_shot_probs,
+)
 from service.api.errors import ApiError, ErrorCode, bad_input
 from service.api.schemas import (
     ClassifyRequest,
@@ -28,20 +40,8 @@ from service.api.schemas import (
     RankRequest,
     RankResponse,
 )
-from service.methods.common import l2_normalize, softmax
-from service.methods.comparative import apply_comparatives, gated_probs
-from service.methods.pairwise_rank import pair_decision, pair_scores, rank_images
-from service.methods.yukino import yes_no_scores
-from service.methods.zero_shot import (
-    DEFAULT_TEMPLATES,
-    class_embeddings,
-    expand_prompts,
-    top_k,
-    zero_shot_logits,
-    zero_shot_probs,
-)
+from service.runtime.assembly import ModelRuntime
 from service.runtime.cache import text_digest
-from service.runtime.lifecycle import ModelRuntime
 from service.runtime.pipeline import ImageEmbeddings, Pipeline, TextEmbeddings
 
 A = TypeVar("A")
@@ -95,7 +95,7 @@ def _class_embeddings(prompts: list[list[str]], vectors: np.ndarray) -> tuple[np
         return class_embeddings(vectors[:n].reshape(len(prompts), k, -1)), n
     groups, offset = [], 0
     for group in prompts:
-        groups.append(vectors[offset:offset + len(group)])
+        groups.append(vectors[offset : offset + len(group)])
         offset += len(group)
     return class_embeddings(groups), offset
 
@@ -104,18 +104,23 @@ def _results(probs: np.ndarray, scores: np.ndarray, labels: list[str], k: int) -
     results = []
     for i in range(probs.shape[0]):
         best = top_k(probs[i], scores[i], labels, k)
-        results.append(ClassifyResult(
-            label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best]
-        ))
+        results.append(
+            ClassifyResult(label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best])
+        )
     return results
 
 
-async def classify_yukino(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest,
-                          comparative: bool) -> ClassifyResponse:
+async def classify_yukino(
+    pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool
+) -> ClassifyResponse:
     head = rt.bundle.yukino
     if head is None or rt.yukino_batcher is None:
-        raise ApiError(ErrorCode.unknown_component, f"{rt.ref} has no YUKINO component (component 'yukino'); "
-                       "method 'yukino' needs a model version published with one", "method")
+        raise ApiError(
+            ErrorCode.unknown_component,
+            f"{rt.ref} has no YUKINO component (component 'yukino'); "
+            "method 'yukino' needs a model version published with one",
+            "method",
+        )
     if comparative or req.comparatives is not None:
         raise bad_input("comparative prompting applies to method 'standard' only", "method")
     if req.encoder not in (None, head.text_encoder):
@@ -131,8 +136,13 @@ async def classify_yukino(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyReq
     scores = yes_no_scores(p[:, 0], p[:, 1], f_c)
     probs = softmax(float(head.config.get("scale", rt.bundle.logit_scale)) * scores, axis=-1)
     info = ComparativeInfo(applied=False, pairs=[], alpha=req.alpha, source="none")
-    return ClassifyResponse(model=rt.ref, method="yukino", comparative=info,
-                            results=_results(probs, scores, req.labels, req.top_k), truncated_texts=_count(text_emb))
+    return ClassifyResponse(
+        model=rt.ref,
+        method="yukino",
+        comparative=info,
+        results=_results(probs, scores, req.labels, req.top_k),
+        truncated_texts=_count(text_emb),
+    )
 
 
 async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool) -> ClassifyResponse:
@@ -164,11 +174,13 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
             gated = [bool(x) for x in applied]
     results = _results(probs, cosine, req.labels, req.top_k)
     info = ComparativeInfo(
-        applied=bool(comps), pairs=[(a, b) for a, b, _ in comps], alpha=req.alpha, source=source,  # type: ignore[arg-type]
+        applied=bool(comps),
+        pairs=[(a, b) for a, b, _ in comps],
+        alpha=req.alpha,
+        source=source,  # type: ignore[arg-type]
         images_gated=gated,
     )
-    return ClassifyResponse(model=rt.ref, comparative=info, results=results,
-                            truncated_texts=_count(text_emb))
+    return ClassifyResponse(model=rt.ref, comparative=info, results=results, truncated_texts=_count(text_emb))
 
 
 async def rank_pair(pipeline: Pipeline, rt: ModelRuntime, req: RankPairRequest) -> RankPairResponse:
@@ -187,8 +199,7 @@ async def rank_pair(pipeline: Pipeline, rt: ModelRuntime, req: RankPairRequest) 
     results = [PairResult(first=pair_decision(float(s)), score=float(s)) for s in scores]
     truncated = _count(text_emb)
     if req.pairs is None:
-        return RankPairResponse(model=rt.ref, first=results[0].first, score=results[0].score,
-                                truncated_texts=truncated)
+        return RankPairResponse(model=rt.ref, first=results[0].first, score=results[0].score, truncated_texts=truncated)
     return RankPairResponse(model=rt.ref, results=results, truncated_texts=truncated)
 
 
@@ -210,15 +221,19 @@ async def embed(pipeline: Pipeline, rt: ModelRuntime, req: EmbedRequest) -> Embe
     if req.texts is not None:
         text_emb = await pipeline.embed_texts(rt, req.texts, req.encoder)
         return EmbedResponse(
-            model=rt.ref, dim=int(text_emb.vectors.shape[1]), embeddings=_rows(text_emb.vectors),
-            ids=[text_digest(t) for t in req.texts], truncated=text_emb.truncated,
+            model=rt.ref,
+            dim=int(text_emb.vectors.shape[1]),
+            embeddings=_rows(text_emb.vectors),
+            ids=[text_digest(t) for t in req.texts],
+            truncated=text_emb.truncated,
         )
     assert req.images is not None
     image_emb: ImageEmbeddings = await pipeline.embed_images(
         rt, req.images, [f"images.{i}" for i in range(len(req.images))]
     )
-    return EmbedResponse(model=rt.ref, dim=int(image_emb.vectors.shape[1]),
-                         embeddings=_rows(image_emb.vectors), ids=image_emb.ids)
+    return EmbedResponse(
+        model=rt.ref, dim=int(image_emb.vectors.shape[1]), embeddings=_rows(image_emb.vectors), ids=image_emb.ids
+    )
 
 
 def _rows(vectors: np.ndarray) -> list[list[float]]:

@@ -1,4 +1,4 @@
-"""Request/response models of the HTTP API (DESIGN section 2), one pair per endpoint.
+"""Request/response models of the HTTP API (docs/design.md, section 2), one pair per endpoint.
 
 Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option.
 Limits that depend on settings (how many images, labels, texts) are checked by
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from service.api.errors import ErrorCode
 
@@ -25,7 +26,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _min_items(n: int) -> dict[str, object]:
+def _min_items(n: int) -> JsonDict:
     """The contract's lower bound of a list; the server checks it (400 with the field) in
     ``service.api.validation``, where the upper bounds (from settings) are checked too."""
     return {"minItems": n}
@@ -52,7 +53,8 @@ class ImageInput(_Request):
     data: str | None = Field(default=None, description="base64 image bytes or a data: URI", examples=[EXAMPLE_PNG])
     url: str | None = Field(default=None, description="http(s) URL; only when the server allows URLs")
     sha256: str | None = Field(
-        default=None, pattern=SHA256_PATTERN,
+        default=None,
+        pattern=SHA256_PATTERN,
         description="hex digest of image bytes this model version already embedded",
     )
 
@@ -188,16 +190,19 @@ class RankResponse(BaseModel):
 # ----------------------------------------------------------------------------- dense (DCSM)
 class DenseRequest(_Request):
     image: ImageInput
-    texts: list[str] = Field(description="1 to max_texts candidate texts, each scored against the image",
-                             json_schema_extra=_min_items(1))
+    texts: list[str] = Field(
+        description="1 to max_texts candidate texts, each scored against the image", json_schema_extra=_min_items(1)
+    )
     return_maps: bool = Field(default=False, description="also return the z-scored token x patch maps")
     model: str | None = None
 
 
 class DenseResponse(BaseModel):
     model: str
-    scores: list[float] = Field(description="DCSM score of the image with each text, in input order; higher is a "
-                                "better match. Compare scores of one model version only")
+    scores: list[float] = Field(
+        description="DCSM score of the image with each text, in input order; higher is a "
+        "better match. Compare scores of one model version only"
+    )
     best: int = Field(description="index of the highest score (the first one on ties)")
     cosine: list[float] = Field(description="plain pooled cosine of the image and each text (default text encoder)")
     maps: list[list[list[float]]] | None = Field(
@@ -212,7 +217,8 @@ class DenseResponse(BaseModel):
     )
     functional_words: list[list[str]] = Field(description="per text, the functional words found, in order")
     truncated_texts: int | None = Field(
-        default=None, description="only when some texts had more tokens than the scorer's L positions (or the "
+        default=None,
+        description="only when some texts had more tokens than the scorer's L positions (or the "
         "model context): how many were truncated",
     )
 
@@ -310,13 +316,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
     400: error_response_doc("bad input (bad_input, bad_image, urls_disabled, url_forbidden)"),
     401: error_response_doc("unauthorized: missing or malformed API key"),
     403: error_response_doc("forbidden: wrong API key"),
-    404: error_response_doc("unknown_model, unknown_image, or unknown_component (the serving version lacks "
-                            "the component the endpoint needs)"),
+    404: error_response_doc(
+        "unknown_model, unknown_image, or unknown_component (the serving version lacks "
+        "the component the endpoint needs)"
+    ),
     413: error_response_doc("payload_too_large"),
     422: error_response_doc("validation_error"),
     429: error_response_doc("overloaded; retry after Retry-After seconds", retry_after=True),
     500: error_response_doc("internal_error"),
-    503: error_response_doc("not_ready (no model loaded yet, or the version is being replaced); retry after "
-                            "Retry-After seconds", retry_after=True),
+    503: error_response_doc(
+        "not_ready (no model loaded yet, or the version is being replaced); retry after Retry-After seconds",
+        retry_after=True,
+    ),
     504: error_response_doc("timeout"),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from clipcore.methods.zero_shot import DEFAULT_TEMPLATES
 from service.api.errors import bad_input, too_large
 from service.api.schemas import (
     ClassifyRequest,
@@ -20,7 +21,6 @@ from service.api.schemas import (
     RankRequest,
 )
 from service.config import Limits
-from service.methods.zero_shot import DEFAULT_TEMPLATES
 
 
 def check_count(items: Sequence[Any], field: str, low: int, high: int, what: str) -> None:
@@ -63,8 +63,9 @@ def check_classify(req: ClassifyRequest, limits: Limits) -> None:
         for i, comp in enumerate(req.comparatives):
             for side in ("a", "b"):
                 if getattr(comp, side) not in seen:
-                    raise bad_input(f"comparative label {getattr(comp, side)!r} is not among the labels",
-                                    f"comparatives.{i}.{side}")
+                    raise bad_input(
+                        f"comparative label {getattr(comp, side)!r} is not among the labels", f"comparatives.{i}.{side}"
+                    )
             if comp.a == comp.b:
                 raise bad_input("a comparative must contrast two different labels", f"comparatives.{i}")
             check_text(comp.text, f"comparatives.{i}.text", limits)
@@ -109,5 +110,4 @@ def check_heatmap(req: HeatmapRequest, limits: Limits) -> None:
     check_text(req.text, "text", limits)
     if req.image.sha256 is not None:
         # The heatmap draws the picture itself; a reference only names cached features.
-        raise bad_input("the heatmap draws the image: send it as 'data' (or 'url'), not as a reference",
-                        "image.sha256")
+        raise bad_input("the heatmap draws the image: send it as 'data' (or 'url'), not as a reference", "image.sha256")

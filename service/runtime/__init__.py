@@ -1,4 +1,7 @@
-"""Serving runtime: dynamic batching, the embedding cache and metrics (no HTTP here)."""
+"""Serving runtime: batching, the embedding cache, the request pipeline, model lifecycle and metrics.
+
+It raises ``clipcore.errors.ClipError`` and never imports the HTTP layer (an import contract).
+"""
 
 from service.runtime.batcher import (
     BatcherClosed,

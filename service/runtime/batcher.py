@@ -186,9 +186,7 @@ class DynamicBatcher(Generic[T, R]):
         results, _ = await self.submit_timed(items, timeout_s)
         return results
 
-    async def submit_timed(
-        self, items: Sequence[T], timeout_s: float | None = None
-    ) -> tuple[list[R], SubmitTimings]:
+    async def submit_timed(self, items: Sequence[T], timeout_s: float | None = None) -> tuple[list[R], SubmitTimings]:
         """Like ``submit``, also returning queue and run times (for X-Queue-Time headers)."""
         if self._task is None or self._wakeup is None or self._loop is None:
             raise RuntimeError(f"batcher {self.name!r} not started")
@@ -216,9 +214,7 @@ class DynamicBatcher(Generic[T, R]):
         except TimeoutError:
             self._drop(req)
             self._reject("deadline")
-            raise DeadlineExceeded(
-                f"batcher {self.name!r}: request not done within {timeout:.3f}s"
-            ) from None
+            raise DeadlineExceeded(f"batcher {self.name!r}: request not done within {timeout:.3f}s") from None
         except asyncio.CancelledError:
             # Client went away: free its queue slots so they are not computed for nobody.
             self._drop(req)
@@ -356,9 +352,7 @@ class DynamicBatcher(Generic[T, R]):
             out = await loop.run_in_executor(self._executor, self._fn, items)
             results = list(out)
             if len(results) != len(items):
-                raise RuntimeError(
-                    f"batcher {self.name!r}: fn returned {len(results)} results for {len(items)} items"
-                )
+                raise RuntimeError(f"batcher {self.name!r}: fn returned {len(results)} results for {len(items)} items")
         except asyncio.CancelledError:
             for req, _, _ in parts:
                 self._fail(req, BatcherClosed(f"batcher {self.name!r} stopped", 0.0))

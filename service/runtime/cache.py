@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clipcore.methods.common import quantize
+
 if TYPE_CHECKING:
     from service.runtime.metrics import ServiceMetrics
 
@@ -103,13 +105,6 @@ def decode_value(data: bytes) -> np.ndarray:
         raise ValueError("cache value length does not match its shape")
     arr = np.frombuffer(data, dtype="<f2", count=count, offset=head).astype(np.float32)
     arr = arr.reshape(shape)
-    arr.setflags(write=False)
-    return arr
-
-
-def quantize(array: np.ndarray) -> np.ndarray:
-    """The read-only float32 array a cache hit would return for ``array``."""
-    arr = np.asarray(array, dtype=np.float16).astype(np.float32)
     arr.setflags(write=False)
     return arr
 

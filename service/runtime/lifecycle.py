@@ -1,276 +1,34 @@
 """Which model version serves, and how it is replaced without failing a request.
 
-A ``ModelRuntime`` is one loaded version with its own batchers (one for images, one per
-text-encoder variant, and for a version with a DCSM scorer one each for dense image and dense
-text features) sharing a single worker thread, so model calls of one version never overlap.
-Requests ``acquire`` the current runtime and keep that reference to the end: a swap never
-changes the model under a running request, and the old runtime is only stopped once the
-requests holding it are done (or after ``drain_timeout_s``).
-
 The ``ModelManager`` loads the configured ref at start (retrying until it succeeds, while
 /readyz says 503) and, for ``name@alias`` refs, polls the alias. A new target is loaded beside
 the serving one in a thread (checksums verified by the store), warmed up, and swapped in. A
-version that fails verification or warm-up is refused, logged and counted, and the old one
-keeps serving; it is not retried until the alias moves again (versions are immutable).
-
-The pooled image and text batchers call the towers the settings pick (``serving_towers``):
-torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime (fp32, or an int8 image tower).
-Anything but torch fp32 must pass the parity gate (every probe embedding within cosine 0.999 of
-torch fp32) while the version loads; a version that fails it is refused like one that fails
-warm-up. With ONNX, DCSM's dense features (every token and patch) come from their own exported
-graphs, gated per token the same way; under bf16/fp16 they stay on torch fp32 (the scorer was
-trained on fp32 features). YUKINO's inverter and prompts always run on torch.
+version that fails verification, warm-up or its backend's parity gate is refused, logged and
+counted, and the old one keeps serving; it is not retried until the alias moves again (versions
+are immutable). Requests ``acquire`` the current runtime and keep that reference to the end: a
+swap never changes the model under a running request, and the old runtime is only stopped once
+the requests holding it are done (or after ``drain_timeout_s``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
-import numpy as np
-import torch
-
+from clipcore.backends.base import PooledTowers
+from clipcore.errors import ClipError, ErrorCode
+from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore, parse_ref
-from service.api.errors import ApiError, ErrorCode
 from service.config import Settings
-from service.encoders.bundle import ModelBundle
-from service.encoders.clip_model import image_features, normalize, text_features
-from service.encoders.onnx_backend import (
-    ImagePrecision,
-    PooledTowers,
-    ensure_towers,
-    export_dir_for,
-    require_parity,
-)
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
-from service.runtime.batcher import DynamicBatcher
+from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
 from service.runtime.metrics import ServiceMetrics
 
+__all__ = ["ModelManager", "ModelRuntime"]
+
 log = logging.getLogger("service.lifecycle")
-T = TypeVar("T")
-
-IMAGE_BATCHER = "image"
-DENSE_IMAGE_BATCHER = "dense-image"
-YUKINO_BATCHER = "yukino-image"
-DENSE_TEXT_BATCHER = "dense-text"
-WARMUP_TEXT = "a red circle to the left of a blue square"
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(eq=False)
-class ModelRuntime:
-    bundle: ModelBundle
-    image_batcher: DynamicBatcher[np.ndarray, np.ndarray]
-    text_batchers: dict[str, DynamicBatcher[str, np.ndarray]]
-    executor: concurrent.futures.ThreadPoolExecutor
-    # Only for versions with a DCSM component; None otherwise.
-    dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
-    # Only for versions with a YUKINO component: images -> (2, D) yes / no prompt features.
-    yukino_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
-    dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
-    active: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    backend: str = "torch fp32"  # what the pooled batchers call, for logs
-
-    @property
-    def ref(self) -> str:
-        return self.bundle.ref
-
-    @property
-    def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]
-        extra = (self.dense_image_batcher, self.dense_text_batcher, self.yukino_batcher)
-        dense = [b for b in extra if b is not None]
-        return [self.image_batcher, *self.text_batchers.values(), *dense]
-
-    async def start(self) -> None:
-        self.idle.set()
-        for batcher in self.batchers:
-            await batcher.start()
-
-    async def stop(self) -> None:
-        for batcher in self.batchers:
-            await batcher.stop(drain=True)
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run model work (not batched, e.g. DCSM scoring) on this version's model thread."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-        except RuntimeError as exc:
-            if "shutdown" not in str(exc):
-                raise
-            # Only after a drain timeout: the version was stopped under a slow request.
-            raise ApiError(
-                ErrorCode.not_ready, "model is being replaced; retry", headers={"Retry-After": "1"}
-            ) from None
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-class TorchTowers:
-    """The bundle's pooled torch towers as the batchers call them, under autocast when ``dtype`` is set."""
-
-    def __init__(self, bundle: ModelBundle, dtype: torch.dtype | None = None) -> None:
-        self.bundle, self.dtype = bundle, dtype
-        self.variants = [v for v in bundle.text_models if v != bundle.default_text_encoder]
-
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        assert self.dtype is not None
-        with torch.no_grad(), torch.autocast(torch.device(self.bundle.device).type, dtype=self.dtype):
-            yield
-
-    def encode_images(self, images: np.ndarray) -> np.ndarray:
-        if self.dtype is None:
-            return self.bundle.encode_images(images)
-        pre = self.bundle.manifest.preprocess
-        mean, std = pre.get("mean", OPENAI_MEAN), pre.get("std", OPENAI_STD)
-        x = normalize_uint8(images, mean, std).to(self.bundle.device)
-        with self._autocast():
-            features = image_features(self.bundle.model, x)[0]
-        # Normalised in fp32: a norm taken in bf16 can be off by a few tenths of a percent, scaling every score.
-        return normalize(features.float()).cpu().numpy()
-
-    def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray:
-        tokens = torch.as_tensor(tokens)
-        if self.dtype is None:
-            return self.bundle.encode_tokens(tokens, variant)
-        with self._autocast():
-            features = text_features(self.bundle.text_model(variant), tokens.to(self.bundle.device))[0]
-        return normalize(features.float()).cpu().numpy()
-
-
-def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[PooledTowers, str]:
-    """The pooled towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
-    description for the log. Raises ``BackendError`` for a version that fails the gate."""
-    if settings.backend == "onnx":
-        # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
-        # a version serving meanwhile computes on the math path, equal within float rounding.
-        image_precision: ImagePrecision = "int8" if settings.precision == "int8" else "fp32"
-        export_dir = export_dir_for(settings.onnx_cache_root(), bundle, image_precision)
-        dense = bundle.dense is not None
-        towers = ensure_towers(
-            bundle,
-            export_dir,
-            device,
-            settings.torch_threads or None,
-            variants=True,
-            image_precision=image_precision,
-            dense=dense,
-        )
-        if bundle.dense is not None:
-            bundle.dense.runner = towers  # /score/dense reads its features from the gated dense graphs
-        graphs = "pooled and dense" if dense else "pooled"
-        return towers, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
-    if settings.precision == "fp32":
-        return TorchTowers(bundle), "torch fp32"
-    low = TorchTowers(bundle, AUTOCAST_DTYPES[settings.precision])
-    worst = require_parity(bundle, low, label=f"torch {settings.precision}")
-    return low, f"torch {settings.precision} (min probe cosine {worst:.6f})"
-
-
-def _model_thread_init(threads: int) -> None:
-    # OpenMP's thread count is a per-thread setting: it has to be set on the model thread itself.
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
-def warm_up(bundle: ModelBundle) -> None:
-    """Run every tower once (first calls allocate and compile); refuse non-finite outputs."""
-    size = bundle.image_size
-    image = bundle.encode_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
-    outputs = [image]
-    for variant in bundle.text_models:
-        outputs.append(bundle.encode_texts(["a photo of a red circle."], variant))
-    if bundle.dcsm is not None:
-        tokens = bundle.encode_dense_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
-        texts = bundle.encode_dense_texts([WARMUP_TEXT])
-        scores, _ = bundle.score_dense(tokens[0], texts, bundle.dense_layouts([WARMUP_TEXT]))
-        outputs += [tokens, texts]
-        if not np.all(np.isfinite(scores)):
-            raise ValueError(f"warm-up of the DCSM scorer of {bundle.ref} produced non-finite scores")
-    for out in outputs:
-        if out.shape[-1] != bundle.embed_dim or not np.all(np.isfinite(out)):
-            raise ValueError(f"warm-up of {bundle.ref} produced invalid embeddings {out.shape}")
-
-
-def build_runtime(
-    bundle: ModelBundle,
-    settings: Settings,
-    metrics: ServiceMetrics,
-    towers: PooledTowers | None = None,
-    backend: str = "torch fp32",
-) -> ModelRuntime:
-    """Batchers over ``towers`` (default: the bundle's torch fp32 towers) on one model thread."""
-    b = settings.batching
-    pooled: PooledTowers = towers if towers is not None else TorchTowers(bundle)
-    executor = concurrent.futures.ThreadPoolExecutor(
-        max_workers=1,
-        thread_name_prefix=f"model-{bundle.version}",
-        initializer=_model_thread_init,
-        initargs=(settings.torch_threads,),
-    )
-
-    def encode_images(items: list[np.ndarray]) -> list[np.ndarray]:
-        return list(pooled.encode_images(np.stack(items)))
-
-    def text_fn(variant: str):
-        key = None if variant == bundle.default_text_encoder else variant  # towers take None for the default
-
-        def encode_texts(items: list[str]) -> list[np.ndarray]:
-            tokens, _ = bundle.tokenize(items)
-            return list(pooled.encode_tokens(tokens, key))
-
-        return encode_texts
-
-    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, max_delay_s=b.max_queue_delay_s,
-                  executor=executor, metrics=metrics)  # fmt: skip
-    images = DynamicBatcher(IMAGE_BATCHER, encode_images, max_batch=b.max_batch_images, **common)  # type: ignore[arg-type]
-    texts = {
-        v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]
-        for v in bundle.text_models
-    }
-    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend)
-    if bundle.dcsm is not None:
-        # Dense and pooled features are different model calls, so they cannot share a batch;
-        # they still share the one model thread, so they never run at the same time.
-        def dense_images(items: list[np.ndarray]) -> list[np.ndarray]:
-            return list(bundle.encode_dense_images(np.stack(items)))
-
-        def dense_texts(items: list[str]) -> list[np.ndarray]:
-            return list(bundle.encode_dense_texts(items))
-
-        runtime.dense_image_batcher = DynamicBatcher(
-            DENSE_IMAGE_BATCHER,
-            dense_images,
-            max_batch=b.max_batch_images,
-            **common,  # type: ignore[arg-type]
-        )
-        runtime.dense_text_batcher = DynamicBatcher(
-            DENSE_TEXT_BATCHER,
-            dense_texts,
-            max_batch=b.max_batch_texts,
-            **common,  # type: ignore[arg-type]
-        )
-    if bundle.yukino is not None:
-
-        def yukino_prompts(items: list[np.ndarray]) -> list[np.ndarray]:
-            return list(bundle.yukino_prompts(np.stack(items)))
-
-        runtime.yukino_batcher = DynamicBatcher(
-            YUKINO_BATCHER, yukino_prompts, max_batch=b.max_batch_images, **common  # type: ignore[arg-type]
-        )
-    return runtime
 
 
 class ModelManager:
@@ -318,7 +76,7 @@ class ModelManager:
         """The serving runtime, held for the whole request (no await between read and count)."""
         runtime = self.current
         if runtime is None:
-            raise ApiError(ErrorCode.not_ready, self.not_ready_message(), headers={"Retry-After": "1"})
+            raise ClipError(ErrorCode.not_ready, self.not_ready_message(), retry_after=1)
         runtime.active += 1
         runtime.idle.clear()
         try:
@@ -415,8 +173,15 @@ class ModelManager:
     def _watch_failed(self, error: str) -> None:
         # A new error is logged at once; the same one again once a minute at most.
         if error != self.watch_error or time.monotonic() - self._watch_logged >= 60.0:
-            log.warning("cannot read alias %s@%s (%s); %s keeps serving, retrying every %.1fs", self.name,
-                        self.alias, error, self.current.ref if self.current else "nothing", self.settings.watch_interval_s)
+            serving = self.current.ref if self.current else "nothing"
+            log.warning(
+                "cannot read alias %s@%s (%s); %s keeps serving, retrying every %.1fs",
+                self.name,
+                self.alias,
+                error,
+                serving,
+                self.settings.watch_interval_s,
+            )
             self._watch_logged = time.monotonic()
         self.watch_error = error
         self.metrics.set_store_watch(ok=False)

@@ -19,17 +19,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import numpy as np
 
-from service.api.errors import ApiError, ErrorCode, bad_input, too_large
-from service.api.schemas import ImageInput
+from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
+from clipcore.models.bundle import BASE_ENCODER, DenseLayout
+from clipcore.models.clip_model import tokenizer_for
 from service.config import Settings
-from service.encoders.bundle import BASE_ENCODER, DenseLayout
-from service.encoders.clip_model import tokenizer_for
 from service.images import ByteBudget, decode_base64, decode_image, fetch_url
+from service.runtime.assembly import ModelRuntime
 from service.runtime.batcher import (
     BatcherClosed,
     BatcherError,
@@ -40,10 +40,25 @@ from service.runtime.batcher import (
     Reservation,
 )
 from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
-from service.runtime.lifecycle import ModelRuntime
 from service.runtime.metrics import ServiceMetrics
 
 T = TypeVar("T")
+
+
+class ImageRef(Protocol):
+    """An image as a request names it: exactly one of base64 ``data``, a ``url``, or the ``sha256``
+    of bytes this model version already embedded (the API's image object is one)."""
+
+    @property
+    def data(self) -> str | None: ...
+
+    @property
+    def url(self) -> str | None: ...
+
+    @property
+    def sha256(self) -> str | None: ...
+
+
 IMAGE_VARIANT = "visual"
 _TRUNCATION_MEMO = 100_000
 
@@ -144,7 +159,11 @@ class Pipeline:
         return DenseTexts(tokens, [layouts[t] for t in texts])
 
     async def _encode_texts(
-        self, runtime: ModelRuntime, texts: Sequence[str], kind: str, variant: str,
+        self,
+        runtime: ModelRuntime,
+        texts: Sequence[str],
+        kind: str,
+        variant: str,
         batcher: DynamicBatcher[Any, np.ndarray],
     ) -> np.ndarray:
         unique = list(dict.fromkeys(texts))
@@ -153,7 +172,7 @@ class Pipeline:
         missing = [i for i, value in enumerate(found) if value is None]
         step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)
         for start in range(0, len(missing), step):
-            chunk = missing[start:start + step]
+            chunk = missing[start : start + step]
             vectors = await self._submit(batcher, [unique[i] for i in chunk])
             await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
             for i, v in zip(chunk, vectors, strict=True):
@@ -191,7 +210,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ images
     async def embed_images(
-        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str]
+        self, runtime: ModelRuntime, images: Sequence[ImageRef], fields: Sequence[str]
     ) -> ImageEmbeddings:
         """Embeddings of request images; ``fields`` are their paths for errors (``images.0``)."""
         with self._reserve(runtime.image_batcher, images) as room:
@@ -200,8 +219,13 @@ class Pipeline:
         return ImageEmbeddings(vectors, read.ids)
 
     async def dense_images(
-        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str], *,
-        pooled: bool = True, with_pixels: bool = False,
+        self,
+        runtime: ModelRuntime,
+        images: Sequence[ImageRef],
+        fields: Sequence[str],
+        *,
+        pooled: bool = True,
+        with_pixels: bool = False,
     ) -> DenseImages:
         """Class + patch tokens (cache kind ``dense``) and, with ``pooled``, the pooled
         embeddings of request images, each image decoded at most once; ``with_pixels`` also
@@ -224,7 +248,7 @@ class Pipeline:
         return DenseImages(tokens, vectors, read.ids, pixels)
 
     async def yukino_prompts(
-        self, runtime: ModelRuntime, images: Sequence[ImageInput], fields: Sequence[str]
+        self, runtime: ModelRuntime, images: Sequence[ImageRef], fields: Sequence[str]
     ) -> ImageEmbeddings:
         """Per image, YUKINO's yes and no prompt features ``(N, 2, D)`` (cache kind ``yukino``)."""
         assert runtime.yukino_batcher is not None, "yukino_prompts needs a version with a YUKINO component"
@@ -233,7 +257,7 @@ class Pipeline:
             vectors = await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher, room)
         return ImageEmbeddings(vectors, read.ids)
 
-    def _reserve(self, batcher: DynamicBatcher[Any, np.ndarray], images: Sequence[ImageInput]) -> Reservation:
+    def _reserve(self, batcher: DynamicBatcher[Any, np.ndarray], images: Sequence[ImageRef]) -> Reservation:
         """Room in the batcher's queue for the images that may need encoding (those sent as data
         or URL: references are cached or unknown), taken before fetching or decoding anything,
         so an overloaded server refuses a request at once and cheaply."""
@@ -242,7 +266,7 @@ class Pipeline:
         except BatcherError as exc:
             raise self._batcher_error(exc) from None
 
-    async def _read_images(self, images: Sequence[ImageInput], fields: Sequence[str]) -> _ReadImages:
+    async def _read_images(self, images: Sequence[ImageRef], fields: Sequence[str]) -> _ReadImages:
         budget = ByteBudget(self.settings.limits.max_url_bytes)
         payloads = await _all_or_none(
             [self._image_bytes(img, f, budget) for img, f in zip(images, fields, strict=True)]
@@ -257,7 +281,11 @@ class Pipeline:
         return read
 
     async def _encode_images(
-        self, runtime: ModelRuntime, read: _ReadImages, kind: str, batcher: DynamicBatcher[Any, np.ndarray],
+        self,
+        runtime: ModelRuntime,
+        read: _ReadImages,
+        kind: str,
+        batcher: DynamicBatcher[Any, np.ndarray],
         room: Reservation,
     ) -> np.ndarray:
         unique = list(dict.fromkeys(read.ids))
@@ -267,14 +295,14 @@ class Pipeline:
         for i in missing:
             if unique[i] not in read.raw:
                 what = "dense features" if kind == "dense" else "embedding"
-                raise ApiError(
+                raise ClipError(
                     ErrorCode.unknown_image,
                     f"no {what} of image {unique[i]} for {runtime.ref}; send its data instead",
                     f"{read.first_field[unique[i]]}.sha256",
                 )
         step = min(self.settings.batching.max_batch_images, self.settings.batching.max_queue)
         for start in range(0, len(missing), step):
-            chunk = missing[start:start + step]
+            chunk = missing[start : start + step]
             pixels = await self._decode(runtime, read, [unique[i] for i in chunk])
             room.release()  # the submit takes the room it held (no await in between)
             vectors = await self._submit(batcher, pixels)
@@ -292,7 +320,7 @@ class Pipeline:
         read.decoded.update(zip(todo, pixels, strict=True))
         return [read.decoded[d] for d in digests]
 
-    async def _image_bytes(self, image: ImageInput, field: str, budget: ByteBudget) -> bytes | None:
+    async def _image_bytes(self, image: ImageRef, field: str, budget: ByteBudget) -> bytes | None:
         """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache)."""
         limits = self.settings.limits
         if image.data is not None:
@@ -304,10 +332,15 @@ class Pipeline:
             )
         if image.url is not None:
             if self.http is None:
-                raise ApiError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
+                raise ClipError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
             return await fetch_url(
-                self.http, image.url, f"{field}.url", allowlist=self.settings.url_allowlist,
-                max_bytes=limits.max_image_bytes, timeout_s=self.settings.url_timeout_s, budget=budget,
+                self.http,
+                image.url,
+                f"{field}.url",
+                allowlist=self.settings.url_allowlist,
+                max_bytes=limits.max_image_bytes,
+                timeout_s=self.settings.url_timeout_s,
+                budget=budget,
             )
         return None  # sha256: resolved through the cache
 
@@ -346,17 +379,16 @@ class Pipeline:
         except BatcherError as exc:
             raise self._batcher_error(exc) from None
 
-    def _batcher_error(self, exc: BatcherError) -> ApiError:
+    def _batcher_error(self, exc: BatcherError) -> ClipError:
         if isinstance(exc, BatcherClosed):
-            return ApiError(ErrorCode.not_ready, "model is being replaced; retry",
-                            headers={"Retry-After": _seconds(exc.retry_after)})
+            return ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=exc.retry_after)
         if isinstance(exc, QueueFull):
-            return ApiError(ErrorCode.overloaded, "server is overloaded; retry later",
-                            headers={"Retry-After": _seconds(exc.retry_after)})
+            return ClipError(ErrorCode.overloaded, "server is overloaded; retry later", retry_after=exc.retry_after)
         if isinstance(exc, RequestTooLarge):
             return too_large(str(exc))
         assert isinstance(exc, DeadlineExceeded), exc
-        return ApiError(ErrorCode.timeout, f"request did not finish within {self.settings.batching.request_timeout_s:g}s")
+        budget = self.settings.batching.request_timeout_s
+        return ClipError(ErrorCode.timeout, f"request did not finish within {budget:g}s")
 
 
 async def _all_or_none(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:

@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 API_DOC = REPO / "docs" / "api.md"
-# DESIGN section 2: every one of these is part of the public contract.
+# docs/design.md, section 2: every one of these is part of the public contract.
 DESIGN_OPERATIONS = [
     ("post", "/classify"),
     ("post", "/rank-pair"),
@@ -64,7 +64,8 @@ def test_committed_openapi_matches_the_app(exporter: ModuleType, schema: dict[st
     changes = exporter.diff_summary(json.loads(committed_text), schema)
     pytest.fail(
         "clients/openapi.json differs from the app's OpenAPI schema "
-        f"({len(changes)} change(s) shown, committed -> app):\n  " + "\n  ".join(changes or ["(formatting only)"])
+        f"({len(changes)} change(s) shown, committed -> app):\n  "
+        + "\n  ".join(changes or ["(formatting only)"])
         + "\nRegenerate it with `python scripts/export_openapi.py`, review the diff and commit it."
     )
 

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_script(name: str, *args: str, env_extra: dict[str, str] | None = None) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
-    proc = subprocess.run([sys.executable, str(REPO / "loadtests" / name), *args], capture_output=True, text=True,
+    module = f"loadtests.{name.removesuffix('.py')}"
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           timeout=240, cwd=REPO, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -105,9 +105,9 @@ def test_runner_refuses_remote_targets() -> None:
 def test_naive_server_answers_the_contract_subset(tiny_store: Path, make_image) -> None:
     from fastapi.testclient import TestClient
 
+    from clipcore.models.bundle import ModelBundle
     from loadtests.naive_server import create_naive_app
     from model_store import ModelStore
-    from service.encoders.bundle import ModelBundle
 
     bundle = ModelBundle.load(ModelStore(tiny_store), "tiny@production")
     client = TestClient(create_naive_app(bundle))

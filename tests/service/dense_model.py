@@ -18,9 +18,9 @@ def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> s
     """A random shapes-smoke model with a random DCSM scorer; ``broken`` gives it NaN weights."""
     import torch
 
+    from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
+    from clipcore.models.clip_model import build_model
     from model_store import ModelStore
-    from service.encoders.clip_model import build_model
-    from service.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
     from training.publish import publish_bundle
     from training.train_dcsm import dcsm_component, dcsm_files
 
@@ -28,25 +28,39 @@ def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> s
     torch.manual_seed(0)
     model = build_model(config)
     groups = training_groups()
-    cfg = {**DEFAULT_SCORER_CONFIG, "channels": 8, "hidden": 32, "grid": 8, "functional_groups": groups,
-           "table_seed": TABLE_SEED}
+    cfg = {
+        **DEFAULT_SCORER_CONFIG,
+        "channels": 8,
+        "hidden": 32,
+        "grid": 8,
+        "functional_groups": groups,
+        "table_seed": TABLE_SEED,
+    }
     scorer = DCSMScorer(cfg)
     state = {k: v * float("nan") if broken else v for k, v in scorer.state_dict().items()}
     files = dcsm_files(state, cfg, functional_row_table(groups, 65, TABLE_SEED))
-    manifest = publish_bundle(ModelStore(root), name, model, config, extra_files=files,
-                              components={"dcsm": dcsm_component(cfg)}, aliases=["production"], fp16=False)
+    manifest = publish_bundle(
+        ModelStore(root),
+        name,
+        model,
+        config,
+        extra_files=files,
+        components={"dcsm": dcsm_component(cfg)},
+        aliases=["production"],
+        fp16=False,
+    )
     return manifest.version
 
 
 def training_groups() -> dict[str, list[str]]:
-    from service.methods.dcsm import FUNCTIONAL_GROUPS
+    from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 
     return {**{g: list(w) for g, w in FUNCTIONAL_GROUPS.items()}, **GROUPS_EXTRA}
 
 
 def training_row(group: str) -> np.ndarray:
     """The table row training gave ``group``: row i belongs to the i-th group by name."""
-    from service.methods.dcsm import functional_row_table
+    from clipcore.methods.dcsm import functional_row_table
 
     groups = sorted(training_groups())
     return functional_row_table(groups, 65, TABLE_SEED)[groups.index(group)].numpy()  # type: ignore[no-any-return]

@@ -24,8 +24,9 @@ def keyfile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secured(serve_app: Any, tiny_store: Path, keyfile: Path) -> Iterator[str]:
-    with serve_app(store=str(tiny_store), model="tiny@production", api_keys=["static-key"],
-                   api_keys_file=keyfile) as running:
+    with serve_app(
+        store=str(tiny_store), model="tiny@production", api_keys=["static-key"], api_keys_file=keyfile
+    ) as running:
         yield running.url
 
 
@@ -34,8 +35,12 @@ def error_code(r: httpx.Response) -> str:
 
 
 def test_missing_or_malformed_header_is_401(secured: str) -> None:
-    for headers in ({}, {"Authorization": "static-key"}, {"Authorization": "Basic c3RhdGljLWtleQ=="},
-                    {"Authorization": "Bearer"}):
+    for headers in (
+        {},
+        {"Authorization": "static-key"},
+        {"Authorization": "Basic c3RhdGljLWtleQ=="},
+        {"Authorization": "Bearer"},
+    ):
         r = httpx.post(f"{secured}/embed", json={"texts": ["a"]}, headers=headers)
         assert r.status_code == 401, headers
         assert error_code(r) == "unauthorized"

@@ -15,9 +15,9 @@ import pytest
 import torch
 from prometheus_samples import metric_value
 
+from clipcore.backends.onnx import PARITY_THRESHOLD, SIDECAR, _sha256, export_bundle, export_dir_for
+from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
-from service.encoders.bundle import ModelBundle
-from service.encoders.onnx_backend import PARITY_THRESHOLD, SIDECAR, _sha256, export_bundle, export_dir_for
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["a red circle.", "a photo of a small blue square.", "a green triangle to the left of a purple diamond"]
@@ -120,7 +120,7 @@ def test_version_failing_onnx_parity_is_refused(
 def _publish_bf16_unsafe(root: Path) -> str:
     """A version whose embeddings cancel two large equal offsets: exact in fp32, while bf16 rounds
     each offset (to a multiple of 4 at 1000) before they cancel, so its embeddings drift."""
-    from service.encoders.clip_model import build_model
+    from clipcore.models.clip_model import build_model
     from training.publish import publish_bundle
 
     config = json.loads((REPO / "training/configs/shapes-smoke.json").read_text())

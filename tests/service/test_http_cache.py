@@ -42,8 +42,9 @@ def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory: pytest.TempPathFactory, publish_model: Any, serve_app: Any,
-           service_redis: Any) -> Iterator[tuple[httpx.Client, Any]]:
+def cached(
+    tmp_path_factory: pytest.TempPathFactory, publish_model: Any, serve_app: Any, service_redis: Any
+) -> Iterator[tuple[httpx.Client, Any]]:
     root = tmp_path_factory.mktemp("cache-store")
     publish_model(root, "cachetest", seed=3)
     with (
@@ -57,8 +58,11 @@ def test_second_classify_takes_label_embeddings_from_cache(
     cached: tuple[httpx.Client, Any], make_image: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client, _ = cached
-    labels = [f"{c} {s}" for c in ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
-              for s in ("circle", "square", "triangle", "diamond", "cross")]  # 35 labels, 175 prompts
+    labels = [
+        f"{c} {s}"
+        for c in ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
+        for s in ("circle", "square", "triangle", "diamond", "cross")
+    ]  # 35 labels, 175 prompts
     body = {"images": [make_image("circle", "red")], "labels": labels}
     before = cache_counts(client)
     texts_before = batch_items(client, "text-base")
@@ -108,8 +112,13 @@ def test_redis_killed_mid_stream_all_requests_succeed(
     statuses: list[int] = []
     errors: list[BaseException] = []
     stop = threading.Event()
-    with serve_app(store=str(tmp_path / "store"), model="redisdeath@production", redis_url=private_redis.url,
-                   redis_timeout_s=0.2, redis_retry_after_s=0.5) as running:
+    with serve_app(
+        store=str(tmp_path / "store"),
+        model="redisdeath@production",
+        redis_url=private_redis.url,
+        redis_timeout_s=0.2,
+        redis_retry_after_s=0.5,
+    ) as running:
         assert running.services.cache.redis_state == "up"
 
         def stream() -> None:

@@ -35,8 +35,9 @@ def dense_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def dense_server(dense_store: Path, service_redis: Any, serve_app: Any) -> Iterator[Any]:
-    with serve_app(store=str(dense_store), model="dense@production", redis_url=service_redis.url,
-               limits={"max_texts": 6}) as running:
+    with serve_app(
+        store=str(dense_store), model="dense@production", redis_url=service_redis.url, limits={"max_texts": 6}
+    ) as running:
         yield running
 
 
@@ -44,8 +45,9 @@ def dense_server(dense_store: Path, service_redis: Any, serve_app: Any) -> Itera
 def cold_server(dense_store: Path, serve_app: Any) -> Iterator[Any]:
     """No Redis and no LRU: every request computes every feature (for batch-invariance checks);
     a long batch wait so that concurrent requests share batches."""
-    with serve_app(store=str(dense_store), model="dense@production", lru_items=0,
-               batching={"max_wait_ms": 150.0}) as running:
+    with serve_app(
+        store=str(dense_store), model="dense@production", lru_items=0, batching={"max_wait_ms": 150.0}
+    ) as running:
         yield running
 
 
@@ -57,8 +59,8 @@ def client(dense_server: Any) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def bundle(dense_store: Path) -> Any:
+    from clipcore.models.bundle import ModelBundle
     from model_store import ModelStore
-    from service.encoders.bundle import ModelBundle
 
     return ModelBundle.load(ModelStore(dense_store), "dense@production")
 
@@ -87,15 +89,18 @@ def test_response_shape(client: httpx.Client, image: Any) -> None:
     assert body["functional_words"] == [["left"], ["left"], []]
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    (LEFT, ["left"]),
-    ("a square without a triangle", ["without"]),
-    ("a cyan circle beneath a purple diamond", ["beneath"]),  # "cyan" is two tokens
-    ("a red square next to a green cross", ["next to"]),  # a two-token functional word
-    ("a circle but not a square", ["but", "not"]),
-    ("a small circle over a big square", ["small", "over", "big"]),
-    ("the rebuttal of a squarely shaped circle", []),  # "but" inside a word is not the word
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (LEFT, ["left"]),
+        ("a square without a triangle", ["without"]),
+        ("a cyan circle beneath a purple diamond", ["beneath"]),  # "cyan" is two tokens
+        ("a red square next to a green cross", ["next to"]),  # a two-token functional word
+        ("a circle but not a square", ["but", "not"]),
+        ("a small circle over a big square", ["small", "over", "big"]),
+        ("the rebuttal of a squarely shaped circle", []),  # "but" inside a word is not the word
+    ],
+)
 def test_functional_words(client: httpx.Client, text: str, words: list[str], image: Any) -> None:
     assert dense(client, image(), [text])["functional_words"] == [words]
 
@@ -119,8 +124,9 @@ def test_maps_are_what_was_scored(client: httpx.Client, bundle: Any, image: Any)
     # The same computation done here on the bundle (features rounded as the cache rounds them).
     pixels = bundle.preprocess(Image.open(io.BytesIO(base64.b64decode(img["data"]))))
     layouts = bundle.dense_layouts(texts)
-    scores, maps = bundle.score_dense(quantize(bundle.encode_dense_images(np.stack([pixels]))[0]),
-                                      quantize(bundle.encode_dense_texts(texts)), layouts)
+    scores, maps = bundle.score_dense(
+        quantize(bundle.encode_dense_images(np.stack([pixels]))[0]), quantize(bundle.encode_dense_texts(texts)), layouts
+    )
     assert body["scores"] == [float(s) for s in scores]
     np.testing.assert_array_equal(np.asarray(body["maps"][1], dtype=np.float32), maps[1][layouts[1].valid])
 
@@ -141,8 +147,10 @@ def test_bad_requests(client: httpx.Client, base_url: str, image: Any) -> None:
         r = client.post("/score/dense", json=body)
         assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (status, code, field), body
     # The tiny model of the other tests has no DCSM scorer.
-    for path, body in (("/score/dense", {"image": img, "texts": ["a circle"]}),
-                       ("/score/dense/heatmap", {"image": img, "text": "a circle"})):
+    for path, body in (
+        ("/score/dense", {"image": img, "texts": ["a circle"]}),
+        ("/score/dense/heatmap", {"image": img, "text": "a circle"}),
+    ):
         r = httpx.post(f"{base_url}{path}", json=body, timeout=30)
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_component", r.text
         assert "dcsm" in r.json()["error"]["message"]
@@ -156,8 +164,9 @@ def test_truncated_texts_are_reported(client: httpx.Client, image: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- cache and batching
-def test_features_are_cached_under_their_own_kinds(client: httpx.Client, dense_server: Any,
-                                                   service_redis: Any, image: Any) -> None:
+def test_features_are_cached_under_their_own_kinds(
+    client: httpx.Client, dense_server: Any, service_redis: Any, image: Any
+) -> None:
     import redis
 
     img, texts = image("diamond", "purple", x=0.6), ["a purple diamond", "a purple diamond above a cross"]
@@ -228,7 +237,7 @@ def _sample(metrics: str, name: str) -> float:
 
 # ----------------------------------------------------------------------------- heatmap
 def test_heatmap_png(client: httpx.Client, bundle: Any, image: Any) -> None:
-    from service.heatmap import heatmap_size, render_heatmap_png
+    from clipcore.heatmap import heatmap_size, render_heatmap_png
 
     img = image("circle", "red", x=0.3)
     r = client.post("/score/dense/heatmap", json={"image": img, "text": LEFT})
@@ -279,9 +288,16 @@ def test_rank_endpoints_report_truncated_texts(base_url: str, image: Any) -> Non
     long = "The first image contains a larger shape, " * 6 + "while the second contains a smaller shape."
     pair = httpx.post(f"{base_url}/rank-pair", json={"image_a": a, "image_b": b, "difference": long}, timeout=30)
     assert pair.json()["truncated_texts"] == 1
-    pairs = httpx.post(f"{base_url}/rank-pair", json={"pairs": [
-        {"image_a": a, "image_b": b, "difference": long},
-        {"image_a": b, "image_b": a, "difference": "The first is smaller."}]}, timeout=30)
+    pairs = httpx.post(
+        f"{base_url}/rank-pair",
+        json={
+            "pairs": [
+                {"image_a": a, "image_b": b, "difference": long},
+                {"image_a": b, "image_b": a, "difference": "The first is smaller."},
+            ]
+        },
+        timeout=30,
+    )
     assert pairs.json()["truncated_texts"] == 1
     ranked = httpx.post(f"{base_url}/rank", json={"images": [a, b], "difference": long}, timeout=30).json()
     assert ranked["truncated_texts"] == 1
@@ -329,8 +345,10 @@ def test_default_model_prefers_the_true_caption(serve_app: Any) -> None:
         pytest.skip(f"{name}@{version} has no DCSM scorer")
     items = hard_negative_set(Split.TEST, seed=7, n=32)
     wins: dict[str, list[bool]] = {}
-    with serve_app(store=str(DEFAULT_STORE), model="default@production") as running, \
-            httpx.Client(base_url=running.url, timeout=120) as c:
+    with (
+        serve_app(store=str(DEFAULT_STORE), model="default@production") as running,
+        httpx.Client(base_url=running.url, timeout=120) as c,
+    ):
         for item in items:
             img = {"data": png_b64(draw_scene_pil(item.scene, size=224))}
             body = dense(c, img, [item.positive, item.negative])
@@ -349,16 +367,28 @@ def png_b64(picture: Image.Image) -> str:
 # ----------------------------------------------------------------------------- ONNX dense graphs
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_onnx_backend_serves_dense_scores_from_its_dense_graphs(
-    dense_store: Path, serve_app: Any, client: httpx.Client, image: Any, tmp_path: Path, precision: str,
+    dense_store: Path,
+    serve_app: Any,
+    client: httpx.Client,
+    image: Any,
+    tmp_path: Path,
+    precision: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     texts = [LEFT, "a blue square to the left of a red circle", "a square without a triangle", "a green cross"]
     img = image("circle", "red", x=0.3)
     reference = dense(client, img, texts, return_maps=True)  # the torch server
-    with caplog.at_level("INFO", logger="service.lifecycle"), serve_app(
-        store=str(dense_store), model="dense@production", backend="onnx", precision=precision,
-        onnx_cache_dir=str(tmp_path), lru_items=0,
-    ) as running:
+    with (
+        caplog.at_level("INFO", logger="service.lifecycle"),
+        serve_app(
+            store=str(dense_store),
+            model="dense@production",
+            backend="onnx",
+            precision=precision,
+            onnx_cache_dir=str(tmp_path),
+            lru_items=0,
+        ) as running,
+    ):
         assert running.services.manager.current.bundle.dense.runner is not None
         with httpx.Client(base_url=running.url, timeout=60) as onnx_client:
             body = dense(onnx_client, img, texts, return_maps=True)

@@ -72,14 +72,23 @@ def test_comparative_from_request_library_and_none(client: httpx.Client, make_im
     assert lib["results"] != std["results"]
 
     comps = [{"a": "green square", "b": "red circle", "text": "the first is green, while the second is red."}]
-    req = client.post("/classify", params={"comparative": "true"},
-                      json={"images": images, "labels": labels, "comparatives": comps, "alpha": 0.5,
-                            "symmetric": True}).json()
-    assert req["comparative"] == {"applied": True, "pairs": [["green square", "red circle"]], "alpha": 0.5,
-                                  "source": "request"}
+    req = client.post(
+        "/classify",
+        params={"comparative": "true"},
+        json={"images": images, "labels": labels, "comparatives": comps, "alpha": 0.5, "symmetric": True},
+    ).json()
+    assert req["comparative"] == {
+        "applied": True,
+        "pairs": [["green square", "red circle"]],
+        "alpha": 0.5,
+        "source": "request",
+    }
 
-    none = client.post("/classify", params={"comparative": "true"},
-                       json={"images": images, "labels": ["yellow cross", "purple diamond"]}).json()
+    none = client.post(
+        "/classify",
+        params={"comparative": "true"},
+        json={"images": images, "labels": ["yellow cross", "purple diamond"]},
+    ).json()
     assert none["comparative"]["applied"] is False and none["comparative"]["source"] == "none"
 
 
@@ -104,10 +113,15 @@ def test_rank_pair_single_and_batch_agree(client: httpx.Client, make_image: Any)
     assert single["first"] == ("a" if single["score"] >= 0 else "b")
     swapped = client.post("/rank-pair", json={"image_a": b, "image_b": a, "difference": text}).json()
     assert swapped["score"] == pytest.approx(-single["score"], abs=1e-5)
-    batch = client.post("/rank-pair", json={"pairs": [
-        {"image_a": a, "image_b": b, "difference": text},
-        {"image_a": b, "image_b": a, "difference": text},
-    ]}).json()
+    batch = client.post(
+        "/rank-pair",
+        json={
+            "pairs": [
+                {"image_a": a, "image_b": b, "difference": text},
+                {"image_a": b, "image_b": a, "difference": text},
+            ]
+        },
+    ).json()
     assert set(batch) == {"model", "results"}
     assert batch["results"][0]["score"] == pytest.approx(single["score"], abs=1e-5)
     assert [r["first"] for r in batch["results"]] == [single["first"], swapped["first"]]
@@ -121,8 +135,9 @@ def test_rank_orders_consistently_with_pairs(client: httpx.Client, make_image: A
     assert [r["index"] for r in body["ranking"]] == sorted(range(4), key=lambda i: -scores[i])
     assert sorted(r["index"] for r in body["ranking"]) == [0, 1, 2, 3]
     best, worst = body["ranking"][0]["index"], body["ranking"][-1]["index"]
-    pair = client.post("/rank-pair", json={"image_a": images[best], "image_b": images[worst],
-                                           "difference": text}).json()
+    pair = client.post(
+        "/rank-pair", json={"image_a": images[best], "image_b": images[worst], "difference": text}
+    ).json()
     assert pair["first"] == "a"
 
 
@@ -164,13 +179,18 @@ def test_image_formats_and_data_uri(client: httpx.Client) -> None:
 
     rgba = Image.new("RGBA", (40, 30), (255, 0, 0, 128))
     out = []
-    for fmt, im in (("JPEG", rgba.convert("RGB")), ("PNG", rgba), ("WEBP", rgba), ("GIF", rgba.convert("P")),
-                    ("BMP", rgba.convert("RGB"))):
+    for fmt, im in (
+        ("JPEG", rgba.convert("RGB")),
+        ("PNG", rgba),
+        ("WEBP", rgba),
+        ("GIF", rgba.convert("P")),
+        ("BMP", rgba.convert("RGB")),
+    ):
         buf = io.BytesIO()
         im.save(buf, fmt)
         out.append({"data": base64.b64encode(buf.getvalue()).decode()})
     out.append({"data": "data:image/png;base64," + out[1]["data"]})
-    wrapped = "\n".join(out[1]["data"][i:i + 76] for i in range(0, len(out[1]["data"]), 76))
+    wrapped = "\n".join(out[1]["data"][i : i + 76] for i in range(0, len(out[1]["data"]), 76))
     out.append({"data": wrapped})
     body = client.post("/embed", json={"images": out})
     assert body.status_code == 200, body.text

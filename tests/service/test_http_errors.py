@@ -229,8 +229,16 @@ def test_every_error_counted_no_500(client: httpx.Client) -> None:
 # ----------------------------------------------------------------------------- small limits
 @pytest.fixture(scope="module")
 def small(serve_app: Any, tiny_store: Any) -> Iterator[httpx.Client]:
-    limits = {"max_body_bytes": 64_000, "max_image_bytes": 20_000, "max_images": 3, "max_labels": 4,
-              "max_texts": 3, "max_text_chars": 50, "max_pixels": 200 * 200, "max_pairs": 2}
+    limits = {
+        "max_body_bytes": 64_000,
+        "max_image_bytes": 20_000,
+        "max_images": 3,
+        "max_labels": 4,
+        "max_texts": 3,
+        "max_text_chars": 50,
+        "max_pixels": 200 * 200,
+        "max_pairs": 2,
+    }
     with (
         serve_app(store=str(tiny_store), model="tiny@production", limits=limits) as running,
         httpx.Client(base_url=running.url, timeout=30) as c,

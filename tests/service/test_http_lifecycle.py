@@ -41,8 +41,9 @@ def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_mo
         assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "late@v1", "store": "ok"}
 
 
-def test_queue_full_is_429_with_retry_after(tmp_path: Path, serve_app: Any, publish_model: Any,
-                                            make_image: Any) -> None:
+def test_queue_full_is_429_with_retry_after(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
     publish_model(tmp_path, "busy", seed=6)
     # A long batching window keeps the first request's images queued; the queue holds 2 items.
     batching = {"max_queue": 2, "max_batch_images": 64, "max_wait_ms": 1500}
@@ -51,7 +52,7 @@ def test_queue_full_is_429_with_retry_after(tmp_path: Path, serve_app: Any, publ
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=running.url, timeout=30) as c:
-                calls = [c.post("/embed", json={"images": images[2 * i:2 * i + 2]}) for i in range(3)]
+                calls = [c.post("/embed", json={"images": images[2 * i : 2 * i + 2]}) for i in range(3)]
                 return await asyncio.gather(*calls)
 
         responses = asyncio.run(burst())
@@ -74,8 +75,7 @@ def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: li
             seen.append((r.status_code, r.json().get("model", r.text)))
 
 
-def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publish_model: Any,
-                                          make_image: Any) -> None:
+def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     publish_model(root, "swap", seed=7)
     body = {"images": [make_image("circle", "red")], "labels": ["red circle", "blue square", "green cross"]}
@@ -109,8 +109,9 @@ def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publis
     assert 'version="v2"' in info and 'version="v1"' not in info
 
 
-def test_corrupt_version_is_refused_old_keeps_serving(tmp_path: Path, serve_app: Any, publish_model: Any,
-                                                      make_image: Any) -> None:
+def test_corrupt_version_is_refused_old_keeps_serving(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
     root = tmp_path / "store"
     publish_model(root, "guarded", seed=9)
     body = {"images": [make_image("square", "blue")], "labels": ["red circle", "blue square"]}
@@ -156,8 +157,9 @@ def test_pinned_version_is_not_swapped(tmp_path: Path, serve_app: Any, publish_m
 
 
 @pytest.mark.parametrize("redis_url", ["redis://127.0.0.1:1/0"])
-def test_unreachable_redis_at_start_still_serves(tmp_path: Path, serve_app: Any, publish_model: Any,
-                                                 redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_unreachable_redis_at_start_still_serves(
+    tmp_path: Path, serve_app: Any, publish_model: Any, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     publish_model(tmp_path, "noredis", seed=13)
     with (
         caplog.at_level("WARNING"),
@@ -172,7 +174,7 @@ def test_unreachable_redis_at_start_still_serves(tmp_path: Path, serve_app: Any,
 def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
     import torch
 
-    from service.encoders.clip_model import build_model
+    from clipcore.models.clip_model import build_model
     from training.publish import publish_bundle
 
     publish_model(tmp_path, "warm", seed=15)
@@ -190,8 +192,9 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
         assert httpx.post(f"{running.url}/embed", json={"texts": ["still fine"]}).status_code == 200
 
 
-def test_graceful_shutdown_finishes_in_flight_requests(tmp_path: Path, serve_app: Any, publish_model: Any,
-                                                       make_image: Any) -> None:
+def test_graceful_shutdown_finishes_in_flight_requests(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
     publish_model(tmp_path, "drain", seed=16)
     results: list[int] = []
     with serve_app(store=str(tmp_path), model="drain@production", batching={"max_wait_ms": 800}) as running:
@@ -237,7 +240,8 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
             aliases.write_bytes(broken)
             _wait(lambda: manager.watch_error is not None)
             ready = httpx.get(f"{running.url}/readyz")
-            assert ready.status_code == 200 and ready.json() == {"ready": True, "model": "watch@v1", "store": "unreadable"}
+            assert ready.status_code == 200
+            assert ready.json() == {"ready": True, "model": "watch@v1", "store": "unreadable"}
             assert metric_value(running.url, "store_watch_ok") == 0
             time.sleep(0.3)  # several polls fail; the watcher keeps polling
             assert manager._task is not None and not manager._task.done()

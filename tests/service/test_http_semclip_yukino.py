@@ -18,32 +18,47 @@ import numpy as np
 import pytest
 
 SMOKE_CONFIG = Path(__file__).resolve().parents[2] / "training" / "configs" / "shapes-smoke.json"
-CAPTIONS = ["a red circle to the left of a blue square", "a blue circle to the left of a red square",
-            "there is no red circle"]
+CAPTIONS = [
+    "a red circle to the left of a blue square",
+    "a blue circle to the left of a red square",
+    "there is no red circle",
+]
 
 
 def publish_semclip_yukino(root: Path) -> str:
     import torch
 
+    from clipcore.models.clip_model import build_model
+    from clipcore.models.yukino import Inverter, YukinoHead
     from model_store import ModelStore
-    from service.encoders.clip_model import build_model
-    from service.encoders.yukino import Inverter, YukinoHead
     from training.publish import publish_bundle
 
     config = json.loads(SMOKE_CONFIG.read_text())
     torch.manual_seed(0)
     model = build_model(config)
     generator = torch.Generator().manual_seed(1)
-    semclip = {k: v + 0.05 * torch.randn(v.shape, generator=generator) if k.startswith("transformer.") else v
-               for k, v in model.state_dict().items()}
+    semclip = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator) if k.startswith("transformer.") else v
+        for k, v in model.state_dict().items()
+    }
     grid = (config["vision_cfg"]["image_size"] // config["vision_cfg"]["patch_size"]) ** 2
     in_dim = (grid + 1) * config["embed_dim"]
     width = config["text_cfg"]["width"]
-    head = YukinoHead(Inverter(in_dim, width, 32), "semclip", {"in_dim": in_dim, "token_dim": width, "width": 32,
-                                                              "scale": 50.0})
+    head = YukinoHead(
+        Inverter(in_dim, width, 32), "semclip", {"in_dim": in_dim, "token_dim": width, "width": 32, "scale": 50.0}
+    )
     files, component = head.to_files()
-    manifest = publish_bundle(ModelStore(root), "sy", model, config, text_variants={"semclip": semclip},
-                              extra_files=files, components={"yukino": component}, aliases=["production"], fp16=False)
+    manifest = publish_bundle(
+        ModelStore(root),
+        "sy",
+        model,
+        config,
+        text_variants={"semclip": semclip},
+        extra_files=files,
+        components={"yukino": component},
+        aliases=["production"],
+        fp16=False,
+    )
     return manifest.version
 
 
@@ -63,8 +78,8 @@ def client(store: Path, service_redis: Any, serve_app: Any) -> Iterator[httpx.Cl
 
 @pytest.fixture(scope="module")
 def bundle(store: Path) -> Any:
+    from clipcore.models.bundle import ModelBundle
     from model_store import ModelStore
-    from service.encoders.bundle import ModelBundle
 
     return ModelBundle.load(ModelStore(store), "sy@production")
 
@@ -103,7 +118,7 @@ def _decode(image: dict[str, str]) -> Any:
 
 
 def test_yukino_scores_are_the_versions_yes_no_scores(client: httpx.Client, bundle: Any, make_image: Any) -> None:
-    from service.methods.yukino import yes_no_scores
+    from clipcore.methods.yukino import yes_no_scores
 
     images = [make_image("circle", "red", x=0.3), make_image("square", "blue", x=0.7)]
     body = {"images": images, "labels": CAPTIONS, "templates": ["{}"], "method": "yukino", "top_k": 3}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.api.errors import ApiError
+from clipcore.errors import ClipError, ErrorCode
 from service.images import decode_base64, decode_image, is_public_address
 
 # ----------------------------------------------------------------------------- unit
@@ -33,22 +33,22 @@ def test_decode_base64_strict_and_sized() -> None:
     assert decode_base64(base64.b64encode(data).decode(), "f", 100) == data
     assert decode_base64("data:image/png;base64," + base64.b64encode(data).decode(), "f", 100) == data
     for bad in ("abc", "ab!=", "===="):
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(ClipError) as info:
             decode_base64(bad, "images.0.data", 100)
-        assert info.value.status == 400 and info.value.field == "images.0.data"
-    with pytest.raises(ApiError) as info:
+        assert info.value.code == ErrorCode.bad_input and info.value.field == "images.0.data"
+    with pytest.raises(ClipError) as info:
         decode_base64(base64.b64encode(b"x" * 200).decode(), "f", 100)
-    assert info.value.status == 413
+    assert info.value.code == ErrorCode.payload_too_large
 
 
 def test_decode_image_checks_pixels_before_loading() -> None:
     bomb = png_bytes(Image.new("1", (20000, 20000)))
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClipError) as info:
         decode_image(bomb, "f", 40_000_000)
-    assert info.value.status == 413
-    with pytest.raises(ApiError) as info:
+    assert info.value.code == ErrorCode.payload_too_large
+    with pytest.raises(ClipError) as info:
         decode_image(png_bytes(Image.new("RGB", (101, 100))), "f", 100 * 100)
-    assert info.value.status == 413
+    assert info.value.code == ErrorCode.payload_too_large
 
 
 def test_decode_image_flattens_alpha_and_takes_first_gif_frame() -> None:
@@ -64,10 +64,21 @@ def test_decode_image_flattens_alpha_and_takes_first_gif_frame() -> None:
 
 @pytest.mark.parametrize(
     ("address", "public"),
-    [("8.8.8.8", True), ("127.0.0.1", False), ("10.1.2.3", False), ("192.168.0.1", False),
-     ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("::1", False),
-     ("fe80::1", False), ("fd00::1", False), ("::ffff:127.0.0.1", False), ("2001:4860:4860::8888", True),
-     ("224.0.0.1", False)],
+    [
+        ("8.8.8.8", True),
+        ("127.0.0.1", False),
+        ("10.1.2.3", False),
+        ("192.168.0.1", False),
+        ("169.254.169.254", False),
+        ("100.64.0.1", False),
+        ("0.0.0.0", False),
+        ("::1", False),
+        ("fe80::1", False),
+        ("fd00::1", False),
+        ("::ffff:127.0.0.1", False),
+        ("2001:4860:4860::8888", True),
+        ("224.0.0.1", False),
+    ],
 )
 def test_ssrf_address_classification(address: str, public: bool) -> None:
     assert is_public_address(address) is public
@@ -128,8 +139,13 @@ def image_host() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def url_servers(serve_app: Any, tiny_store: Path) -> Iterator[tuple[str, str]]:
-    common = {"store": str(tiny_store), "model": "tiny@production", "allow_url_images": True,
-              "limits": {"max_image_bytes": 100_000, "max_url_bytes": 250_000}, "url_timeout_s": 30}
+    common = {
+        "store": str(tiny_store),
+        "model": "tiny@production",
+        "allow_url_images": True,
+        "limits": {"max_image_bytes": 100_000, "max_url_bytes": 250_000},
+        "url_timeout_s": 30,
+    }
     with serve_app(**common) as guarded, serve_app(**common, url_allowlist=["127.0.0.1"]) as allowed:
         yield guarded.url, allowed.url
 

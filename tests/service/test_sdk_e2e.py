@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clip_client import AsyncClient, Client, ImageRef, NotFound, image_id, image_sha256
 from PIL import Image
 
+from clip_client import AsyncClient, Client, ImageRef, NotFound, image_id, image_sha256
 from training.world.render import draw_scene_pil
 from training.world.scene import Scene, SceneObject
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES, SIZE_RANGES
@@ -210,8 +210,9 @@ def colour_swap_accuracy(
              if all(seen_combo(c, s) for c in (c1, c2) for s in (s1, s2))]  # fmt: skip
     hits = 0
     for s1, c1, s2, c2 in cases:
-        scene = Scene((SceneObject(s1, c1, "medium", 0.14, 0.28, 0.5), SceneObject(s2, c2, "medium", 0.14, 0.72, 0.5)),
-                      "left of")
+        scene = Scene(
+            (SceneObject(s1, c1, "medium", 0.14, 0.28, 0.5), SceneObject(s2, c2, "medium", 0.14, 0.72, 0.5)), "left of"
+        )
         true = f"a photo of a {c1} {s1} to the left of a {c2} {s2}."
         swapped = f"a photo of a {c2} {s1} to the left of a {c1} {s2}."
         res = client.classify([draw_scene_pil(scene, size=224)], [swapped, true], templates=["{}"], encoder=encoder,
@@ -227,8 +228,12 @@ def test_semclip_encoder_rejects_swapped_colours(client: Client) -> None:
 
 
 def test_yukino_method_is_served(client: Client, serving: str) -> None:
-    res = client.classify([draw("circle", "red", 0.2)], ["a photo of a red circle.", "there is no red circle."],
-                          templates=["{}"], method="yukino")
+    res = client.classify(
+        [draw("circle", "red", 0.2)],
+        ["a photo of a red circle.", "there is no red circle."],
+        templates=["{}"],
+        method="yukino",
+    )
     assert res.model == serving and res.method == "yukino"
     probs = [s.probability for s in res.results[0].top_k]
     assert sum(probs) == pytest.approx(1.0, abs=1e-5)

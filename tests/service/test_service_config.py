@@ -49,8 +49,15 @@ def test_environment_with_nested_groups(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_invalid_settings_are_rejected() -> None:
-    for bad in ({"device": "tpu"}, {"port": -1}, {"limits": {"max_images": 0}}, {"api_keys": [""]},
-                {"limits": {"nope": 1}}, {"model": "../etc@x"}, {"model": "a@b@c"}):
+    for bad in (
+        {"device": "tpu"},
+        {"port": -1},
+        {"limits": {"max_images": 0}},
+        {"api_keys": [""]},
+        {"limits": {"nope": 1}},
+        {"model": "../etc@x"},
+        {"model": "a@b@c"},
+    ):
         with pytest.raises(ValidationError):
             Settings(**bad)
 
@@ -64,11 +71,33 @@ def test_secrets_are_redacted() -> None:
 
 
 def test_cli_flags_mirror_settings() -> None:
-    args = parse_args(["--host", "0.0.0.0", "--port", "8080", "--store", "/m", "--model", "x@staging",
-                       "--redis-url", "redis://r:6379/0", "--device", "cuda", "--log-level", "warning"])
+    args = parse_args(
+        [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8080",
+            "--store",
+            "/m",
+            "--model",
+            "x@staging",
+            "--redis-url",
+            "redis://r:6379/0",
+            "--device",
+            "cuda",
+            "--log-level",
+            "warning",
+        ]
+    )
     s = Settings(**args)
     assert (s.host, s.port, s.store, s.model, s.device, s.log_level) == (
-        "0.0.0.0", 8080, "/m", "x@staging", "cuda", "warning")
+        "0.0.0.0",
+        8080,
+        "/m",
+        "x@staging",
+        "cuda",
+        "warning",
+    )
     assert s.redis_url_value() == "redis://r:6379/0"
     assert parse_args([]) == {}
 
@@ -77,8 +106,21 @@ def test_python_m_service_serves_and_shuts_down(tmp_path: Path, publish_model: A
     publish_model(tmp_path / "store", "cli", seed=14)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLIP_WATCH_INTERVAL_S": "0.5"}
-    cmd = [sys.executable, "-m", "service", "--store", str(tmp_path / "store"), "--model", "cli@production",
-           "--port", str(port), "--redis-url", "redis://127.0.0.1:1/0", "--log-level", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "--store",
+        str(tmp_path / "store"),
+        "--model",
+        "cli@production",
+        "--port",
+        str(port),
+        "--redis-url",
+        "redis://127.0.0.1:1/0",
+        "--log-level",
+        "info",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -105,6 +147,7 @@ def test_python_m_service_serves_and_shuts_down(tmp_path: Path, publish_model: A
 
 
 def test_invalid_flag_value_exits_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "service", "--port", "99999"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "--port", "99999"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "invalid settings" in proc.stderr

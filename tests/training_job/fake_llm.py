@@ -23,7 +23,8 @@ ANSWERS = [
     "The first shows a {a} with a collar ✨, while the second shows a {b} without one at all, clearly.",
     "The first is a {a}.",
     GOOD + " Note: these are only typical differences.",
-    "**The first** shows a {a} with a zip, while the second shows a {b} that is pulled over the head. I hope this helps!",
+    "**The first** shows a {a} with a zip, while the second shows a {b} that is pulled over the head."
+    " I hope this helps!",
 ]
 
 

@@ -8,14 +8,17 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
+from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
-from service.encoders.bundle import ModelBundle
 from training.cli import app
 
 
 def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> None:
     store_dir, run_dir = tmp_path / "models", tmp_path / "run"
-    result = CliRunner().invoke(app, ["build-default", "--smoke", "--store", str(store_dir), "--run-dir", str(run_dir)])
+    result = CliRunner().invoke(
+        app,
+        ["build-default", "--smoke", "--store", str(store_dir), "--run-dir", str(run_dir), "--promote", "production"],
+    )
     assert result.exit_code == 0, result.output
     store = ModelStore(store_dir)
     name, version = store.resolve("default@production")
@@ -57,4 +60,5 @@ def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> N
     assert again.exit_code == 0, again.output
     assert "resumed from step" in again.output
     assert again.output.count("reusing ") >= 6, "PC-CLIP, the SemCLIP variants, YUKINO's text and inverter reused"
-    assert store.resolve("default@production")[1] == "v2"
+    # Without --promote the new version is published and no alias moves.
+    assert store.list_versions("default") == ["v1", "v2"] and store.resolve("default@production")[1] == "v1"

@@ -104,6 +104,7 @@ def test_validate_command_lists_problems_and_exits_1_so_training_never_starts(fo
 def test_webdataset_shards_hold_captions_and_records(tmp_path: Path) -> None:
     shard = tmp_path / "shard-000.tar"
     with tarfile.open(shard, "w") as tar:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)

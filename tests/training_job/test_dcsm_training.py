@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from service.encoders.clip_model import build_model
-from service.encoders.dense import DCSMHead
-from service.methods.dcsm import FUNCTIONAL_GROUPS
+from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
+from clipcore.models.clip_model import build_model
+from clipcore.models.dense import DCSMHead
 from training.dense_eval import dense_metrics
 from training.train_dcsm import DCSMTrainConfig, dcsm_component, dcsm_files, train_dcsm
 
@@ -106,7 +106,7 @@ def test_dense_metrics_keys_and_ranges(model, trained) -> None:
 def test_localisation_finds_patches_that_carry_the_words_features(model, monkeypatch) -> None:
     """An oracle image tower whose patches on each object are the sum of that object's word
     features: every word's best patch must then be on its object (checks grid order)."""
-    from service.encoders.dense import DenseEncoder
+    from clipcore.models.dense import DenseEncoder
     from training import dense_eval
     from training.alignment import patch_masks
     from training.world.captions import full_caption

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.training_job.fake_llm import fake_llm_server
 
+from tests.training_job.fake_llm import fake_llm_server
 from training.datasets.records import LabelRecord
 from training.datasets.source import ImageRef, Item, Place
 from training.generate.comparatives import LLMGenerator, TemplateGenerator, build_library, confused_label_pairs
@@ -70,8 +70,8 @@ def test_hard_negative_edits() -> None:
     ("answer", "kept"),
     [
         ("The first shows a long coat with a belt and large pockets, while the second shows a short shirt.", True),
-        (' A: "The first shows a long coat with a belt and large pockets, while the second shows a short shirt."', True),
-        ("The first shows a long coat with a belt and pockets, while the second shows a shirt.\nQ: next question", True),
+        (' A: "The first shows a long coat with a belt and large pockets, while the second shows a shirt."', True),
+        ("The first shows a long coat with a belt and pockets, while the second shows a shirt.\nQ: next one", True),
         ("The first shows a coat.\nQ: How does a photo of a long coat with a belt differ from a shirt?", False),
         ("```\nThe first shows a long coat with a belt and large pockets, while the second a shirt\n```", False),
         ("<b>The first shows a long coat with a belt and large pockets</b>, while the second shows a shirt.", False),

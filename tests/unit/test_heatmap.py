@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.heatmap import (
+from clipcore.heatmap import (
     BORDER,
     CELL,
     CLIP_Z,
@@ -96,13 +96,21 @@ def test_bad_inputs() -> None:
 
 @pytest.mark.parametrize(
     "title",
-    ["two\nlines", "a\r\nwindows line", "tab\tand\vvertical tab", "nul \x00 bell \x07", "emoji 😀 and 中文",
-     "x" * 20_000, "\n\n\n", ""],  # fmt: skip
+    [
+        "two\nlines",
+        "a\r\nwindows line",
+        "tab\tand\vvertical tab",
+        "nul \x00 bell \x07",
+        "emoji 😀 and 中文",
+        "x" * 20_000,
+        "\n\n\n",
+        "",
+    ],  # fmt: skip
 )
 def test_any_title_and_label_is_drawn_on_one_line(title: str) -> None:
     from PIL import ImageDraw, ImageFont
 
-    from service.heatmap import _fit, one_line
+    from clipcore.heatmap import _fit, one_line
 
     png = heatmap_png(_image(), _maps(2), [title, "b\nc"], [False, True], title=title)
     assert Image.open(io.BytesIO(png)).size == heatmap_size(2)

@@ -22,10 +22,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from model_store import ModelStore  # noqa: E402
-from service.encoders import onnx_backend  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from service.encoders.onnx_backend import (  # noqa: E402
+from clipcore.backends import onnx as onnx_backend  # noqa: E402
+from clipcore.backends.onnx import (  # noqa: E402
     PARITY_THRESHOLD,
     REFUSAL,
     BackendError,
@@ -33,6 +31,8 @@ from service.encoders.onnx_backend import (  # noqa: E402
     export_bundle,
     probe_images,
 )
+from clipcore.models.bundle import ModelBundle  # noqa: E402
+from model_store import ModelStore  # noqa: E402
 
 AVX2_ONLY_CPU = "EPYC-Milan"
 QEMU = shutil.which("qemu-x86_64")

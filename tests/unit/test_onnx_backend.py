@@ -12,9 +12,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from model_store import ModelStore  # noqa: E402
-from service.encoders.bundle import ModelBundle  # noqa: E402
-from service.encoders.onnx_backend import (  # noqa: E402
+from clipcore.backends.onnx import (  # noqa: E402
     PARITY_THRESHOLD,
     SIDECAR,
     BackendError,
@@ -25,6 +23,8 @@ from service.encoders.onnx_backend import (  # noqa: E402
     probe_images,
     require_parity,
 )
+from clipcore.models.bundle import ModelBundle  # noqa: E402
+from model_store import ModelStore  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_export_leaves_the_served_model_untouched(bundle: ModelBundle, tmp_path:
 
 
 def test_ensure_towers_reuses_and_repairs_an_export(bundle: ModelBundle, tmp_path: Path) -> None:
-    from service.encoders.onnx_backend import ensure_towers
+    from clipcore.backends.onnx import ensure_towers
 
     target = tmp_path / "tiny" / bundle.version
     first = ensure_towers(bundle, target, device="cpu")

@@ -18,7 +18,8 @@ console = Console()
 def validate(
     path: Annotated[Path, typer.Argument(help="A .jsonl file, a .tar WebDataset shard, or a folder of them.")],
     labels: Annotated[
-        Path | None, typer.Option(help="The label set (JSON list or label -> attributes); default: labels.json beside the data.")
+        Path | None,
+        typer.Option(help="The label set (JSON list or label -> attributes); default: labels.json beside the data."),
     ] = None,
 ) -> None:
     """Report every problem (file and line) and the records of each kind and split; exit 1 on any problem."""
@@ -28,7 +29,8 @@ def validate(
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(dataset.counts().items())) or "no records"
     splits = ", ".join(f"{len(dataset.split(s))} {s}" for s in ("train", "val", "test"))
     console.print(f"{len(dataset.items)} usable records ({counts}); splits by image content: {splits}")
-    console.print(f"labels: {len(dataset.labels)} ({', '.join(list(dataset.labels)[:10])}{'...' if len(dataset.labels) > 10 else ''})")
+    shown = ", ".join(list(dataset.labels)[:10]) + ("..." if len(dataset.labels) > 10 else "")
+    console.print(f"labels: {len(dataset.labels)} ({shown})")
     if dataset.problems:
         console.print(f"[red]{len(dataset.problems)} problem(s): fix them before training[/red]")
         raise typer.Exit(1)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.methods.comparative import confused_pairs
+from clipcore.methods.comparative import confused_pairs
 from training.generate.differences import article, attribute_differences
 from training.generate.llm import ChatClient, llm_comparatives
 

@@ -21,7 +21,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from service.methods.dcsm import FUNCTIONAL_GROUPS
+from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 
 COLOURS = ("red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "brown", "black", "white",
            "grey", "gray", "beige", "navy")  # fmt: skip

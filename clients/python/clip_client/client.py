@@ -32,9 +32,7 @@ __all__ = ["AsyncClient", "Client"]
 USER_AGENT = "clip-client/0.1"
 
 
-def _settings(
-    base_url: str, api_key: str | None, timeout: float, headers: Mapping[str, str] | None
-) -> dict[str, Any]:
+def _settings(base_url: str, api_key: str | None, timeout: float, headers: Mapping[str, str] | None) -> dict[str, Any]:
     merged = {"user-agent": USER_AGENT, "accept": "application/json", **(headers or {})}
     if api_key:
         merged["authorization"] = f"Bearer {api_key}"
@@ -117,9 +115,19 @@ class Client(_Base):
         ``templates=["{}"]``) by YUKINO's pseudo-token matching.
         """
         call = ep.classify(
-            images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
-            comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
-            top_k=top_k, encoder=encoder, method=method, model=model,
+            images,
+            labels,
+            templates=templates,
+            descriptions=descriptions,
+            comparative=comparative,
+            comparatives=comparatives,
+            alpha=alpha,
+            symmetric=symmetric,
+            gate_margin=gate_margin,
+            top_k=top_k,
+            encoder=encoder,
+            method=method,
+            model=model,
         )
         return ep.parse_classify(self._send(call))
 
@@ -144,9 +152,7 @@ class Client(_Base):
     ) -> DenseResult:
         return ep.parse_dense(self._send(ep.score_dense(image, texts, return_maps=return_maps, model=model)))
 
-    def embed_texts(
-        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None
-    ) -> EmbedResult:
+    def embed_texts(self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None) -> EmbedResult:
         return ep.parse_embed(self._send(ep.embed_texts(texts, encoder=encoder, model=model)))
 
     def embed_images(self, images: Sequence[Any], *, model: str | None = None) -> EmbedResult:
@@ -231,9 +237,19 @@ class AsyncClient(_Base):
         model: str | None = None,
     ) -> ClassifyResult:
         call = ep.classify(
-            images, labels, templates=templates, descriptions=descriptions, comparative=comparative,
-            comparatives=comparatives, alpha=alpha, symmetric=symmetric, gate_margin=gate_margin,
-            top_k=top_k, encoder=encoder, method=method, model=model,
+            images,
+            labels,
+            templates=templates,
+            descriptions=descriptions,
+            comparative=comparative,
+            comparatives=comparatives,
+            alpha=alpha,
+            symmetric=symmetric,
+            gate_margin=gate_margin,
+            top_k=top_k,
+            encoder=encoder,
+            method=method,
+            model=model,
         )
         return ep.parse_classify(await self._send(call))
 

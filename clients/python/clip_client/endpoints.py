@@ -89,8 +89,7 @@ def rank_pair(
 
 def rank_pairs(pairs: Iterable[PairSpec], *, encoder: str | None = None, model: str | None = None) -> Call:
     items = [
-        {"image_a": image_input(a), "image_b": image_input(b), "difference": difference}
-        for a, b, difference in pairs
+        {"image_a": image_input(a), "image_b": image_input(b), "difference": difference} for a, b, difference in pairs
     ]
     return Call("POST", "/rank-pair", _drop_none({"pairs": items, "encoder": encoder, "model": model}))
 

@@ -36,9 +36,7 @@ class ClipServiceError(Exception):
         field: the request field at fault, when the server names one.
     """
 
-    def __init__(
-        self, status: int | None, code: str, message: str, field: str | None = None
-    ) -> None:
+    def __init__(self, status: int | None, code: str, message: str, field: str | None = None) -> None:
         super().__init__(f"[{status}] {code}: {message}" + (f" (field: {field})" if field else ""))
         self.status = status
         self.code = code

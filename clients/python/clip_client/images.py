@@ -12,7 +12,7 @@ import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 __all__ = ["ImageLike", "ImageRef", "image_bytes", "image_id", "image_input", "image_sha256"]
 
@@ -50,7 +50,7 @@ class ImageRef:
 
 # Anything image_input accepts; PIL images and numpy arrays are typed loosely so that neither
 # library is needed to import the client.
-ImageLike = Union[str, Path, bytes, bytearray, memoryview, ImageRef, dict, Any]
+ImageLike = str | Path | bytes | bytearray | memoryview | ImageRef | dict | Any
 
 
 def image_sha256(data: bytes) -> str:

@@ -89,9 +89,7 @@ def send_sync(client: httpx.Client, call: Call, policy: RetryPolicy) -> Any:
     retry = 0
     while True:
         try:
-            response = client.request(
-                call.method, call.path, content=body, headers=headers, params=dict(call.params)
-            )
+            response = client.request(call.method, call.path, content=body, headers=headers, params=dict(call.params))
         except RETRY_EXCEPTIONS as exc:
             if retry >= policy.max_retries:
                 raise ConnectionFailed(None, "connection_error", str(exc) or type(exc).__name__) from exc

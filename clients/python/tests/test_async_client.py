@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
-from clip_client import AsyncClient, NotFound
 from scripted_server import Reply, ScriptedServer, envelope
+
+from clip_client import AsyncClient, NotFound
 
 IMG = b"img"
 
 
 async def test_every_endpoint(server: ScriptedServer) -> None:
+    top = [{"label": "x", "probability": 1.0, "cosine": 0.2}]
     server.script("/classify", Reply(body={"model": "m@1", "comparative": {"applied": False, "pairs": [], "alpha": 0.9},
-                                           "results": [{"label": "x", "top_k": [{"label": "x", "probability": 1.0, "cosine": 0.2}]}]}))  # fmt: skip
+                                           "results": [{"label": "x", "top_k": top}]}))  # fmt: skip
     server.script("/rank-pair", Reply(body={"model": "m@1", "results": [{"first": "b", "score": -0.2}]}))
     server.script("/rank", Reply(body={"model": "m@1", "ranking": [{"index": 0, "score": 0.1}], "scores": [0.1]}))
     server.script("/embed", Reply(body={"model": "m@1", "dim": 1, "embeddings": [[1.0]], "ids": ["0" * 64]}))

@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from scripted_server import Reply, ScriptedServer, envelope
+
 from clip_client import (
     BadRequest,
     Client,
@@ -17,7 +19,6 @@ from clip_client import (
     Unauthorized,
     Unavailable,
 )
-from scripted_server import Reply, ScriptedServer, envelope
 
 IMG = b"\x89PNG fake image bytes"
 B64 = base64.b64encode(IMG).decode()
@@ -114,8 +115,8 @@ def test_rank_pair_single_and_batch(server: ScriptedServer, client: Client) -> N
 
 
 def test_rank(server: ScriptedServer, client: Client) -> None:
-    server.script("/rank", Reply(body={"model": "m@1", "ranking": [{"index": 1, "score": 0.3}, {"index": 0, "score": 0.1}],
-                                       "scores": [0.1, 0.3]}))  # fmt: skip
+    ranking = [{"index": 1, "score": 0.3}, {"index": 0, "score": 0.1}]
+    server.script("/rank", Reply(body={"model": "m@1", "ranking": ranking, "scores": [0.1, 0.3]}))
     res = client.rank([IMG, IMG], "larger")
     assert res.order == [1, 0] and res.scores == [0.1, 0.3]
     assert server.hits("/rank")[0].body == {"images": [{"data": B64}, {"data": B64}], "difference": "larger"}
@@ -188,7 +189,9 @@ def test_wait_ready_times_out_and_probes_never_raise() -> None:
         (500, ClipServiceError, "internal_error"),
     ],
 )
-def test_error_envelope_maps_to_exception(server: ScriptedServer, client: Client, status: int, kind: type, code: str) -> None:
+def test_error_envelope_maps_to_exception(
+    server: ScriptedServer, client: Client, status: int, kind: type, code: str
+) -> None:
     server.script("/rank", Reply(status, envelope(code, "it went wrong", "images.0.data"), {"Retry-After": "7"}))
     with pytest.raises(kind) as info:
         client.rank([IMG, IMG], "d")

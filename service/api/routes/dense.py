@@ -18,8 +18,10 @@ class PNGResponse(Response):
 
 # FastAPI documents a "model" in the route's media type (image/png here); errors are JSON.
 _JSON_ERRORS: dict[int | str, dict[str, object]] = {
-    status: {**{k: v for k, v in doc.items() if k != "model"},
-             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    status: {
+        **{k: v for k, v in doc.items() if k != "model"},
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
     for status, doc in ERROR_RESPONSES.items()
 }
 
@@ -36,9 +38,13 @@ async def score_dense(
 @router.post(
     "/score/dense/heatmap",
     response_class=PNGResponse,
-    responses={**_JSON_ERRORS,
-               200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
-                     "description": "PNG: the image beside one patch-grid map per token of the text"}},
+    responses={
+        **_JSON_ERRORS,
+        200: {
+            "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "PNG: the image beside one patch-grid map per token of the text",
+        },
+    },
 )
 async def dense_heatmap(
     req: HeatmapRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep

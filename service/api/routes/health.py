@@ -16,8 +16,7 @@ async def healthz() -> HealthResponse:
     return HealthResponse(status="ok")
 
 
-@router.get("/readyz", response_model=ReadyResponse,
-            responses={503: error_response_doc("not_ready", retry_after=True)})
+@router.get("/readyz", response_model=ReadyResponse, responses={503: error_response_doc("not_ready", retry_after=True)})
 async def readyz(services: ServicesDep) -> ReadyResponse:
     manager = services.manager
     current = manager.current
@@ -28,8 +27,11 @@ async def readyz(services: ServicesDep) -> ReadyResponse:
     return ReadyResponse(ready=True, model=current.ref, store="ok" if manager.watch_error is None else "unreadable")
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus exposition"}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus exposition"}},
+)
 async def metrics(services: ServicesDep) -> Response:
     body, content_type = services.metrics.render()
     return Response(content=body, media_type=content_type)

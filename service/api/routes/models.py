@@ -50,25 +50,35 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
             manifest = store.manifest(name, version)
         except Exception as exc:
             log.warning("cannot read the manifest of %s@%s: %s", name, version, _problem(exc))
-            versions.append(VersionInfo(
-                version=version, created_at="", aliases=sorted(a for a, v in aliases.items() if v == version),
-                serving=serving == f"{name}@{version}", text_encoders=[], default_text_encoder="",
-                components=[], metrics={}, error=_problem(exc),
-            ))
+            versions.append(
+                VersionInfo(
+                    version=version,
+                    created_at="",
+                    aliases=sorted(a for a, v in aliases.items() if v == version),
+                    serving=serving == f"{name}@{version}",
+                    text_encoders=[],
+                    default_text_encoder="",
+                    components=[],
+                    metrics={},
+                    error=_problem(exc),
+                )
+            )
             continue
         components = manifest.components
         encoders = ["base", *components.get("text_encoders", {})]
-        versions.append(VersionInfo(
-            version=version,
-            created_at=manifest.created_at,
-            aliases=sorted(a for a, v in aliases.items() if v == version),
-            serving=serving == f"{name}@{version}",
-            text_encoders=encoders,
-            default_text_encoder=str(components.get("default_text_encoder", "base")),
-            components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
-            metrics=dict(manifest.metrics),
-            eval=_eval_annex(store, name, version),
-        ))
+        versions.append(
+            VersionInfo(
+                version=version,
+                created_at=manifest.created_at,
+                aliases=sorted(a for a, v in aliases.items() if v == version),
+                serving=serving == f"{name}@{version}",
+                text_encoders=encoders,
+                default_text_encoder=str(components.get("default_text_encoder", "base")),
+                components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
+                metrics=dict(manifest.metrics),
+                eval=_eval_annex(store, name, version),
+            )
+        )
     serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
     return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions, error=alias_error)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from clipcore.models.bundle import ModelBundle
+from clipcore.models.clip_model import ConvStem, build_model, image_features, text_features, tokenizer_for, trimmed
 from model_store import ModelStore
-from service.encoders.bundle import ModelBundle
-from service.encoders.clip_model import ConvStem, build_model, image_features, text_features, tokenizer_for, trimmed
 from training.publish import publish_bundle
 
 CONFIG = json.loads((Path(__file__).parents[3] / "training/configs/shapes-smoke.json").read_text())

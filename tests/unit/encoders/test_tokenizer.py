@@ -9,7 +9,7 @@ import pytest
 import torch
 from open_clip.tokenizer import SimpleTokenizer
 
-from service.encoders.tokenizer import CHARS_PER_POSITION, MAX_WORD_CHARS, BoundedTokenizer
+from clipcore.models.tokenizer import CHARS_PER_POSITION, MAX_WORD_CHARS, BoundedTokenizer
 
 TEXTS = [
     "a red circle to the left of a blue square",

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from service.methods.common import (
+from clipcore.methods.common import (
     as_float_array,
     check_finite_scalar,
     check_int,

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from service.methods.comparative import (
+from clipcore.methods.comparative import (
     affected_classes,
     apply_comparatives,
     confused_pairs,

@@ -10,9 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from service.encoders.clip_model import build_model
-from service.encoders.dense import DCSMHead, DenseEncoder, dcsm_state_bytes
-from service.methods.dcsm import (
+from clipcore.methods.dcsm import (
     DEFAULT_SCORER_CONFIG,
     FUNCTIONAL_GROUPS,
     DCSMScorer,
@@ -26,6 +24,8 @@ from service.methods.dcsm import (
     similarity_map,
     zscore_map,
 )
+from clipcore.models.clip_model import build_model
+from clipcore.models.dense import DCSMHead, DenseEncoder, dcsm_state_bytes
 
 SMOKE = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"
 GROUP = {g: i for i, g in enumerate(sorted(FUNCTIONAL_GROUPS))}  # rows follow group names

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from service.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
+from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
 
 
 def test_clip_loss_all_equal_embeddings_is_log_batch():

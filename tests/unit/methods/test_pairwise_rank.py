@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from service.methods.pairwise_rank import pair_decision, pair_scores, rank_images
+from clipcore.methods.pairwise_rank import pair_decision, pair_scores, rank_images
 
 F = np.array([0.6, 0.8], dtype=np.float32)
 

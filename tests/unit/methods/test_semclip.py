@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from service.methods.losses import semclip_loss
-from service.methods.semclip import composite_score, original_over_negation, projection_directions, retrieval_top1
+from clipcore.methods.losses import semclip_loss
+from clipcore.methods.semclip import composite_score, original_over_negation, projection_directions, retrieval_top1
 
 
 def test_projection_directions_are_orthonormal_and_fixed_by_seed() -> None:

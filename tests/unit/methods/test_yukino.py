@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from service.encoders.clip_model import build_model
-from service.encoders.yukino import NO_PROMPT, YES_PROMPT, Inverter, YukinoHead, prompt_features, prompt_tokens
-from service.methods.losses import yukino_matching_loss, yukino_oti_loss
-from service.methods.yukino import paired_yes_no_scores, winoground, yes_no_scores
+from clipcore.methods.losses import yukino_matching_loss, yukino_oti_loss
+from clipcore.methods.yukino import paired_yes_no_scores, winoground, yes_no_scores
+from clipcore.models.clip_model import build_model
+from clipcore.models.yukino import NO_PROMPT, YES_PROMPT, Inverter, YukinoHead, prompt_features, prompt_tokens
 from training.train_yukino import OTIConfig, concept_embeddings, oti
 
 SMOKE = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"

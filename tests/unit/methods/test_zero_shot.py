@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.methods.zero_shot import (
+from clipcore.methods.zero_shot import (
     DEFAULT_TEMPLATES,
     class_embeddings,
     expand_prompts,
@@ -152,7 +152,7 @@ def test_top_k_rejects_length_mismatch():
 def test_numpy_modules_do_not_import_torch():
     repo_root = Path(__file__).resolve().parents[3]
     code = (
-        "import sys; import service.methods.zero_shot, service.methods.comparative, "
-        "service.methods.pairwise_rank; assert 'torch' not in sys.modules"
+        "import sys; import clipcore.methods.zero_shot, clipcore.methods.comparative, "
+        "clipcore.methods.pairwise_rank; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=repo_root)

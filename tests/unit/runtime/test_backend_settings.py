@@ -14,10 +14,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from model_store import ModelStore
-from service.config import Settings
-from service.encoders.bundle import ModelBundle
-from service.encoders.onnx_backend import (
+from clipcore.backends.onnx import (
     PARITY_THRESHOLD,
     PROBE_TEXTS,
     SIDECAR,
@@ -29,7 +26,10 @@ from service.encoders.onnx_backend import (
     probe_images,
     require_parity,
 )
-from service.runtime.lifecycle import TorchTowers, build_runtime
+from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
+from service.config import Settings
+from service.runtime.assembly import TorchTowers, build_runtime
 from service.runtime.metrics import ServiceMetrics
 
 REPO = Path(__file__).resolve().parents[3]
@@ -217,9 +217,10 @@ def test_unknown_devices_are_rejected(device: str) -> None:
 def test_onnx_providers_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime
 
-    from service.encoders.onnx_backend import providers
+    from clipcore.backends.onnx import providers
 
-    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    both = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: both)
     assert providers("cuda:2") == [("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
     assert providers("cuda") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert providers("cpu") == ["CPUExecutionProvider"]

@@ -29,9 +29,7 @@ def keys_for(n: int, model_ref: str = "default@v3") -> list[str]:
 
 
 def cache_counts(metrics: ServiceMetrics, layer: str, result: str) -> float:
-    value = metrics.registry.get_sample_value(
-        "cache_requests_total", {"layer": layer, "result": result}
-    )
+    value = metrics.registry.get_sample_value("cache_requests_total", {"layer": layer, "result": result})
     return value or 0.0
 
 
@@ -42,9 +40,7 @@ def test_key_carries_model_version_kind_and_variant() -> None:
     d = text_digest("a red circle")
     assert d == hashlib.sha256(b"a red circle").hexdigest()
     assert embedding_key("default@v3", "text", "pcclip", d) == f"emb:v1:default@v3:text:pcclip:{d}"
-    assert embedding_key("default@v3", "text", "base", d) != embedding_key(
-        "default@v4", "text", "base", d
-    )
+    assert embedding_key("default@v3", "text", "base", d) != embedding_key("default@v4", "text", "base", d)
     assert embedding_key("m@1", "image", "base", d.upper()).endswith(d)
     assert bytes_digest(b"abc") == text_digest("abc")
 
@@ -175,9 +171,7 @@ async def test_redis_hits_after_lru_is_cleared_and_refill_lru(redis_server: Redi
     await fresh.close()
 
 
-async def test_many_keys_take_one_round_trip(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_many_keys_take_one_round_trip(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = EmbeddingCache(redis_server.url)
     assert await cache.ping()  # connection set-up commands happen here, not below
     keys = keys_for(200)

@@ -1,6 +1,6 @@
 """SemCLIP: the projection subspace and the evaluation figures (numpy).
 
-Training (``service.methods.losses.semclip_loss``) projects L2-normalised text embeddings onto
+Training (``clipcore.methods.losses.semclip_loss``) projects L2-normalised text embeddings onto
 ``n`` fixed random orthonormal directions; paraphrases are pulled together and negations pushed
 apart there, while the contrastive image-text loss keeps the full space aligned with images.
 """

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from service.methods.common import as_float_array, check_finite_scalar
+from clipcore.methods.common import as_float_array, check_finite_scalar
 
 __all__ = ["pair_decision", "pair_scores", "rank_images"]
 

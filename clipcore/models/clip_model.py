@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from torch import nn
 
-from service.encoders.tokenizer import BoundedTokenizer
+from clipcore.models.tokenizer import BoundedTokenizer
 
 # Parameter-name prefixes of the text tower of an open_clip CLIP (everything else is the image
 # tower or the logit scale/bias).

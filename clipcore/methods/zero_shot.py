@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from service.methods.common import (
+from clipcore.methods.common import (
     as_float_array,
     check_finite_scalar,
     check_int,
@@ -75,7 +75,7 @@ def expand_prompts(
     return prompts
 
 
-def class_embeddings(prompt_embeddings: Sequence[np.ndarray]) -> np.ndarray:
+def class_embeddings(prompt_embeddings: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
     """Average each class's prompt embeddings and re-normalise: ``f_c = normalize(mean_p f(p))``.
 
     Args:
@@ -117,17 +117,13 @@ def _check_pair(image_emb: np.ndarray, class_emb: np.ndarray) -> tuple[np.ndarra
     img = as_float_array(image_emb, "image_emb", ndim=2)
     cls = as_float_array(class_emb, "class_emb", ndim=2)
     if img.shape[1] != cls.shape[1]:
-        raise ValueError(
-            f"image_emb dimension {img.shape[1]} does not match class_emb dimension {cls.shape[1]}"
-        )
+        raise ValueError(f"image_emb dimension {img.shape[1]} does not match class_emb dimension {cls.shape[1]}")
     if cls.shape[0] == 0:
         raise ValueError("class_emb must hold at least one class")
     return img, cls
 
 
-def zero_shot_logits(
-    image_emb: np.ndarray, class_emb: np.ndarray, logit_scale: float
-) -> tuple[np.ndarray, np.ndarray]:
+def zero_shot_logits(image_emb: np.ndarray, class_emb: np.ndarray, logit_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """Score images against classes: ``cosine = g . f_c`` and ``logits = logit_scale * cosine``.
 
     Args:
@@ -159,9 +155,7 @@ def zero_shot_probs(image_emb: np.ndarray, class_emb: np.ndarray, logit_scale: f
     return softmax(logits, axis=-1)
 
 
-def top_k(
-    probs: np.ndarray, cosine: np.ndarray, labels: Sequence[str], k: int
-) -> list[tuple[str, float, float]]:
+def top_k(probs: np.ndarray, cosine: np.ndarray, labels: Sequence[str], k: int) -> list[tuple[str, float, float]]:
     """Return the ``k`` most probable ``(label, prob, cosine)`` triples of one image.
 
     Sorted by probability, highest first; equal probabilities keep label order (stable sort),
@@ -174,9 +168,6 @@ def top_k(
     p = as_float_array(probs, "probs", ndim=1)
     cos = as_float_array(cosine, "cosine", ndim=1)
     if p.shape != cos.shape or p.shape[0] != len(labels):
-        raise ValueError(
-            f"probs {p.shape}, cosine {cos.shape} and labels ({len(labels)}) "
-            "must have the same length"
-        )
+        raise ValueError(f"probs {p.shape}, cosine {cos.shape} and labels ({len(labels)}) must have the same length")
     order = np.argsort(-p, kind="stable")[:k]
     return [(labels[i], float(p[i]), float(cos[i])) for i in order]

@@ -3,7 +3,7 @@
 ``Inverter`` is the distilled 3-layer MLP: the frozen image tower's class + patch tokens
 (flattened) -> one token embedding ``v*``. The prompts "a photo of $" and "a photo of no $" are
 encoded with ``v*`` in place of ``$`` by the chosen text-encoder variant, and
-``service.methods.yukino.yes_no_scores`` matches captions against them. ``YukinoHead`` is that
+``clipcore.methods.yukino.yes_no_scores`` matches captions against them. ``YukinoHead`` is that
 inverter with its prompts and config, as stored in a model version (``yukino.safetensors`` +
 ``components["yukino"]``).
 """
@@ -20,7 +20,7 @@ from open_clip.model import CLIP
 from safetensors.torch import load_file, save
 from torch import nn
 
-from service.encoders.clip_model import normalize, text_features, tokenizer_for
+from clipcore.models.clip_model import normalize, text_features, tokenizer_for
 
 PLACEHOLDER = "$"  # its own BPE token when it stands between spaces ("$." would merge)
 YES_PROMPT = "a photo of $"

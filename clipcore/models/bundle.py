@@ -22,18 +22,18 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from model_store import Manifest, ModelStore
-from service.encoders.clip_model import (
+from clipcore.models.clip_model import (
     image_features,
     load_architecture,
     normalize,
     text_features,
     tokenizer_for,
 )
-from service.encoders.dense import DCSMHead, DenseEncoder
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
-from service.encoders.tokenizer import BoundedTokenizer
-from service.encoders.yukino import YukinoHead, prompt_features
-from service.methods.dcsm import dcsm_scores, prepare_maps
+from clipcore.models.dense import DCSMHead, DenseEncoder
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
+from clipcore.models.tokenizer import BoundedTokenizer
+from clipcore.models.yukino import YukinoHead, prompt_features
+from clipcore.methods.dcsm import dcsm_scores, prepare_maps
 
 BASE_ENCODER = "base"
 START_LABEL, END_LABEL = "<start>", "<end>"
@@ -96,6 +96,16 @@ class ModelBundle:
         return self.manifest.image_size
 
     @property
+    def mean(self) -> tuple[float, ...]:
+        """Per-channel pixel mean of the version's preprocessing (OpenAI CLIP's when unset)."""
+        return tuple(self.manifest.preprocess.get("mean", OPENAI_MEAN))
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        """Per-channel pixel standard deviation (OpenAI CLIP's when unset)."""
+        return tuple(self.manifest.preprocess.get("std", OPENAI_STD))
+
+    @property
     def embed_dim(self) -> int:
         return self.manifest.embed_dim
 
@@ -138,9 +148,8 @@ class ModelBundle:
         bundle.dcsm = DCSMHead.from_components(directory, components)
         if bundle.dcsm is not None:
             # Dense features come from the base towers: the scorer was trained on those.
-            pre = manifest.preprocess
             bundle.dense = bundle.dcsm.encoder(model, manifest.context_length, device=device,
-                                               mean=pre.get("mean", OPENAI_MEAN), std=pre.get("std", OPENAI_STD))
+                                               mean=bundle.mean, std=bundle.std)
         bundle.yukino = YukinoHead.from_components(directory, components, device)
         if bundle.yukino is not None and bundle.yukino.text_encoder not in text_models:
             raise ValueError(f"YUKINO needs text encoder {bundle.yukino.text_encoder!r}; have {sorted(text_models)}")
@@ -181,9 +190,7 @@ class ModelBundle:
     @torch.no_grad()
     def encode_images(self, images: np.ndarray) -> np.ndarray:
         """(N, S, S, 3) uint8 preprocessed images -> (N, D) L2-normalised float32."""
-        mean = self.manifest.preprocess.get("mean")
-        std = self.manifest.preprocess.get("std")
-        x = normalize_uint8(images, mean, std).to(self.device)
+        x = normalize_uint8(images, self.mean, self.std).to(self.device)
         return normalize(image_features(self.model, x)[0]).float().cpu().numpy()
 
     @torch.no_grad()
@@ -203,8 +210,7 @@ class ModelBundle:
         "a photo of no $" features with its inverted pseudo-token, in YUKINO's text encoder."""
         if self.yukino is None:
             raise ValueError(f"{self.ref} has no YUKINO component")
-        pre = self.manifest.preprocess
-        x = normalize_uint8(images, pre.get("mean"), pre.get("std")).to(self.device)
+        x = normalize_uint8(images, self.mean, self.std).to(self.device)
         _, tokens = image_features(self.model, x, dense=True)
         assert tokens is not None
         pseudo = self.yukino.inverter(normalize(tokens.float()))

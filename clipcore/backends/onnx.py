@@ -29,8 +29,8 @@ on load, like the store's checksums), and a backend is only used after ``require
 every probe embedding (image and every exported text tower) within cosine 0.999 of torch fp32.
 The same gate checks any other stand-in for the torch fp32 towers (the service's bf16/fp16 path).
 
-    .venv/bin/python -m service.encoders.onnx_backend --store models --model default@production
-    .venv/bin/python -m service.encoders.onnx_backend --arch ViT-B-32
+    .venv/bin/python -m clipcore.backends.onnx --store models --model default@production
+    .venv/bin/python -m clipcore.backends.onnx --arch ViT-B-32
 """
 
 from __future__ import annotations
@@ -43,19 +43,20 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 import torch
 from open_clip.model import CLIP
 from torch import nn
 
-from service.encoders.bundle import ModelBundle
-from service.encoders.clip_model import image_features, normalize, text_features
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD
+from clipcore.backends.base import BackendError, PooledTowers
+from clipcore.models.bundle import ModelBundle
+from clipcore.models.clip_model import image_features, normalize, text_features
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD
 
 PARITY_THRESHOLD = 0.999
 OPSET = 17
@@ -75,23 +76,6 @@ PROBE_TEXTS = (
     "cyan cross",
     " ".join(["a yellow circle above an orange square"] * 12),
 )
-
-
-class BackendError(Exception):
-    """A backend that must not serve: a bad ONNX export (file, checksum) or a failed parity gate."""
-
-
-class PooledTowers(Protocol):
-    """What the parity gate compares with torch fp32: pooled, normalised image and text embeddings."""
-
-    @property
-    def variants(self) -> Collection[str]:
-        """Text-encoder variants served besides the default one (``None`` in ``encode_tokens``)."""
-        ...
-
-    def encode_images(self, images: np.ndarray) -> np.ndarray: ...
-
-    def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray: ...
 
 
 class ImageTower(nn.Module):
@@ -288,7 +272,6 @@ def export_bundle(
     with a DCSM scorer) the dense graphs of the model DCSM reads."""
     if dense and bundle.dense is None:
         raise ValueError(f"{bundle.ref} has no DCSM component: there is no dense path to export")
-    pre = bundle.manifest.preprocess
     default = bundle.default_text_encoder
     others = {v: m for v, m in bundle.text_models.items() if v != default} if variants else {}
     return export_towers(
@@ -296,8 +279,8 @@ def export_bundle(
         out_dir,
         image_size=bundle.image_size,
         context_length=bundle.context_length,
-        mean=pre.get("mean", OPENAI_MEAN),
-        std=pre.get("std", OPENAI_STD),
+        mean=bundle.mean,
+        std=bundle.std,
         text_variants=others,
         image_precision=image_precision,
         dense_model=bundle.dense.model if dense and bundle.dense is not None else None,
@@ -483,12 +466,7 @@ def ensure_towers(
         raise BackendError(refused)
     wanted = {v for v in bundle.text_models if v != bundle.default_text_encoder} if variants else set()
     held = _exported(export_dir)
-    if (
-        held is None
-        or not wanted <= held[0]
-        or held[1] != _precision_key(image_precision)
-        or (dense and not held[2])
-    ):
+    if held is None or not wanted <= held[0] or held[1] != _precision_key(image_precision) or (dense and not held[2]):
         export_bundle(bundle, export_dir, variants=variants, image_precision=image_precision, dense=dense)
     try:
         towers = load_towers(export_dir, device, threads)

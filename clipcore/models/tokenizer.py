@@ -49,6 +49,8 @@ class BoundedCache(OrderedDict[str, str]):
 
 
 class BoundedTokenizer(SimpleTokenizer):
+    cache: dict[str, str]
+
     def __init__(self, context_length: int, cache_words: int = DEFAULT_CACHE_WORDS) -> None:
         super().__init__(context_length=context_length)
         self.cache = BoundedCache(cache_words + len(self.cache), pinned=self.cache)

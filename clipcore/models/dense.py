@@ -9,7 +9,7 @@ implementation that looks words up without the start token lands one position ea
 version (``dcsm.safetensors`` + the config in the manifest's ``components["dcsm"]``).
 
 The towers run in torch unless the encoder is given a ``runner`` (the ONNX backend's dense
-graphs, ``service.encoders.onnx_backend.OnnxTowers``): then the runner computes the features and
+graphs, ``clipcore.backends.onnx.OnnxTowers``): then the runner computes the features and
 everything around them (positions, masks, functional rows) stays here.
 """
 
@@ -25,9 +25,9 @@ import torch
 from open_clip.model import CLIP
 from safetensors.torch import load, load_file, save
 
-from service.encoders.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
-from service.encoders.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
-from service.methods.dcsm import (
+from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
+from clipcore.methods.dcsm import (
     DEFAULT_LENGTH,
     DEFAULT_SCORER_CONFIG,
     FUNCTIONAL_GROUPS,
@@ -35,7 +35,7 @@ from service.methods.dcsm import (
     dcsm_scores,
     prepare_maps,
 )
-from service.methods.token_spans import find_word_spans
+from clipcore.methods.token_spans import find_word_spans
 
 TABLE_KEY = "functional_table"
 SCORER_PREFIX = "scorer."

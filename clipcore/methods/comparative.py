@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from service.methods.common import as_float_array, check_finite_scalar, check_int, l2_normalize
+from clipcore.methods.common import as_float_array, check_finite_scalar, check_int, l2_normalize
 
 __all__ = ["affected_classes", "apply_comparatives", "confused_pairs", "gated_probs", "margin"]
 
@@ -38,9 +38,7 @@ def _check_pair(comparative: Comparative, num_classes: int) -> tuple[int, int]:
     return a, b
 
 
-def affected_classes(
-    num_classes: int, comparatives: Sequence[Comparative], symmetric: bool
-) -> set[int]:
+def affected_classes(num_classes: int, comparatives: Sequence[Comparative], symmetric: bool) -> set[int]:
     """Classes whose embedding :func:`apply_comparatives` changes: every ``b``, plus ``a`` if
     ``symmetric``.
 
@@ -140,10 +138,7 @@ def gated_probs(
     std = as_float_array(probs_standard, "probs_standard", ndim=2)
     comp = as_float_array(probs_comparative, "probs_comparative", ndim=2)
     if std.shape != comp.shape:
-        raise ValueError(
-            f"probs_standard {std.shape} and probs_comparative {comp.shape} "
-            "must have the same shape"
-        )
+        raise ValueError(f"probs_standard {std.shape} and probs_comparative {comp.shape} must have the same shape")
     if gate_margin is None:
         return comp.copy(), np.ones(comp.shape[0], dtype=bool)
     gate = check_finite_scalar(gate_margin, "gate_margin", low=0.0)
@@ -151,9 +146,7 @@ def gated_probs(
     return np.where(applied[:, None], comp, std), applied
 
 
-def confused_pairs(
-    y_true: np.ndarray, y_pred: np.ndarray, num_classes: int, k: int
-) -> list[tuple[int, int, int]]:
+def confused_pairs(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int, k: int) -> list[tuple[int, int, int]]:
     """The ``k`` most confused unordered class pairs of a labelled calibration set.
 
     With confusion matrix ``M[t, p]`` (true ``t`` predicted as ``p``), a pair ``a < b`` counts

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from clipcore.methods.common import quantize
+
 if TYPE_CHECKING:
-    from service.encoders.bundle import ModelBundle
+    from clipcore.models.bundle import ModelBundle
 
 __all__ = [
     "CELL",
@@ -150,8 +152,6 @@ def heatmap_png(
 
 def render_heatmap_png(bundle: ModelBundle, image: Image.Image, text: str) -> bytes:
     """Heatmap of ``text`` on ``image`` with a bundle that has a DCSM component (CLI use)."""
-    from service.runtime.cache import quantize
-
     if bundle.dcsm is None:
         raise ValueError(f"{bundle.ref} has no DCSM component")
     pixels = bundle.preprocess(image)
@@ -159,5 +159,10 @@ def render_heatmap_png(bundle: ModelBundle, image: Image.Image, text: str) -> by
     text_tokens = quantize(bundle.encode_dense_texts([text]))
     layout = bundle.dense_layouts([text])[0]
     scores, maps = bundle.score_dense(image_tokens, text_tokens, [layout])
-    return heatmap_png(pixels, maps[0][layout.valid], layout.labels, list(layout.row_index[layout.valid] >= 0),
-                       title=heatmap_title(text, float(scores[0])))
+    return heatmap_png(
+        pixels,
+        maps[0][layout.valid],
+        layout.labels,
+        list(layout.row_index[layout.valid] >= 0),
+        title=heatmap_title(text, float(scores[0])),
+    )

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-__all__ = ["as_float_array", "check_finite_scalar", "check_int", "l2_normalize", "softmax"]
+__all__ = ["as_float_array", "check_finite_scalar", "check_int", "l2_normalize", "quantize", "softmax"]
 
 
 def as_float_array(x: np.ndarray, name: str, ndim: int | None = None) -> np.ndarray:
@@ -31,8 +31,9 @@ def as_float_array(x: np.ndarray, name: str, ndim: int | None = None) -> np.ndar
     return arr
 
 
-def check_finite_scalar(value: float, name: str, *, low: float | None = None,
-                        high: float | None = None, low_inclusive: bool = True) -> float:
+def check_finite_scalar(
+    value: float, name: str, *, low: float | None = None, high: float | None = None, low_inclusive: bool = True
+) -> float:
     """Return ``value`` as a float after checking it is finite and inside ``[low, high]``.
 
     ``low_inclusive=False`` makes the lower bound strict (``value > low``).
@@ -107,3 +108,11 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     shifted = arr - np.max(arr, axis=axis, keepdims=True)
     exp = np.exp(shifted)
     return exp / np.sum(exp, axis=axis, keepdims=True)
+
+
+def quantize(array: np.ndarray) -> np.ndarray:
+    """``array`` as served: rounded to float16 (the embedding cache's format) and back, read-only.
+    Every answer is computed from such values, so it never depends on whether they were cached."""
+    arr = np.asarray(array, dtype=np.float16).astype(np.float32)
+    arr.setflags(write=False)
+    return arr

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from service.methods.common import check_finite_scalar
+from clipcore.methods.common import check_finite_scalar
 
 __all__ = [
     "clip_contrastive_loss",

@@ -1,0 +1,41 @@
+"""Which towers encode a version's batches: torch (fp32, bf16, fp16) or ONNX Runtime (fp32, int8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clipcore.backends.base import PooledTowers
+from clipcore.backends.onnx import ImagePrecision, ensure_towers, export_dir_for, require_parity
+from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers
+from clipcore.models.bundle import ModelBundle
+
+
+def select_towers(
+    bundle: ModelBundle, *, backend: str, precision: str, device: str, onnx_cache_root: Path, threads: int | None
+) -> tuple[PooledTowers, str]:
+    """The pooled towers of ``backend`` at ``precision``, behind the parity gate, and a description
+    for the log. Raises ``BackendError`` for a version that fails the gate."""
+    if backend == "onnx":
+        # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
+        # a version serving meanwhile computes on the math path, equal within float rounding.
+        image_precision: ImagePrecision = "int8" if precision == "int8" else "fp32"
+        export_dir = export_dir_for(onnx_cache_root, bundle, image_precision)
+        dense = bundle.dense is not None
+        towers = ensure_towers(
+            bundle,
+            export_dir,
+            device,
+            threads,
+            variants=True,
+            image_precision=image_precision,
+            dense=dense,
+        )
+        if bundle.dense is not None:
+            bundle.dense.runner = towers  # /score/dense reads its features from the gated dense graphs
+        graphs = "pooled and dense" if dense else "pooled"
+        return towers, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
+    if precision == "fp32":
+        return TorchTowers(bundle), "torch fp32"
+    low = TorchTowers(bundle, AUTOCAST_DTYPES[precision])
+    worst = require_parity(bundle, low, label=f"torch {precision}")
+    return low, f"torch {precision} (min probe cosine {worst:.6f})"

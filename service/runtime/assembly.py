@@ -1,0 +1,203 @@
+"""One loaded model version as the service runs it: batchers over its towers on one model thread.
+
+A ``ModelRuntime`` is one loaded version with its own batchers (one for images, one per
+text-encoder variant, and for a version with a DCSM scorer one each for dense image and dense
+text features) sharing a single worker thread, so model calls of one version never overlap.
+
+The pooled image and text batchers call the towers the settings pick (``serving_towers``):
+torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime (fp32, or an int8 image tower).
+Anything but torch fp32 must pass the parity gate (every probe embedding within cosine 0.999 of
+torch fp32) while the version loads; a version that fails it is refused like one that fails
+warm-up. With ONNX, DCSM's dense features (every token and patch) come from their own exported
+graphs, gated per token the same way; under bf16/fp16 they stay on torch fp32 (the scorer was
+trained on fp32 features). YUKINO's inverter and prompts always run on torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from clipcore.backends.base import PooledTowers
+from clipcore.backends.select import select_towers
+from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
+from clipcore.errors import ClipError, ErrorCode
+from clipcore.models.bundle import ModelBundle
+from service.config import Settings
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.metrics import ServiceMetrics
+
+__all__ = ["AUTOCAST_DTYPES", "ModelRuntime", "TorchTowers", "build_runtime", "resolve_device", "serving_towers",
+           "warm_up"]  # fmt: skip
+
+log = logging.getLogger("service.runtime")
+T = TypeVar("T")
+
+IMAGE_BATCHER = "image"
+DENSE_IMAGE_BATCHER = "dense-image"
+YUKINO_BATCHER = "yukino-image"
+DENSE_TEXT_BATCHER = "dense-text"
+WARMUP_TEXT = "a red circle to the left of a blue square"
+
+
+@dataclass(eq=False)
+class ModelRuntime:
+    bundle: ModelBundle
+    image_batcher: DynamicBatcher[np.ndarray, np.ndarray]
+    text_batchers: dict[str, DynamicBatcher[str, np.ndarray]]
+    executor: concurrent.futures.ThreadPoolExecutor
+    # Only for versions with a DCSM component; None otherwise.
+    dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
+    # Only for versions with a YUKINO component: images -> (2, D) yes / no prompt features.
+    yukino_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
+    dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
+    active: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    backend: str = "torch fp32"  # what the pooled batchers call, for logs
+
+    @property
+    def ref(self) -> str:
+        return self.bundle.ref
+
+    @property
+    def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]
+        extra = (self.dense_image_batcher, self.dense_text_batcher, self.yukino_batcher)
+        dense = [b for b in extra if b is not None]
+        return [self.image_batcher, *self.text_batchers.values(), *dense]
+
+    async def start(self) -> None:
+        self.idle.set()
+        for batcher in self.batchers:
+            await batcher.start()
+
+    async def stop(self) -> None:
+        for batcher in self.batchers:
+            await batcher.stop(drain=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run model work (not batched, e.g. DCSM scoring) on this version's model thread."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        except RuntimeError as exc:
+            if "shutdown" not in str(exc):
+                raise
+            # Only after a drain timeout: the version was stopped under a slow request.
+            raise ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=1) from None
+
+
+def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[PooledTowers, str]:
+    """The pooled towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
+    description for the log. Raises ``BackendError`` for a version that fails the gate."""
+    return select_towers(
+        bundle,
+        backend=settings.backend,
+        precision=settings.precision,
+        device=device,
+        onnx_cache_root=settings.onnx_cache_root(),
+        threads=settings.torch_threads or None,
+    )
+
+
+def _model_thread_init(threads: int) -> None:
+    # OpenMP's thread count is a per-thread setting: it has to be set on the model thread itself.
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def warm_up(bundle: ModelBundle) -> None:
+    """Run every tower once (first calls allocate and compile); refuse non-finite outputs."""
+    size = bundle.image_size
+    image = bundle.encode_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
+    outputs = [image]
+    for variant in bundle.text_models:
+        outputs.append(bundle.encode_texts(["a photo of a red circle."], variant))
+    if bundle.dcsm is not None:
+        tokens = bundle.encode_dense_images(np.full((1, size, size, 3), 127, dtype=np.uint8))
+        texts = bundle.encode_dense_texts([WARMUP_TEXT])
+        scores, _ = bundle.score_dense(tokens[0], texts, bundle.dense_layouts([WARMUP_TEXT]))
+        outputs += [tokens, texts]
+        if not np.all(np.isfinite(scores)):
+            raise ValueError(f"warm-up of the DCSM scorer of {bundle.ref} produced non-finite scores")
+    for out in outputs:
+        if out.shape[-1] != bundle.embed_dim or not np.all(np.isfinite(out)):
+            raise ValueError(f"warm-up of {bundle.ref} produced invalid embeddings {out.shape}")
+
+
+def build_runtime(
+    bundle: ModelBundle,
+    settings: Settings,
+    metrics: ServiceMetrics,
+    towers: PooledTowers | None = None,
+    backend: str = "torch fp32",
+) -> ModelRuntime:
+    """Batchers over ``towers`` (default: the bundle's torch fp32 towers) on one model thread."""
+    b = settings.batching
+    pooled: PooledTowers = towers if towers is not None else TorchTowers(bundle)
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix=f"model-{bundle.version}",
+        initializer=_model_thread_init,
+        initargs=(settings.torch_threads,),
+    )
+
+    def encode_images(items: list[np.ndarray]) -> list[np.ndarray]:
+        return list(pooled.encode_images(np.stack(items)))
+
+    def text_fn(variant: str):
+        key = None if variant == bundle.default_text_encoder else variant  # towers take None for the default
+
+        def encode_texts(items: list[str]) -> list[np.ndarray]:
+            tokens, _ = bundle.tokenize(items)
+            return list(pooled.encode_tokens(tokens, key))
+
+        return encode_texts
+
+    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, max_delay_s=b.max_queue_delay_s,
+                  executor=executor, metrics=metrics)  # fmt: skip
+    images = DynamicBatcher(IMAGE_BATCHER, encode_images, max_batch=b.max_batch_images, **common)  # type: ignore[arg-type]
+    texts = {
+        v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]
+        for v in bundle.text_models
+    }
+    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend)
+    if bundle.dcsm is not None:
+        # Dense and pooled features are different model calls, so they cannot share a batch;
+        # they still share the one model thread, so they never run at the same time.
+        def dense_images(items: list[np.ndarray]) -> list[np.ndarray]:
+            return list(bundle.encode_dense_images(np.stack(items)))
+
+        def dense_texts(items: list[str]) -> list[np.ndarray]:
+            return list(bundle.encode_dense_texts(items))
+
+        runtime.dense_image_batcher = DynamicBatcher(
+            DENSE_IMAGE_BATCHER,
+            dense_images,
+            max_batch=b.max_batch_images,
+            **common,  # type: ignore[arg-type]
+        )
+        runtime.dense_text_batcher = DynamicBatcher(
+            DENSE_TEXT_BATCHER,
+            dense_texts,
+            max_batch=b.max_batch_texts,
+            **common,  # type: ignore[arg-type]
+        )
+    if bundle.yukino is not None:
+
+        def yukino_prompts(items: list[np.ndarray]) -> list[np.ndarray]:
+            return list(bundle.yukino_prompts(np.stack(items)))
+
+        runtime.yukino_batcher = DynamicBatcher(
+            YUKINO_BATCHER,
+            yukino_prompts,
+            max_batch=b.max_batch_images,
+            **common,  # type: ignore[arg-type]
+        )
+    return runtime

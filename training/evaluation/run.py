@@ -1,0 +1,98 @@
+"""Every family of the evaluation on each seed, reported as the mean and standard error over seeds.
+
+Every figure is computed on TEST (held-out scenes) or HELDOUT (colour-shape combinations
+never rendered in training) splits, per evaluation seed, then reported as the mean and
+standard error over seeds. Keys are flat, e.g. ``pcclip.rank_pair.size``; every text-encoder
+variant of the version is evaluated beside ``base``. All scoring goes through the bundle
+and ``clipcore.methods`` so the figures describe exactly what the service computes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from clipcore.models.bundle import ModelBundle
+from training.evaluation.base import EvalConfig, generator_images, pil_images
+from training.evaluation.comparative import ComparativeEval
+from training.evaluation.dense import DenseEval
+from training.evaluation.geometry import GeometryEval
+from training.evaluation.pairs import PairRankEval
+from training.evaluation.semclip import SemClipEval
+from training.evaluation.yukino import YukinoEval
+from training.evaluation.zero_shot import ZeroShotEval
+from training.world.scene import Split, sample_scene
+
+
+class Evaluator(ZeroShotEval, PairRankEval, DenseEval, ComparativeEval, SemClipEval, YukinoEval, GeometryEval):
+    """Every family over one model version."""
+
+    def run_seed(self, seed: int) -> tuple[dict[str, float], dict[str, object]]:
+        flat: dict[str, float] = {}
+        details: dict[str, object] = {}
+        sets = {
+            "zeroshot": [sample_scene(Split.TEST, seed, i, n_objects=1) for i in range(self.cfg.n_zeroshot)],
+            "zeroshot_heldout": [sample_scene(Split.HELDOUT, seed, i, n_objects=1) for i in range(self.cfg.n_zeroshot)],
+        }
+        embs = {k: self.images(generator_images(v)) for k, v in sets.items()}
+        pil_scenes = sets["zeroshot"][: self.cfg.n_pil]
+        embs["zeroshot_pil"] = self.images(pil_images(self.bundle)(pil_scenes))
+        sets["zeroshot_pil"] = pil_scenes
+        for enc in self.encoders:
+            for name, scenes in sets.items():
+                for attr, v in self.zero_shot(scenes, embs[name], enc).items():
+                    flat[f"{enc}.{name}.{attr}"] = v
+        pairs = self.rank_pairs(seed, self.cfg.n_pairs)
+        for enc, accs in self.rank_accuracy(pairs, generator_images, self.encoders).items():
+            flat.update({f"{enc}.rank_pair.{k}": v for k, v in accs.items()})
+        pil_pairs = {k: tuple(x[: self.cfg.n_pil] for x in v) for k, v in pairs.items()}
+        for enc, accs in self.rank_accuracy(pil_pairs, pil_images(self.bundle), self.encoders).items():
+            flat.update({f"{enc}.rank_pair_pil.{k}": v for k, v in accs.items()})
+        flat.update(self.dense(seed))
+        if self.bundle.yukino is not None:
+            figures, timing = self.yukino(seed)
+            flat.update(figures)
+            details["yukino.timing"] = timing
+        for split, suffix in ((Split.TEST, ""), (Split.HELDOUT, "_heldout")):
+            for enc, figures in self.semclip(seed, split, self.encoders).items():
+                flat.update({f"{enc}.semclip{suffix}.{k}": v for k, v in figures.items()})
+        for enc in self.encoders:
+            comp = self.comparative(seed, enc)
+            for k in (
+                "standard.confused",
+                "standard.overall",
+                "selected.confused",
+                "selected.overall",
+                "paper_default.confused",
+            ):
+                flat[f"{enc}.comparative.{k}"] = comp[k]  # type: ignore[assignment]
+            details[f"{enc}.comparative"] = {k: comp[k] for k in ("pairs", "selected", "sweep")}
+            details[f"{enc}.text_geometry"] = self.text_geometry(enc)
+        return flat, details
+
+
+def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[str], None] = print) -> dict:
+    """Mean and standard error over seeds of every flat metric, plus per-seed details."""
+    cfg = cfg or EvalConfig()
+    ev = Evaluator(bundle, cfg)
+    runs, details = [], {}
+    for seed in cfg.seeds:
+        flat, det = ev.run_seed(cfg.seed_offset + seed)
+        runs.append(flat)
+        details[str(seed)] = det
+        log(f"seed {seed}: {len(flat)} metrics")
+    metrics: dict[str, float] = {}
+    for key in runs[0]:
+        values = np.array([r[key] for r in runs], dtype=float)
+        metrics[key] = float(np.mean(values))
+        metrics[f"{key}.stderr"] = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
+    samples = {
+        "zeroshot": cfg.n_zeroshot,
+        "rank_pair": cfg.n_pairs,
+        "pil": cfg.n_pil,
+        "compositional": cfg.n_compositional,
+        "comparative": cfg.n_calibration,
+    }
+    return {"model": bundle.ref, "metrics": metrics, "seeds": list(cfg.seeds), "samples": samples, "details": details}
