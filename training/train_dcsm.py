@@ -297,11 +297,9 @@ def _train(
 def dcsm_files(
     scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
 ) -> dict[str, bytes]:
-    """Files of the DCSM component of a model version: weights + table, and the config."""
-    return {
-        "dcsm.safetensors": dcsm_state_bytes(scorer_state, table),
-        "dcsm.json": json.dumps(dict(config), indent=2).encode(),
-    }
+    """Files of the DCSM component of a model version: weights + table (the config lives in the
+    manifest's component entry, ``dcsm_component``)."""
+    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table)}
 
 
 def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,10 +49,6 @@ class ModelManager:
         self._task: asyncio.Task[None] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
 
-    @property
-    def ready(self) -> bool:
-        return self.current is not None
-
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
 

@@ -62,10 +62,9 @@ def test_train_dcsm_end_to_end_is_fast_and_complete(trained) -> None:
 def test_files_rebuild_the_same_scorer(trained) -> None:
     (state, config, table), _, _ = trained
     files = dcsm_files(state, config, table)
-    assert set(files) == {"dcsm.safetensors", "dcsm.json"}
-    assert json.loads(files["dcsm.json"]) == config
+    assert set(files) == {"dcsm.safetensors"}  # the config is in the manifest, not a file nobody reads
     assert torch.equal(load(files["dcsm.safetensors"])["functional_table"], table)
-    head = DCSMHead.from_bytes(files["dcsm.safetensors"], json.loads(files["dcsm.json"]))
+    head = DCSMHead.from_bytes(files["dcsm.safetensors"], dcsm_component(config)["config"])
     maps = torch.randn(3, 30, 65)
     reference = DCSMHead.from_state({**{f"scorer.{k}": v for k, v in state.items()}, "functional_table": table}, config)
     assert torch.allclose(head.scorer(maps), reference.scorer(maps))
