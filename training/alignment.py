@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from clipcore.methods.token_spans import find_word_spans
 from clipcore.models.clip_model import tokenizer_for
@@ -68,24 +67,3 @@ class AlignmentTargets:
         if not rows:
             return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, self.grid**2)
         return torch.tensor(rows), torch.tensor(cols), torch.from_numpy(np.stack(targets)).float()
-
-
-def mask_alignment_loss(
-    patch_tok: torch.Tensor,
-    text_tok: torch.Tensor,
-    rows: torch.Tensor,
-    cols: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 0.05,
-) -> torch.Tensor:
-    """Cross-entropy between each named token's patch softmax and its object's mask.
-
-    ``patch_tok`` (B, P, D) patch tokens (no class token), ``text_tok`` (B, L, D); both are
-    normalised here.
-    """
-    if rows.numel() == 0:
-        return patch_tok.sum() * 0.0
-    patches = F.normalize(patch_tok, dim=-1)[rows]  # (N, P, D)
-    words = F.normalize(text_tok, dim=-1)[rows, cols]  # (N, D)
-    logits = torch.einsum("npd,nd->np", patches, words) / temperature
-    return -(targets.to(logits.device) * F.log_softmax(logits, dim=-1)).sum(-1).mean()

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from clipcore.methods.losses import clip_contrastive_loss
+from clipcore.methods.losses import clip_contrastive_loss, filip_loss, mask_alignment_loss
 from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
 from clipcore.models.preprocess import normalize_uint8
-from training.alignment import AlignmentTargets, mask_alignment_loss
+from training.alignment import AlignmentTargets
 from training.encode import Tokenize
 from training.probes import probe_set, zero_shot_accuracy
 from training.world.captions import random_caption
@@ -62,25 +62,6 @@ class BaseTrainConfig:
     phase2_start: int | None = None
     phase2_lr_frac: float = 0.1
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def filip_loss(
-    img_tok: torch.Tensor, txt_tok: torch.Tensor, txt_mask: torch.Tensor, logit_scale: torch.Tensor
-) -> torch.Tensor:
-    """Token-level (FILIP) contrastive loss between patch tokens and word tokens.
-
-    sim[i, j] = mean over words t of text j of max over patches p of image i of cos(p, t),
-    and the image-side counterpart; symmetric cross-entropy over the batch.
-    """
-    img = F.normalize(img_tok[:, 1:], dim=-1)  # patches only
-    txt = F.normalize(txt_tok, dim=-1)
-    sim = torch.einsum("ipd,jtd->ijpt", img, txt)  # (Bi, Bj, P, T)
-    mask = txt_mask[None, :, None, :]
-    t2i = sim.max(dim=2).values  # (Bi, Bj, T): best patch per word
-    t2i = (t2i * txt_mask[None]).sum(-1) / txt_mask.sum(-1)[None].clamp(min=1)
-    i2t = sim.masked_fill(~mask, -1e4).max(dim=3).values.mean(-1)  # (Bi, Bj): best word per patch
-    labels = torch.arange(img.shape[0], device=img.device)
-    return (F.cross_entropy(logit_scale * t2i.T, labels) + F.cross_entropy(logit_scale * i2t, labels)) / 2
 
 
 def word_token_mask(tokens: torch.Tensor) -> torch.Tensor:

@@ -25,11 +25,11 @@ from clipcore.methods.dcsm import (
     DEFAULT_SCORER_CONFIG,
     FUNCTIONAL_GROUPS,
     DCSMScorer,
-    dcsm_batch_loss,
     dcsm_scores,
     functional_row_table,
     prepare_maps,
 )
+from clipcore.methods.losses import dcsm_batch_loss
 from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch

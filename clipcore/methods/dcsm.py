@@ -26,8 +26,6 @@ __all__ = [
     "FUNCTIONAL_GROUPS",
     "DCSMScorer",
     "candidate_pairs",
-    "dcsm_batch_loss",
-    "dcsm_loss",
     "dcsm_scores",
     "finish_maps",
     "functional_row_table",
@@ -196,16 +194,6 @@ def dcsm_scores(scorer: DCSMScorer, maps: torch.Tensor, chunk: int = 4096) -> to
     return torch.cat([scorer(maps[i : i + chunk]) for i in range(0, maps.shape[0], chunk)])
 
 
-def dcsm_loss(image_scores: torch.Tensor, text_scores: torch.Tensor) -> torch.Tensor:
-    """Symmetric cross-entropy over candidate sets; column 0 of each row is the positive.
-
-    ``image_scores[a, c]``: anchor a's image with its c-th candidate text;
-    ``text_scores[a, c]``: anchor a's text with its c-th candidate image.
-    """
-    target = torch.zeros(image_scores.shape[0], dtype=torch.long, device=image_scores.device)
-    return (F.cross_entropy(image_scores, target) + F.cross_entropy(text_scores, target)) / 2
-
-
 def candidate_pairs(n_pairs: int, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """(2n, 2 + k) candidate anchor ids for every anchor.
 
@@ -223,44 +211,3 @@ def candidate_pairs(n_pairs: int, k: int, generator: torch.Generator | None = No
         member = torch.randint(0, 2, (2 * n_pairs, k), generator=generator)
         cols.append(2 * ((item + shift) % n_pairs) + member)
     return torch.cat(cols, dim=1)
-
-
-def dcsm_batch_loss(
-    scorer: DCSMScorer,
-    img_tok: torch.Tensor,
-    txt_tok: torch.Tensor,
-    valid: torch.Tensor,
-    row_index: torch.Tensor,
-    table: torch.Tensor,
-    k: int = 2,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss of a batch of interleaved anchors (see ``candidate_pairs``) and its 2-way accuracy.
-
-    Each image is scored against its caption, its hard negative and k random captions; each
-    caption against its image, the hard-negative image and k random images. Token features
-    must be L2-normalised (as ``DenseEncoder`` returns them): cosines are dot products here,
-    which saves a third of the map cost in training. The image side already holds every
-    pair of an item's 2x2 block, so the text side only adds its randoms.
-    """
-    n2 = img_tok.shape[0]
-    cand = candidate_pairs(n2 // 2, k, generator).to(img_tok.device)
-    anchors = torch.arange(n2, device=img_tok.device)
-    c = cand.shape[1]
-    length, n_img = txt_tok.shape[1], img_tok.shape[1]
-    # Image side: image a with texts cand[a], one (c*L, D) x (D, 1+P) product per image.
-    texts = txt_tok[cand].reshape(n2, c * length, -1)
-    t = cand.reshape(-1)
-    image_scores = scorer(finish_maps(_cosines(img_tok, texts, True).reshape(n2 * c, length, n_img),
-                                      valid[t], row_index[t], table)).reshape(n2, c)  # fmt: skip
-    pos, cross = image_scores[:, 0], image_scores[:, 1]  # cross[a] = (image a, text a^1)
-    # Text a against image a^1 is the pair (image a^1, text a) = cross[a^1].
-    text_scores = torch.cat([pos[:, None], cross[anchors ^ 1][:, None]], dim=1)
-    if k > 0:  # text side randoms: text a with images cand[a, 2:]
-        images = img_tok[cand[:, 2:]].reshape(n2, k * n_img, -1)
-        side = _cosines(images, txt_tok, True).reshape(n2, length, k, n_img).transpose(1, 2)
-        t = anchors.repeat_interleave(k)
-        maps = finish_maps(side.reshape(n2 * k, length, n_img), valid[t], row_index[t], table)
-        text_scores = torch.cat([text_scores, scorer(maps).reshape(n2, k)], dim=1)
-    accuracy = (pos > cross).float().mean()
-    return dcsm_loss(image_scores, text_scores), accuracy

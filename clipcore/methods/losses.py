@@ -1,6 +1,7 @@
 """Training losses and weight ensembling (torch).
 
-This is the only method module that imports torch; the serving math lives in numpy modules.
+Every training loss of every method lives here (contrastive, PC-CLIP, SemCLIP, YUKINO, the dense
+FILIP and mask-alignment terms of base training, DCSM); the serving math is in the numpy modules.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from clipcore.methods.common import check_finite_scalar
+from clipcore.methods.dcsm import DCSMScorer, _cosines, candidate_pairs, finish_maps
 
 __all__ = [
     "clip_contrastive_loss",
+    "dcsm_batch_loss",
+    "dcsm_loss",
+    "filip_loss",
+    "mask_alignment_loss",
     "pcclip_difference_loss",
     "semclip_loss",
     "weight_ensemble",
@@ -244,3 +250,95 @@ def weight_ensemble(
             else:
                 out[key] = (ft if w >= 0.5 else b.detach()).clone()
     return out
+
+
+# ---------------------------------------------------------------- dense (token x patch) losses
+def filip_loss(
+    img_tok: torch.Tensor, txt_tok: torch.Tensor, txt_mask: torch.Tensor, logit_scale: torch.Tensor
+) -> torch.Tensor:
+    """Token-level (FILIP) contrastive loss between patch tokens and word tokens.
+
+    sim[i, j] = mean over words t of text j of max over patches p of image i of cos(p, t),
+    and the image-side counterpart; symmetric cross-entropy over the batch.
+    """
+    img = F.normalize(img_tok[:, 1:], dim=-1)  # patches only
+    txt = F.normalize(txt_tok, dim=-1)
+    sim = torch.einsum("ipd,jtd->ijpt", img, txt)  # (Bi, Bj, P, T)
+    mask = txt_mask[None, :, None, :]
+    t2i = sim.max(dim=2).values  # (Bi, Bj, T): best patch per word
+    t2i = (t2i * txt_mask[None]).sum(-1) / txt_mask.sum(-1)[None].clamp(min=1)
+    i2t = sim.masked_fill(~mask, -1e4).max(dim=3).values.mean(-1)  # (Bi, Bj): best word per patch
+    labels = torch.arange(img.shape[0], device=img.device)
+    return (F.cross_entropy(logit_scale * t2i.T, labels) + F.cross_entropy(logit_scale * i2t, labels)) / 2
+
+
+def mask_alignment_loss(
+    patch_tok: torch.Tensor,
+    text_tok: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 0.05,
+) -> torch.Tensor:
+    """Cross-entropy between each named token's patch softmax and its object's mask.
+
+    ``patch_tok`` (B, P, D) patch tokens (no class token), ``text_tok`` (B, L, D); both are
+    normalised here.
+    """
+    if rows.numel() == 0:
+        return patch_tok.sum() * 0.0
+    patches = F.normalize(patch_tok, dim=-1)[rows]  # (N, P, D)
+    words = F.normalize(text_tok, dim=-1)[rows, cols]  # (N, D)
+    logits = torch.einsum("npd,nd->np", patches, words) / temperature
+    return -(targets.to(logits.device) * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def dcsm_loss(image_scores: torch.Tensor, text_scores: torch.Tensor) -> torch.Tensor:
+    """Symmetric cross-entropy over candidate sets; column 0 of each row is the positive.
+
+    ``image_scores[a, c]``: anchor a's image with its c-th candidate text;
+    ``text_scores[a, c]``: anchor a's text with its c-th candidate image.
+    """
+    target = torch.zeros(image_scores.shape[0], dtype=torch.long, device=image_scores.device)
+    return (F.cross_entropy(image_scores, target) + F.cross_entropy(text_scores, target)) / 2
+
+
+def dcsm_batch_loss(
+    scorer: DCSMScorer,
+    img_tok: torch.Tensor,
+    txt_tok: torch.Tensor,
+    valid: torch.Tensor,
+    row_index: torch.Tensor,
+    table: torch.Tensor,
+    k: int = 2,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss of a batch of interleaved anchors (see ``candidate_pairs``) and its 2-way accuracy.
+
+    Each image is scored against its caption, its hard negative and k random captions; each
+    caption against its image, the hard-negative image and k random images. Token features
+    must be L2-normalised (as ``DenseEncoder`` returns them): cosines are dot products here,
+    which saves a third of the map cost in training. The image side already holds every
+    pair of an item's 2x2 block, so the text side only adds its randoms.
+    """
+    n2 = img_tok.shape[0]
+    cand = candidate_pairs(n2 // 2, k, generator).to(img_tok.device)
+    anchors = torch.arange(n2, device=img_tok.device)
+    c = cand.shape[1]
+    length, n_img = txt_tok.shape[1], img_tok.shape[1]
+    # Image side: image a with texts cand[a], one (c*L, D) x (D, 1+P) product per image.
+    texts = txt_tok[cand].reshape(n2, c * length, -1)
+    t = cand.reshape(-1)
+    image_scores = scorer(finish_maps(_cosines(img_tok, texts, True).reshape(n2 * c, length, n_img),
+                                      valid[t], row_index[t], table)).reshape(n2, c)  # fmt: skip
+    pos, cross = image_scores[:, 0], image_scores[:, 1]  # cross[a] = (image a, text a^1)
+    # Text a against image a^1 is the pair (image a^1, text a) = cross[a^1].
+    text_scores = torch.cat([pos[:, None], cross[anchors ^ 1][:, None]], dim=1)
+    if k > 0:  # text side randoms: text a with images cand[a, 2:]
+        images = img_tok[cand[:, 2:]].reshape(n2, k * n_img, -1)
+        side = _cosines(images, txt_tok, True).reshape(n2, length, k, n_img).transpose(1, 2)
+        t = anchors.repeat_interleave(k)
+        maps = finish_maps(side.reshape(n2 * k, length, n_img), valid[t], row_index[t], table)
+        text_scores = torch.cat([text_scores, scorer(maps).reshape(n2, k)], dim=1)
+    accuracy = (pos > cross).float().mean()
+    return dcsm_loss(image_scores, text_scores), accuracy

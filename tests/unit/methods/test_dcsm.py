@@ -15,8 +15,6 @@ from clipcore.methods.dcsm import (
     FUNCTIONAL_GROUPS,
     DCSMScorer,
     candidate_pairs,
-    dcsm_batch_loss,
-    dcsm_loss,
     dcsm_scores,
     functional_row_table,
     place_functional_rows,
@@ -24,6 +22,7 @@ from clipcore.methods.dcsm import (
     similarity_map,
     zscore_map,
 )
+from clipcore.methods.losses import dcsm_batch_loss, dcsm_loss
 from clipcore.models.clip_model import build_model
 from clipcore.models.dense import DCSMHead, DenseEncoder, dcsm_state_bytes
 
