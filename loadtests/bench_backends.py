@@ -22,18 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clipcore.backends.onnx import (
-    PARITY_THRESHOLD,
-    OnnxTowers,
-    _random_bundle,
-    check_dense_parity,
-    check_parity,
-    export_bundle,
-    image_throughput,
-    load_towers,
-)
+from clipcore.backends.onnx import OnnxTowers, load_towers
+from clipcore.backends.onnx_export import export_bundle
+from clipcore.backends.parity import PARITY_THRESHOLD, check_dense_parity, check_parity
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.models.bundle import ModelBundle
+from loadtests.bench_onnx import image_throughput
+from loadtests.bench_onnx import random_bundle as _random_bundle
 from model_store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from clipcore.backends.base import PooledTowers
-from clipcore.backends.onnx import ImagePrecision, ensure_towers, export_dir_for, require_parity
+from clipcore.backends.onnx import ensure_towers
+from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
+from clipcore.backends.parity import require_parity
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers
 from clipcore.models.bundle import ModelBundle
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from prometheus_samples import metric_value
 
-from clipcore.backends.onnx import PARITY_THRESHOLD, SIDECAR, _sha256, export_bundle, export_dir_for
+from clipcore.backends.onnx_export import SIDECAR, _sha256, export_bundle, export_dir_for
+from clipcore.backends.parity import PARITY_THRESHOLD
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 

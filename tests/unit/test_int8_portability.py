@@ -23,14 +23,11 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from clipcore.backends import onnx as onnx_backend  # noqa: E402
-from clipcore.backends.onnx import (  # noqa: E402
-    PARITY_THRESHOLD,
-    REFUSAL,
-    BackendError,
-    ensure_towers,
-    export_bundle,
-    probe_images,
-)
+from clipcore.backends import onnx_export, parity  # noqa: E402
+from clipcore.backends.base import BackendError
+from clipcore.backends.onnx import ensure_towers
+from clipcore.backends.onnx_export import REFUSAL, export_bundle
+from clipcore.backends.parity import PARITY_THRESHOLD, probe_images
 from clipcore.models.bundle import ModelBundle  # noqa: E402
 from model_store import ModelStore  # noqa: E402
 
@@ -117,7 +114,7 @@ def test_a_refused_export_is_remembered_for_this_cpu(
     bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     export_dir = tmp_path / "export-int8"
-    monkeypatch.setattr(onnx_backend, "check_parity", lambda bundle, towers: 0.98)
+    monkeypatch.setattr(parity, "check_parity", lambda bundle, towers: 0.98)
     with pytest.raises(BackendError, match="0.980000 < 0.999") as refused:
         ensure_towers(bundle, export_dir, device="cpu", image_precision="int8")
     message = str(refused.value)
@@ -149,9 +146,9 @@ def test_a_refused_export_is_remembered_for_this_cpu(
 def test_an_int8_export_of_another_scheme_is_made_again(bundle: ModelBundle, tmp_path: Path) -> None:
     export_dir = tmp_path / "old-int8"
     export_bundle(bundle, export_dir, image_precision="int8")
-    sidecar = json.loads((export_dir / onnx_backend.SIDECAR).read_text())
-    assert sidecar["int8_scheme"] == onnx_backend.INT8_SCHEME
+    sidecar = json.loads((export_dir / onnx_export.SIDECAR).read_text())
+    assert sidecar["int8_scheme"] == onnx_export.INT8_SCHEME
     sidecar.pop("int8_scheme")  # as written before the 7-bit scheme
-    (export_dir / onnx_backend.SIDECAR).write_text(json.dumps(sidecar))
+    (export_dir / onnx_export.SIDECAR).write_text(json.dumps(sidecar))
     ensure_towers(bundle, export_dir, device="cpu", image_precision="int8")
-    assert json.loads((export_dir / onnx_backend.SIDECAR).read_text())["int8_scheme"] == onnx_backend.INT8_SCHEME
+    assert json.loads((export_dir / onnx_export.SIDECAR).read_text())["int8_scheme"] == onnx_export.INT8_SCHEME

@@ -12,17 +12,10 @@ import pytest
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from clipcore.backends.onnx import (  # noqa: E402
-    PARITY_THRESHOLD,
-    SIDECAR,
-    BackendError,
-    _sha256,
-    check_parity,
-    export_bundle,
-    load_towers,
-    probe_images,
-    require_parity,
-)
+from clipcore.backends.base import BackendError
+from clipcore.backends.onnx import load_towers
+from clipcore.backends.onnx_export import SIDECAR, _sha256, export_bundle
+from clipcore.backends.parity import PARITY_THRESHOLD, check_parity, probe_images, require_parity
 from clipcore.models.bundle import ModelBundle  # noqa: E402
 from model_store import ModelStore  # noqa: E402
 

@@ -14,15 +14,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from clipcore.backends.onnx import (
+from clipcore.backends.onnx import ensure_towers
+from clipcore.backends.onnx_export import SIDECAR, export_bundle, export_dir_for
+from clipcore.backends.parity import (
     PARITY_THRESHOLD,
     PROBE_TEXTS,
-    SIDECAR,
     check_dense_parity,
     check_parity,
-    ensure_towers,
-    export_bundle,
-    export_dir_for,
     probe_images,
     require_parity,
 )
