@@ -113,8 +113,7 @@ def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace) -> Non
 
     def through(runner: OnnxTowers | None) -> Callable[[np.ndarray], object]:
         def encode(images: np.ndarray) -> object:
-            encoder.runner = runner
-            return encoder.image_features(images)
+            return encoder.image_features(images, runner)
 
         return encode
 
@@ -125,10 +124,7 @@ def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace) -> Non
         parity[label] = f"{check_dense_parity(bundle, towers):.6f}"
         backends[label] = through(towers)
     print("\nDCSM dense image features (class + patch tokens):\n")
-    try:
-        print_table(backends, parity, "min token cosine", bundle.image_size, args)
-    finally:
-        encoder.runner = None
+    print_table(backends, parity, "min token cosine", bundle.image_size, args)
 
 
 if __name__ == "__main__":

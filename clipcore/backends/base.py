@@ -6,11 +6,14 @@ The service's batchers call these named methods of one towers object chosen per 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from clipcore.models.bundle import ModelBundle
+from clipcore.models.dense import DenseRunner
 
 
 class BackendError(Exception):
@@ -28,3 +31,35 @@ class PooledTowers(Protocol):
     def encode_images(self, images: np.ndarray) -> np.ndarray: ...
 
     def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray: ...
+
+
+class ServingTowers:
+    """Where each kind of batch of one version is encoded: the service's batchers call exactly
+    these methods (one per batcher). Pooled image and text features come from ``pooled`` (torch,
+    torch under autocast, or ONNX Runtime); DCSM's dense features from ``dense`` (ONNX dense
+    graphs) or, when it is None, the version's own torch towers; YUKINO's prompts from torch."""
+
+    def __init__(self, bundle: ModelBundle, pooled: PooledTowers, dense: DenseRunner | None = None) -> None:
+        self.bundle, self.pooled, self.dense = bundle, pooled, dense
+
+    def encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, S, S, 3) uint8 preprocessed pixels -> (N, D) normalised embeddings."""
+        return self.pooled.encode_images(pixels)
+
+    def encode_texts(self, texts: Sequence[str], encoder: str) -> np.ndarray:
+        """Texts -> (N, D) normalised embeddings with the named text encoder."""
+        tokens, _ = self.bundle.tokenize(texts)
+        key = None if encoder == self.bundle.default_text_encoder else encoder  # towers take None for the default
+        return self.pooled.encode_tokens(tokens, key)
+
+    def dense_images(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 1+P, D) normalised class and patch tokens (DCSM)."""
+        return self.bundle.encode_dense_images(pixels, self.dense)
+
+    def dense_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, L, D) normalised per-position text features (DCSM)."""
+        return self.bundle.encode_dense_texts(texts, self.dense)
+
+    def yukino_prompts(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 2, D) YUKINO's yes and no prompt features of each image."""
+        return self.bundle.yukino_prompts(pixels)

@@ -9,13 +9,12 @@ Runtime graphs, torch under bf16/fp16 autocast.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from clipcore.backends.base import BackendError, PooledTowers
 from clipcore.models.bundle import ModelBundle
+from clipcore.models.dense import DenseRunner
 
 PARITY_THRESHOLD = 0.999
 # Fixed probe texts: short and long, functional words, one longer than any small context.
@@ -65,20 +64,15 @@ def check_parity(bundle: ModelBundle, towers: PooledTowers) -> float:
     return float(np.concatenate(cos).min())
 
 
-def check_dense_parity(bundle: ModelBundle, towers: Any) -> float:
+def check_dense_parity(bundle: ModelBundle, towers: DenseRunner) -> float:
     """Min cosine between DCSM's torch fp32 features and the dense graphs' over the probe images
     (every class and patch token) and probe texts (every position up to the end token)."""
     encoder = bundle.dense_encoder()
     images = probe_images(bundle.image_size)
-    runner, encoder.runner = encoder.runner, None
-    try:
-        ref_pooled, ref_tokens = encoder.image_features(images)
-        ref_text = encoder.text_features(list(PROBE_TEXTS))
-        encoder.runner = towers
-        pooled, tokens = encoder.image_features(images)
-        text = encoder.text_features(list(PROBE_TEXTS))
-    finally:
-        encoder.runner = runner
+    ref_pooled, ref_tokens = encoder.image_features(images)
+    ref_text = encoder.text_features(list(PROBE_TEXTS))
+    pooled, tokens = encoder.image_features(images, towers)
+    text = encoder.text_features(list(PROBE_TEXTS), towers)
     d = ref_tokens.shape[-1]
     valid = ref_text.valid.numpy()
     cos = [
@@ -90,7 +84,7 @@ def check_dense_parity(bundle: ModelBundle, towers: Any) -> float:
     return float(np.concatenate(cos).min())
 
 
-def require_dense_parity(bundle: ModelBundle, towers: Any, threshold: float = PARITY_THRESHOLD) -> float:
+def require_dense_parity(bundle: ModelBundle, towers: DenseRunner, threshold: float = PARITY_THRESHOLD) -> float:
     worst = check_dense_parity(bundle, towers)
     if not worst >= threshold:
         raise BackendError(

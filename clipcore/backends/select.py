@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clipcore.backends.base import PooledTowers
+from clipcore.backends.base import ServingTowers
 from clipcore.backends.onnx import ensure_towers
 from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
 from clipcore.backends.parity import require_parity
@@ -14,9 +14,9 @@ from clipcore.models.bundle import ModelBundle
 
 def select_towers(
     bundle: ModelBundle, *, backend: str, precision: str, device: str, onnx_cache_root: Path, threads: int | None
-) -> tuple[PooledTowers, str]:
-    """The pooled towers of ``backend`` at ``precision``, behind the parity gate, and a description
-    for the log. Raises ``BackendError`` for a version that fails the gate."""
+) -> tuple[ServingTowers, str]:
+    """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
+    the log. Raises ``BackendError`` for a version that fails the gate."""
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.
@@ -32,12 +32,12 @@ def select_towers(
             image_precision=image_precision,
             dense=dense,
         )
-        if bundle.dense is not None:
-            bundle.dense.runner = towers  # /score/dense reads its features from the gated dense graphs
         graphs = "pooled and dense" if dense else "pooled"
-        return towers, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
+        # /score/dense reads its features from the gated dense graphs too.
+        serving = ServingTowers(bundle, towers, towers if dense else None)
+        return serving, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
     if precision == "fp32":
-        return TorchTowers(bundle), "torch fp32"
+        return ServingTowers(bundle, TorchTowers(bundle)), "torch fp32"
     low = TorchTowers(bundle, AUTOCAST_DTYPES[precision])
     worst = require_parity(bundle, low, label=f"torch {precision}")
-    return low, f"torch {precision} (min probe cosine {worst:.6f})"
+    return ServingTowers(bundle, low), f"torch {precision} (min probe cosine {worst:.6f})"

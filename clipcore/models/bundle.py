@@ -29,7 +29,7 @@ from clipcore.models.clip_model import (
     text_features,
     tokenizer_for,
 )
-from clipcore.models.dense import DCSMHead, DenseEncoder
+from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
 from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
@@ -223,11 +223,12 @@ class ModelBundle:
             raise ValueError(f"{self.ref} has no DCSM component")
         return self.dense
 
-    def encode_dense_images(self, images: np.ndarray) -> np.ndarray:
-        """(N, S, S, 3) uint8 preprocessed images -> (N, 1+P, D) normalised class + patch tokens."""
-        return self.dense_encoder().image_tokens(images).numpy()
+    def encode_dense_images(self, images: np.ndarray, runner: DenseRunner | None = None) -> np.ndarray:
+        """(N, S, S, 3) uint8 preprocessed images -> (N, 1+P, D) normalised class + patch tokens
+        (from ``runner``'s graphs when given, else torch)."""
+        return self.dense_encoder().image_tokens(images, runner).numpy()
 
-    def encode_dense_texts(self, texts: Sequence[str]) -> np.ndarray:
+    def encode_dense_texts(self, texts: Sequence[str], runner: DenseRunner | None = None) -> np.ndarray:
         """Texts -> (N, L, D) normalised token features; rows past the end token are 0.
 
         The text tower runs on a batch cut to its longest text, and that width changes the last
@@ -239,7 +240,7 @@ class ModelBundle:
         out = np.zeros((len(texts), enc.length, self.embed_dim), dtype=np.float32)
         for count in sorted(set(counts)):
             rows = [i for i, c in enumerate(counts) if c == count]
-            out[rows] = enc.text_features([texts[i] for i in rows]).tokens.numpy()
+            out[rows] = enc.text_features([texts[i] for i in rows], runner).tokens.numpy()
         return out
 
     def dense_layouts(self, texts: Sequence[str]) -> list[DenseLayout]:

@@ -8,8 +8,8 @@ implementation that looks words up without the start token lands one position ea
 ``DCSMHead`` is the scorer with its functional-row table and config, as stored in a model
 version (``dcsm.safetensors`` + the config in the manifest's ``components["dcsm"]``).
 
-The towers run in torch unless the encoder is given a ``runner`` (the ONNX backend's dense
-graphs, ``clipcore.backends.onnx.OnnxTowers``): then the runner computes the features and
+The towers run in torch unless a call is given a ``runner`` (the ONNX backend's dense graphs,
+``clipcore.backends.onnx.OnnxTowers``): then the runner computes the features and
 everything around them (positions, masks, functional rows) stays here.
 """
 
@@ -82,7 +82,6 @@ class DenseEncoder:
         self.group_of = {w: i for i, ws in enumerate(self.groups.values()) for w in ws}
         self.word_ids = {w: self.tokenizer.encode(w) for w in self.group_of}
         self._rows: dict[str, tuple[list[int], list[str]]] = {}
-        self.runner: DenseRunner | None = None  # None: torch
 
     def word_start_ok(self, ids: Sequence[int]) -> list[bool]:
         # A word starts right after the start token or after a token that ends a word, so
@@ -107,16 +106,17 @@ class DenseEncoder:
         return self._rows[text]
 
     @torch.no_grad()
-    def text_features(self, texts: Sequence[str]) -> DenseText:
+    def text_features(self, texts: Sequence[str], runner: DenseRunner | None = None) -> DenseText:
+        """Per-position features of ``texts``, from ``runner``'s graphs when given, else torch."""
         texts = list(texts)
         full = self.tokenizer(texts)  # (B, context) with end token forced in when truncated
         ids_per_text = []
         for row in full.tolist():
             eot = row.index(self.tokenizer.eot_token_id)
             ids_per_text.append(row[: eot + 1])
-        truncated = [len(self.tokenizer.encode(t)) + 2 > full.shape[1] for t in texts]
-        if self.runner is not None:  # full context: the causal mask keeps positions <= end exact
-            pooled_np, tok_np = self.runner.dense_text_features(full.numpy())
+        truncated = [self.tokenizer.truncated(t) for t in texts]
+        if runner is not None:  # full context: the causal mask keeps positions <= end exact
+            pooled_np, tok_np = runner.dense_text_features(full.numpy())
             pooled, tok = torch.from_numpy(pooled_np), torch.from_numpy(tok_np)
         else:
             tokens = trimmed(full).to(self.device)
@@ -137,16 +137,21 @@ class DenseEncoder:
             out, valid, row_index, normalize(pooled.float()).cpu(), [rw[1] for rw in rows_words], truncated
         )
 
-    def text_tokens(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def text_tokens(
+        self, texts: Sequence[str], runner: DenseRunner | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tok (B, L, D) normalised, valid (B, L), row_index (B, L))."""
-        f = self.text_features(texts)
+        f = self.text_features(texts, runner)
         return f.tokens, f.valid, f.row_index
 
     @torch.no_grad()
-    def image_features(self, images: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, S, S, 3) uint8 -> pooled (N, D) and tokens (N, 1+P, D), both normalised."""
-        if self.runner is not None:
-            pooled_np, tok_np = self.runner.dense_image_features(images)
+    def image_features(
+        self, images: np.ndarray, runner: DenseRunner | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, S, S, 3) uint8 -> pooled (N, D) and tokens (N, 1+P, D), both normalised; from
+        ``runner``'s graphs when given, else torch."""
+        if runner is not None:
+            pooled_np, tok_np = runner.dense_image_features(images)
             return torch.from_numpy(pooled_np), torch.from_numpy(tok_np)
         x = normalize_uint8(images, self.mean, self.std).to(self.device)
         pooled, tok = image_features(self.model, x, dense=True)
@@ -154,8 +159,8 @@ class DenseEncoder:
             raise ValueError("this image tower does not expose patch tokens")
         return normalize(pooled.float()).cpu(), normalize(tok.float()).cpu()
 
-    def image_tokens(self, images: np.ndarray) -> torch.Tensor:
-        return self.image_features(images)[1]
+    def image_tokens(self, images: np.ndarray, runner: DenseRunner | None = None) -> torch.Tensor:
+        return self.image_features(images, runner)[1]
 
 
 @dataclass

@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from clipcore.backends.base import PooledTowers
+from clipcore.backends.base import ServingTowers
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
@@ -93,8 +94,8 @@ class ModelRuntime:
             raise ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=1) from None
 
 
-def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[PooledTowers, str]:
-    """The pooled towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
+def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[ServingTowers, str]:
+    """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
     description for the log. Raises ``BackendError`` for a version that fails the gate."""
     return select_towers(
         bundle,
@@ -131,16 +132,22 @@ def warm_up(bundle: ModelBundle) -> None:
             raise ValueError(f"warm-up of {bundle.ref} produced invalid embeddings {out.shape}")
 
 
+def _stacked(encode: Callable[[np.ndarray], np.ndarray]) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """A batch function over single images: stacks them for ``encode`` (one row per image back)."""
+    return lambda items: encode(np.stack(items))
+
+
 def build_runtime(
     bundle: ModelBundle,
     settings: Settings,
     metrics: ServiceMetrics,
-    towers: PooledTowers | None = None,
+    towers: ServingTowers | None = None,
     backend: str = "torch fp32",
 ) -> ModelRuntime:
-    """Batchers over ``towers`` (default: the bundle's torch fp32 towers) on one model thread."""
+    """One batcher per kind of batch, each calling its named method of ``towers`` (default: the
+    bundle's torch fp32 towers), all on one model thread."""
     b = settings.batching
-    pooled: PooledTowers = towers if towers is not None else TorchTowers(bundle)
+    serving = towers if towers is not None else ServingTowers(bundle, TorchTowers(bundle))
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=1,
         thread_name_prefix=f"model-{bundle.version}",
@@ -148,56 +155,22 @@ def build_runtime(
         initargs=(settings.torch_threads,),
     )
 
-    def encode_images(items: list[np.ndarray]) -> list[np.ndarray]:
-        return list(pooled.encode_images(np.stack(items)))
+    def batcher(
+        name: str, fn: Callable[[list[Any]], Iterable[np.ndarray]], max_batch: int
+    ) -> DynamicBatcher[Any, np.ndarray]:
+        return DynamicBatcher(name, fn, max_batch=max_batch, max_wait_ms=b.max_wait_ms, max_queue=b.max_queue,
+                              max_delay_s=b.max_queue_delay_s, executor=executor, metrics=metrics)  # fmt: skip
 
-    def text_fn(variant: str):
-        key = None if variant == bundle.default_text_encoder else variant  # towers take None for the default
-
-        def encode_texts(items: list[str]) -> list[np.ndarray]:
-            tokens, _ = bundle.tokenize(items)
-            return list(pooled.encode_tokens(tokens, key))
-
-        return encode_texts
-
-    common = dict(max_wait_ms=b.max_wait_ms, max_queue=b.max_queue, max_delay_s=b.max_queue_delay_s,
-                  executor=executor, metrics=metrics)  # fmt: skip
-    images = DynamicBatcher(IMAGE_BATCHER, encode_images, max_batch=b.max_batch_images, **common)  # type: ignore[arg-type]
+    images = batcher(IMAGE_BATCHER, _stacked(serving.encode_images), b.max_batch_images)
     texts = {
-        v: DynamicBatcher(f"text-{v}", text_fn(v), max_batch=b.max_batch_texts, **common)  # type: ignore[arg-type]
-        for v in bundle.text_models
+        v: batcher(f"text-{v}", partial(serving.encode_texts, encoder=v), b.max_batch_texts) for v in bundle.text_models
     }
     runtime = ModelRuntime(bundle, images, texts, executor, backend=backend)
     if bundle.dcsm is not None:
         # Dense and pooled features are different model calls, so they cannot share a batch;
         # they still share the one model thread, so they never run at the same time.
-        def dense_images(items: list[np.ndarray]) -> list[np.ndarray]:
-            return list(bundle.encode_dense_images(np.stack(items)))
-
-        def dense_texts(items: list[str]) -> list[np.ndarray]:
-            return list(bundle.encode_dense_texts(items))
-
-        runtime.dense_image_batcher = DynamicBatcher(
-            DENSE_IMAGE_BATCHER,
-            dense_images,
-            max_batch=b.max_batch_images,
-            **common,  # type: ignore[arg-type]
-        )
-        runtime.dense_text_batcher = DynamicBatcher(
-            DENSE_TEXT_BATCHER,
-            dense_texts,
-            max_batch=b.max_batch_texts,
-            **common,  # type: ignore[arg-type]
-        )
+        runtime.dense_image_batcher = batcher(DENSE_IMAGE_BATCHER, _stacked(serving.dense_images), b.max_batch_images)
+        runtime.dense_text_batcher = batcher(DENSE_TEXT_BATCHER, serving.dense_texts, b.max_batch_texts)
     if bundle.yukino is not None:
-
-        def yukino_prompts(items: list[np.ndarray]) -> list[np.ndarray]:
-            return list(bundle.yukino_prompts(np.stack(items)))
-
-        runtime.yukino_batcher = DynamicBatcher(
-            YUKINO_BATCHER,
-            yukino_prompts,
-            max_batch=b.max_batch_images,
-            **common,  # type: ignore[arg-type]
-        )
+        runtime.yukino_batcher = batcher(YUKINO_BATCHER, _stacked(serving.yukino_prompts), b.max_batch_images)
     return runtime

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -126,7 +126,7 @@ class DynamicBatcher(Generic[T, R]):
     def __init__(
         self,
         name: str,
-        fn: Callable[[list[T]], Sequence[R]],
+        fn: Callable[[list[T]], Iterable[R]],
         *,
         max_batch: int = 32,
         max_wait_ms: float = 5.0,

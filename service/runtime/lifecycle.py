@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from clipcore.backends.base import PooledTowers
+from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore, parse_ref
@@ -185,7 +185,7 @@ class ModelManager:
     async def _load(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
 
-        def load_and_warm() -> tuple[ModelBundle, PooledTowers, str]:
+        def load_and_warm() -> tuple[ModelBundle, ServingTowers, str]:
             bundle = ModelBundle.load(self.store, f"{name}@{version}", self.device)  # verifies checksums
             if self.settings.warmup:
                 warm_up(bundle)

@@ -171,8 +171,7 @@ def test_dense_graphs_feed_the_dcsm_encoder_within_the_gate(tmp_path: Path, publ
     torch_text, torch_images = bundle.encode_dense_texts(texts), bundle.encode_dense_images(images)
     towers = ensure_towers(bundle, tmp_path / "export", device="cpu", threads=1, dense=True)
     assert check_dense_parity(bundle, towers) >= PARITY_THRESHOLD
-    bundle.dense.runner = towers
-    onnx_text, onnx_images = bundle.encode_dense_texts(texts), bundle.encode_dense_images(images)
+    onnx_text, onnx_images = bundle.encode_dense_texts(texts, towers), bundle.encode_dense_images(images, towers)
     assert onnx_text.shape == torch_text.shape and onnx_images.shape == torch_images.shape
     np.testing.assert_allclose(onnx_text, torch_text, atol=1e-4)  # padding rows stay exactly zero
     np.testing.assert_allclose(onnx_images, torch_images, atol=1e-4)
