@@ -23,15 +23,8 @@ from PIL import Image
 from pydantic import BaseModel
 
 from clipcore.methods.pairwise_rank import pair_decision, pair_scores
-from clipcore.methods.zero_shot import (
-    DEFAULT_TEMPLATES,
-    class_embeddings,
-    expand_prompts,
-    top_k,
-    zero_shot_logits,
-    zero_shot_probs,
-)
 from clipcore.models.bundle import ModelBundle
+from clipcore.tasks import flat_prompts, label_embeddings, label_prompts, label_scores, top_labels
 from model_store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,22 +77,13 @@ def create_naive_app(bundle: ModelBundle) -> FastAPI:
     @app.post("/classify")
     def classify(req: NaiveClassify) -> dict[str, object]:
         g, _ = encode_images(req.images)
-        templates = req.templates or list(DEFAULT_TEMPLATES)
-        prompts = [expand_prompts(label, templates) for label in req.labels]
-        flat = bundle.encode_texts([p for group in prompts for p in group])
-        per_class, start = [], 0
-        for group in prompts:
-            per_class.append(flat[start : start + len(group)])
-            start += len(group)
-        f = class_embeddings(per_class)
-        probs = zero_shot_probs(g, f, bundle.logit_scale)
-        _, cosine = zero_shot_logits(g, f, bundle.logit_scale)
-        results = []
-        for i in range(len(req.images)):
-            top = top_k(probs[i], cosine[i], req.labels, req.top_k)
-            results.append(
-                {"label": top[0][0], "top_k": [{"label": lab, "probability": p, "cosine": c} for lab, p, c in top]}
-            )
+        prompts = label_prompts(req.labels, req.templates or None)
+        f, _ = label_embeddings(prompts, bundle.encode_texts(flat_prompts(prompts)))
+        probs, cosine = label_scores(g, f, bundle.logit_scale)
+        results = [
+            {"label": top[0][0], "top_k": [{"label": lab, "probability": p, "cosine": c} for lab, p, c in top]}
+            for top in top_labels(probs, cosine, req.labels, req.top_k)
+        ]
         return {
             "model": bundle.ref,
             "comparative": {"applied": False, "pairs": [], "alpha": 0.9, "source": "none"},

@@ -16,14 +16,7 @@ from clipcore.methods.common import l2_normalize, softmax
 from clipcore.methods.comparative import apply_comparatives, gated_probs
 from clipcore.methods.pairwise_rank import pair_decision, pair_scores, rank_images
 from clipcore.methods.yukino import yes_no_scores
-from clipcore.methods.zero_shot import (
-    DEFAULT_TEMPLATES,
-    class_embeddings,
-    expand_prompts,
-    top_k,
-    zero_shot_logits,
-    zero_shot_probs,
-)
+from clipcore.tasks import flat_prompts, label_embeddings, label_prompts, label_scores, top_labels
 from service.api.errors import ApiError, ErrorCode, bad_input
 from service.api.schemas import (
     ClassifyRequest,
@@ -81,33 +74,14 @@ def select_comparatives(
 
 
 def _prompts(req: ClassifyRequest) -> list[list[str]]:
-    templates = req.templates if req.templates is not None else DEFAULT_TEMPLATES
-    descriptions = req.descriptions or {}
-    return [expand_prompts(label, templates, descriptions.get(label)) for label in req.labels]
-
-
-def _class_embeddings(prompts: list[list[str]], vectors: np.ndarray) -> tuple[np.ndarray, int]:
-    """One embedding per label (mean of its prompts, normalised) and how many rows that used."""
-    sizes = {len(group) for group in prompts}
-    if len(sizes) == 1:  # the same templates for every label: one reshape, no per-label work
-        (k,) = sizes
-        n = k * len(prompts)
-        return class_embeddings(vectors[:n].reshape(len(prompts), k, -1)), n
-    groups, offset = [], 0
-    for group in prompts:
-        groups.append(vectors[offset : offset + len(group)])
-        offset += len(group)
-    return class_embeddings(groups), offset
+    return label_prompts(req.labels, req.templates, req.descriptions)
 
 
 def _results(probs: np.ndarray, scores: np.ndarray, labels: list[str], k: int) -> list[ClassifyResult]:
-    results = []
-    for i in range(probs.shape[0]):
-        best = top_k(probs[i], scores[i], labels, k)
-        results.append(
-            ClassifyResult(label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best])
-        )
-    return results
+    return [
+        ClassifyResult(label=best[0][0], top_k=[LabelScore(label=lb, probability=p, cosine=c) for lb, p, c in best])
+        for best in top_labels(probs, scores, labels, k)
+    ]
 
 
 async def classify_yukino(
@@ -128,10 +102,10 @@ async def classify_yukino(
     prompts = _prompts(req)
     fields = [f"images.{i}" for i in range(len(req.images))]
     text_emb, image_prompts = await both(
-        pipeline.embed_texts(rt, [p for group in prompts for p in group], head.text_encoder),
+        pipeline.embed_texts(rt, flat_prompts(prompts), head.text_encoder),
         pipeline.yukino_prompts(rt, req.images, fields),
     )
-    f_c, _ = _class_embeddings(prompts, text_emb.vectors)
+    f_c, _ = label_embeddings(prompts, text_emb.vectors)
     p = image_prompts.vectors
     scores = yes_no_scores(p[:, 0], p[:, 1], f_c)
     probs = softmax(float(head.config.get("scale", rt.bundle.logit_scale)) * scores, axis=-1)
@@ -150,24 +124,22 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
         return await classify_yukino(pipeline, rt, req, comparative)
     prompts = _prompts(req)
     comps, source = select_comparatives(req, rt.bundle.comparatives, comparative)
-    texts = [p for group in prompts for p in group] + [text for _, _, text in comps]
+    texts = flat_prompts(prompts) + [text for _, _, text in comps]
     fields = [f"images.{i}" for i in range(len(req.images))]
     text_emb, image_emb = await both(
         pipeline.embed_texts(rt, texts, req.encoder), pipeline.embed_images(rt, req.images, fields)
     )
     g = image_emb.vectors
-    f_c, offset = _class_embeddings(prompts, text_emb.vectors)
+    f_c, offset = label_embeddings(prompts, text_emb.vectors)
     scale = rt.bundle.logit_scale
-    probs = zero_shot_probs(g, f_c, scale)
-    _, cosine = zero_shot_logits(g, f_c, scale)
+    probs, cosine = label_scores(g, f_c, scale)
     gated: list[bool] | None = None
     if comps:
         index = {label: i for i, label in enumerate(req.labels)}
         d = l2_normalize(text_emb.vectors[offset:])  # cached values are float16-rounded
         triples = [(index[a], index[b], d[k]) for k, (a, b, _) in enumerate(comps)]
         f_cmp = apply_comparatives(f_c, triples, alpha=req.alpha, symmetric=req.symmetric)
-        probs_cmp = zero_shot_probs(g, f_cmp, scale)
-        _, cosine_cmp = zero_shot_logits(g, f_cmp, scale)
+        probs_cmp, cosine_cmp = label_scores(g, f_cmp, scale)
         probs, applied = gated_probs(probs, probs_cmp, req.gate_margin)
         cosine = np.where(applied[:, None], cosine_cmp, cosine)
         if req.gate_margin is not None:

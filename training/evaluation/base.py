@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clipcore.methods.zero_shot import class_embeddings
 from clipcore.models.bundle import ModelBundle
+from clipcore.tasks import flat_prompts, label_embeddings, label_prompts
 from training.world.render import draw_scene_pil, render_batch
 from training.world.scene import Scene
 
@@ -64,6 +64,5 @@ class EvalBase:
         return np.concatenate([self.bundle.encode_images(arrays[i : i + 256]) for i in range(0, len(arrays), 256)])
 
     def classifier(self, labels: Sequence[str], templates: Sequence[str], encoder: str) -> np.ndarray:
-        flat = self.texts([t.format(label) for label in labels for t in templates], encoder)
-        k = len(templates)
-        return class_embeddings([flat[i * k : (i + 1) * k] for i in range(len(labels))])
+        prompts = label_prompts(labels, templates)
+        return label_embeddings(prompts, self.texts(flat_prompts(prompts), encoder))[0]
