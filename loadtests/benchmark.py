@@ -95,13 +95,14 @@ def model_ceiling(
     return out
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, probe: str = "/readyz") -> None:
+    """Wait until ``probe`` answers 200; exit when the server process ends or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server at {url} exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{probe}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

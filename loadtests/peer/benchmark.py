@@ -32,21 +32,17 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
 
-import httpx
-import numpy as np
 from PIL import Image
 
 from loadtests.bench_latency import free_port
-from loadtests.benchmark import model_ceiling, publish_random_arch, server
-from loadtests.run import SHAPES, RequestSpec, RunResult, run_load
-from training.world.render import draw_scene_pil
-from training.world.scene import Scene, SceneObject
+from loadtests.benchmark import model_ceiling, publish_random_arch, server, wait_ready
+from loadtests.run import RequestSpec, RunResult, run_load
+from loadtests.soak import UniqueImages
 
 ROOT = Path(__file__).resolve().parents[2]
 INFINITY_PACKAGES = ["infinity-emb[server,torch]==0.0.78", "aiohttp", "numpy<2"]
@@ -54,23 +50,12 @@ SERVED_NAME = "clip"
 KINDS = ("image", "text")
 
 
-class JpegPool:
-    """New 224 px JPEGs on demand: shapes-world scenes with an 8x8 corner block set to a counter
+class JpegPool(UniqueImages):
+    """New 224 px JPEGs on demand: the soak's scenes with an 8x8 corner block set to a counter
     (JPEG would smooth a single pixel away), so no two requests send the same bytes."""
 
     def __init__(self, px: int = 224, seed: int = 0) -> None:
-        rng = random.Random(seed)
-        self.bases = [
-            np.asarray(
-                draw_scene_pil(
-                    Scene(objects=(SceneObject(s, c, "medium", 0.2, rng.uniform(0.3, 0.7), 0.5),), relation=None),
-                    size=px,
-                ).convert("RGB")
-            )
-            for s in SHAPES
-            for c in ("red", "green", "blue")
-        ]
-        self.count = 0
+        super().__init__(px, seed)
 
     def take(self) -> dict[str, str]:
         i, self.count = self.count, self.count + 1
@@ -131,21 +116,10 @@ def infinity_server(exe: Path, model_dir: Path, threads: int | None, batch_size:
     cmd = [str(exe), "v2", "--model-id", str(model_dir), "--served-model-name", SERVED_NAME, "--engine", "torch",
            "--device", "cpu", "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"infinity exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("infinity did not become ready")
-            time.sleep(0.5)
+        wait_ready(url, proc, probe="/health")
         yield url
     finally:
         proc.terminate()

@@ -93,3 +93,27 @@ def test_soak_samples_the_servers_rss_under_unique_traffic(tiny_store: Path, tmp
     assert all(float(line.split(",")[1]) > 50 for line in samples[1:])  # a real process's RSS
     assert (tmp_path / "soak_rss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "slope over the second half" in proc.stdout
+
+
+def test_the_peer_model_folder_gets_open_clips_exact_vocabulary() -> None:
+    import json
+
+    import open_clip
+
+    from loadtests.peer.hf_clip_folder import clip_config, clip_vocab
+
+    package = Path(open_clip.__file__).parent
+    vocab, merges = clip_vocab(package / "bpe_simple_vocab_16e6.txt.gz")
+    reference = open_clip.tokenizer.SimpleTokenizer()
+    ordinary = {t: i for t, i in reference.encoder.items() if i < 49406}
+    assert len(vocab) == 49408 and {t: i for t, i in vocab.items() if i < 49406} == ordinary  # same ids
+    assert (vocab["<|startoftext|>"], vocab["<|endoftext|>"]) == (49406, 49407)  # HF's names for the specials
+    assert len(merges) == 49152 - 256 - 2
+    cfg = clip_config(json.loads((package / "model_configs" / "ViT-B-32.json").read_text()))
+    assert cfg["vision_config"] == {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                                    "num_attention_heads": 12, "image_size": 224, "patch_size": 32}  # fmt: skip
+    assert (cfg["projection_dim"], cfg["text_config"]["hidden_size"], cfg["text_config"]["vocab_size"]) == (
+        512,
+        512,
+        49408,
+    )
