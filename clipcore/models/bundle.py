@@ -280,9 +280,9 @@ class ModelBundle:
         img = torch.tensor(np.asarray(image_tokens, dtype=np.float32))[None]
         scores, maps = [], []
         for tokens, layout in zip(text_tokens, layouts, strict=True):
-            m = prepare_maps(img, torch.tensor(np.asarray(tokens, dtype=np.float32))[None],
-                             torch.tensor(layout.valid)[None], torch.tensor(layout.row_index)[None],
-                             self.dcsm.table)
-            scores.append(float(dcsm_scores(self.dcsm.scorer.eval(), m)[0]))
+            tok = torch.tensor(np.asarray(tokens, dtype=np.float32))[None]
+            score, m = self.dcsm.score_maps(img, tok, torch.tensor(layout.valid)[None],
+                                            torch.tensor(layout.row_index)[None])  # fmt: skip
+            scores.append(float(score[0]))
             maps.append(m[0].numpy())
         return np.asarray(scores, dtype=np.float32), np.stack(maps)

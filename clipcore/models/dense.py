@@ -203,15 +203,19 @@ class DCSMHead:
         return DenseEncoder(model, context_length, self.functional_groups, int(self.config["length"]), **kwargs)
 
     @torch.no_grad()
+    def score_maps(
+        self, img_tok: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, row_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores (B,) of image tokens (B, 1+P, D) against text tokens (B, L, D), and the maps
+        (B, L, 1+P) the scorer read: z-scored, functional rows in place."""
+        maps = prepare_maps(img_tok, tokens, valid, row_index, self.table)
+        return dcsm_scores(self.scorer.eval(), maps), maps
+
     def score(self, img_tok: torch.Tensor, text: DenseText) -> torch.Tensor:
         """Scores of image tokens (B, 1+P, D) or (1, 1+P, D) against B texts."""
         if img_tok.shape[0] == 1 and text.tokens.shape[0] > 1:
             img_tok = img_tok.expand(text.tokens.shape[0], -1, -1)
-        maps = self.maps(img_tok, text)
-        return dcsm_scores(self.scorer.eval(), maps)
-
-    def maps(self, img_tok: torch.Tensor, text: DenseText) -> torch.Tensor:
-        return prepare_maps(img_tok, text.tokens, text.valid, text.row_index, self.table)
+        return self.score_maps(img_tok, text.tokens, text.valid, text.row_index)[0]
 
 
 def dcsm_state_bytes(scorer_state: Mapping[str, torch.Tensor], table: torch.Tensor) -> bytes:
