@@ -21,7 +21,6 @@ from open_clip.model import CLIP
 from PIL import Image
 from safetensors.torch import load_file
 
-from model_store import Manifest, ModelStore
 from clipcore.models.clip_model import (
     image_features,
     load_architecture,
@@ -33,7 +32,7 @@ from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
 from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
-from clipcore.methods.dcsm import dcsm_scores, prepare_maps
+from model_store import Manifest, ModelStore
 
 BASE_ENCODER = "base"
 START_LABEL, END_LABEL = "<start>", "<end>"
@@ -143,13 +142,15 @@ class ModelBundle:
         default = components.get("default_text_encoder", BASE_ENCODER)
         if default not in text_models:
             raise ValueError(f"default text encoder {default!r} is not among {sorted(text_models)}")
-        bundle = cls(manifest.name, manifest.version, manifest, directory, model, text_models, default, device,
-                     comparatives)
+        bundle = cls(
+            manifest.name, manifest.version, manifest, directory, model, text_models, default, device, comparatives
+        )
         bundle.dcsm = DCSMHead.from_components(directory, components)
         if bundle.dcsm is not None:
             # Dense features come from the base towers: the scorer was trained on those.
-            bundle.dense = bundle.dcsm.encoder(model, manifest.context_length, device=device,
-                                               mean=bundle.mean, std=bundle.std)
+            bundle.dense = bundle.dcsm.encoder(
+                model, manifest.context_length, device=device, mean=bundle.mean, std=bundle.std
+            )
         bundle.yukino = YukinoHead.from_components(directory, components, device)
         if bundle.yukino is not None and bundle.yukino.text_encoder not in text_models:
             raise ValueError(f"YUKINO needs text encoder {bundle.yukino.text_encoder!r}; have {sorted(text_models)}")
@@ -258,10 +259,15 @@ class ModelBundle:
             labels = [START_LABEL, *(_token_text(tok, i) for i in ids[1:n])]
             if ids[n - 1] == tok.eot_token_id:
                 labels[-1] = END_LABEL
-            out.append(DenseLayout(
-                valid=np.arange(enc.length) < n, row_index=np.asarray(rows, dtype=np.int64), words=list(words),
-                labels=labels, truncated=_dropped(tok, text, min(len(row), enc.length)),
-            ))
+            out.append(
+                DenseLayout(
+                    valid=np.arange(enc.length) < n,
+                    row_index=np.asarray(rows, dtype=np.int64),
+                    words=list(words),
+                    labels=labels,
+                    truncated=_dropped(tok, text, min(len(row), enc.length)),
+                )
+            )
         return out
 
     @torch.no_grad()

@@ -25,8 +25,6 @@ import torch
 from open_clip.model import CLIP
 from safetensors.torch import load, load_file, save
 
-from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
-from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
 from clipcore.methods.dcsm import (
     DEFAULT_LENGTH,
     DEFAULT_SCORER_CONFIG,
@@ -36,6 +34,8 @@ from clipcore.methods.dcsm import (
     prepare_maps,
 )
 from clipcore.methods.token_spans import find_word_spans
+from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
 
 TABLE_KEY = "functional_table"
 SCORER_PREFIX = "scorer."
