@@ -55,7 +55,7 @@ def publish_random_arch(root: Path, arch: str) -> str:
     import open_clip
     import torch
 
-    from training.publish import publish_bundle
+    from clipcore.models.publish import publish_bundle
 
     torch.manual_seed(0)
     model = open_clip.create_model(arch, pretrained=None)

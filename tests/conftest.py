@@ -124,8 +124,8 @@ def publish_tiny(
     import torch
 
     from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import publish_bundle
     from model_store import ModelStore
-    from training.publish import publish_bundle
 
     config = json.loads(SMOKE_CONFIG.read_text())
     torch.manual_seed(seed)

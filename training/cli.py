@@ -18,10 +18,10 @@ from rich.console import Console
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
+from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
 from training.datasets.cli import data_app
 from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
-from training.publish import publish_bundle
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base

@@ -21,9 +21,9 @@ import torch
 from open_clip.model import CLIP
 
 from clipcore.models.bundle import ModelBundle
+from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
 from training.evaluation import EvalConfig, evaluate
-from training.publish import publish_bundle
 from training.train_base import BaseTrainConfig, train_base
 from training.train_dcsm import DCSMTrainConfig, train_dcsm_files
 from training.train_pcclip import PCClipConfig, train_pcclip, with_state

@@ -29,7 +29,7 @@ from clipcore.models.clip_model import (
     tokenizer_for,
 )
 from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
-from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square, normalize_uint8
+from clipcore.models.preprocess import PreprocessConfig, fit_square, normalize_uint8
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
 from model_store import Manifest, ModelStore
@@ -95,14 +95,18 @@ class ModelBundle:
         return self.manifest.image_size
 
     @property
+    def preprocess_config(self) -> PreprocessConfig:
+        return PreprocessConfig.from_manifest(self.manifest.preprocess)
+
+    @property
     def mean(self) -> tuple[float, ...]:
-        """Per-channel pixel mean of the version's preprocessing (OpenAI CLIP's when unset)."""
-        return tuple(self.manifest.preprocess.get("mean", OPENAI_MEAN))
+        """Per-channel pixel mean of the version's preprocessing."""
+        return self.preprocess_config.mean
 
     @property
     def std(self) -> tuple[float, ...]:
-        """Per-channel pixel standard deviation (OpenAI CLIP's when unset)."""
-        return tuple(self.manifest.preprocess.get("std", OPENAI_STD))
+        """Per-channel pixel standard deviation of the version's preprocessing."""
+        return self.preprocess_config.std
 
     @property
     def embed_dim(self) -> int:

@@ -6,7 +6,9 @@ model's square input, then normalised with the manifest's mean and std.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +16,31 @@ from PIL import Image
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """A version's preprocessing as its manifest records it (OpenAI CLIP's values when unset):
+    read once here, so every path (serving, training, evaluation, export) uses the same values."""
+
+    mean: tuple[float, ...] = OPENAI_MEAN
+    std: tuple[float, ...] = OPENAI_STD
+    interpolation: str = "bicubic"
+    resize_mode: str = "shortest"
+
+    @classmethod
+    def from_manifest(cls, preprocess: Mapping[str, Any]) -> PreprocessConfig:
+        default = cls()
+        return cls(
+            mean=tuple(float(x) for x in preprocess.get("mean", default.mean)),
+            std=tuple(float(x) for x in preprocess.get("std", default.std)),
+            interpolation=str(preprocess.get("interpolation", default.interpolation)),
+            resize_mode=str(preprocess.get("resize_mode", default.resize_mode)),
+        )
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {"mean": list(self.mean), "std": list(self.std), "interpolation": self.interpolation,
+                "resize_mode": self.resize_mode}  # fmt: skip
 
 
 def fit_square(image: Image.Image, size: int) -> np.ndarray:

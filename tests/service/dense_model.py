@@ -20,8 +20,8 @@ def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> s
 
     from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
     from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import publish_bundle
     from model_store import ModelStore
-    from training.publish import publish_bundle
     from training.train_dcsm import dcsm_component, dcsm_files
 
     config = json.loads(SMOKE_CONFIG.read_text())

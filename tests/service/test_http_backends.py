@@ -122,7 +122,7 @@ def _publish_bf16_unsafe(root: Path) -> str:
     """A version whose embeddings cancel two large equal offsets: exact in fp32, while bf16 rounds
     each offset (to a multiple of 4 at 1000) before they cancel, so its embeddings drift."""
     from clipcore.models.clip_model import build_model
-    from training.publish import publish_bundle
+    from clipcore.models.publish import publish_bundle
 
     config = json.loads((REPO / "training/configs/shapes-smoke.json").read_text())
     torch.manual_seed(33)

@@ -175,7 +175,7 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
     import torch
 
     from clipcore.models.clip_model import build_model
-    from training.publish import publish_bundle
+    from clipcore.models.publish import publish_bundle
 
     publish_model(tmp_path, "warm", seed=15)
     with serve_app(store=str(tmp_path), model="warm@production", watch_interval_s=0.2) as running:

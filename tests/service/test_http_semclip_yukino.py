@@ -29,9 +29,9 @@ def publish_semclip_yukino(root: Path) -> str:
     import torch
 
     from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import publish_bundle
     from clipcore.models.yukino import Inverter, YukinoHead
     from model_store import ModelStore
-    from training.publish import publish_bundle
 
     config = json.loads(SMOKE_CONFIG.read_text())
     torch.manual_seed(0)

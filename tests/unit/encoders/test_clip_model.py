@@ -11,8 +11,8 @@ import torch
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import ConvStem, build_model, image_features, text_features, tokenizer_for, trimmed
+from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
-from training.publish import publish_bundle
 
 CONFIG = json.loads((Path(__file__).parents[3] / "training/configs/shapes-smoke.json").read_text())
 
@@ -77,3 +77,18 @@ def test_publish_and_load_bundle_with_a_text_variant(tmp_path: Path, model) -> N
     assert truncated == [True, False]
     with pytest.raises(KeyError):
         bundle.text_model("semclip")
+
+
+def test_preprocessing_is_read_once_with_openai_defaults() -> None:
+    from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
+
+    assert PreprocessConfig.from_manifest({}) == PreprocessConfig(OPENAI_MEAN, OPENAI_STD, "bicubic", "shortest")
+    recorded = {
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.25, 0.25, 0.25],
+        "interpolation": "bilinear",
+        "resize_mode": "squash",
+    }
+    config = PreprocessConfig.from_manifest(recorded)
+    assert config.mean == (0.5, 0.5, 0.5) and config.interpolation == "bilinear"
+    assert config.to_manifest() == recorded

@@ -1,4 +1,7 @@
-"""Writing trained models into the model store as versions."""
+"""Saving a model as a store version: weights, text-encoder variants as deltas, components, manifest.
+
+The writing side of `bundle.py` (which loads what this writes); the training job and tests publish
+through it."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from open_clip.model import CLIP
 from safetensors.torch import save
 
 from clipcore.models.clip_model import is_text_param
-from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD
+from clipcore.models.preprocess import PreprocessConfig
 from model_store import Manifest, ModelStore
 
 
@@ -64,12 +67,7 @@ def publish_bundle(
         "context_length": int(model.context_length),
         "embed_dim": int(model.text_projection.shape[1]),
         "image_size": int(vis.get("image_size", 224)),
-        "preprocess": {
-            "mean": list(OPENAI_MEAN),
-            "std": list(OPENAI_STD),
-            "interpolation": "bicubic",
-            "resize_mode": "shortest",
-        },
+        "preprocess": PreprocessConfig().to_manifest(),
         "components": {
             "weights": "model.safetensors",
             "weights_dtype": "float16" if fp16 else "float32",
