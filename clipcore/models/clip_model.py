@@ -151,11 +151,14 @@ def image_features(model: CLIP, images: torch.Tensor, dense: bool = False) -> tu
     the projection. Features are not normalised.
     """
     visual = model.visual
-    if not dense or not hasattr(visual, "_embeds"):
+    if not dense or not hasattr(visual, "forward_intermediates"):
         return visual(images), None
-    x = visual._embeds(images)
-    x = visual.transformer(x)
-    x = visual.ln_post(x)
+    # open_clip's public intermediates of the last block, through ln_post: class token + patches.
+    out = visual.forward_intermediates(
+        images, indices=1, normalize_intermediates=True, intermediates_only=True, output_fmt="NLC",
+        output_extra_tokens=True,
+    )  # fmt: skip
+    x = torch.cat([out["image_intermediates_prefix"][-1], out["image_intermediates"][-1]], dim=1)
     tokens = x @ visual.proj if visual.proj is not None else x
     return tokens[:, 0], tokens
 

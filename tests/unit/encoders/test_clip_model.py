@@ -92,3 +92,24 @@ def test_preprocessing_is_read_once_with_openai_defaults() -> None:
     config = PreprocessConfig.from_manifest(recorded)
     assert config.mean == (0.5, 0.5, 0.5) and config.interpolation == "bilinear"
     assert config.to_manifest() == recorded
+
+
+def test_dense_image_features_come_from_the_public_intermediates_unchanged() -> None:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from clipcore.models.clip_model import build_model, image_features
+
+    config = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"
+    torch.manual_seed(0)
+    model = build_model(json.loads(config.read_text())).eval()
+    images = torch.randn(3, 3, model.visual.image_size[0], model.visual.image_size[0])
+    with torch.no_grad():
+        pooled, tokens = image_features(model, images, dense=True)
+        visual = model.visual  # the computation as written against open_clip's internals before
+        x = visual.ln_post(visual.transformer(visual._embeds(images)))
+        reference = x @ visual.proj
+        assert tokens is not None and torch.equal(tokens, reference) and torch.equal(pooled, reference[:, 0])
+        assert torch.allclose(pooled, image_features(model, images)[0], atol=1e-5)  # the pooled forward agrees
