@@ -21,6 +21,7 @@ from service.api.deps import Services
 from service.api.errors import install_error_handlers
 from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
 from service.api.routes import classify, dense, embed, health, models, rank
+from service.api.routes.docs import install_docs
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
@@ -82,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="CLIP difference & composition scoring service",
         version="1.0",
         lifespan=lifespan,
+        docs_url=None,  # served from the package by service.api.routes.docs (no CDN)
+        redoc_url=None,
         description="Zero-shot classification, comparative prompting and difference ranking with CLIP models. "
         'Errors are always {"error": {"code", "message", "field"}}.',
     )
@@ -93,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (classify, rank, dense, embed, models):
         app.include_router(module.router, dependencies=documented)
     app.include_router(health.router)
+    install_docs(app)
     # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> routes,
     # so metrics and the access log see every answer and CORS preflights need no key.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)

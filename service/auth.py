@@ -20,6 +20,14 @@ log = logging.getLogger("service.auth")
 
 # Probes and scrapers must work without credentials; the API description is no secret either.
 PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
+# The API reference pages' own static files (scripts, styles), served from the package.
+PUBLIC_PREFIXES: tuple[str, ...] = ("/docs/assets/", "/redoc/assets/")
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import ApiError, ErrorCode, error_response
-from service.auth import PUBLIC_PATHS, ApiKeyAuth
+from service.auth import ApiKeyAuth, is_public
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES, RequestStages
 
@@ -67,7 +67,7 @@ class AuthMiddleware:
         self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.auth.enabled and scope.get("path") not in PUBLIC_PATHS:
+        if scope["type"] == "http" and self.auth.enabled and not is_public(scope.get("path", "")):
             header = dict(scope.get("headers") or []).get(b"authorization")
             try:
                 self.auth.check(header.decode("latin-1") if header is not None else None)
