@@ -8,6 +8,7 @@ and retries from :mod:`clip_client.transport`, so the two classes only differ in
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
@@ -32,7 +33,17 @@ __all__ = ["AsyncClient", "Client"]
 USER_AGENT = "clip-client/0.1"
 
 
-def _settings(base_url: str, api_key: str | None, timeout: float, headers: Mapping[str, str] | None) -> dict[str, Any]:
+URL_ENV = "CLIP_SERVICE_URL"
+KEY_ENV = "CLIP_SERVICE_API_KEY"
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _settings(
+    base_url: str | None, api_key: str | None, timeout: float, headers: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """httpx settings; an unset URL or key comes from ``CLIP_SERVICE_URL`` / ``CLIP_SERVICE_API_KEY``."""
+    base_url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
+    api_key = api_key if api_key is not None else os.environ.get(KEY_ENV)
     merged = {"user-agent": USER_AGENT, "accept": "application/json", **(headers or {})}
     if api_key:
         merged["authorization"] = f"Bearer {api_key}"
@@ -54,8 +65,9 @@ class Client(_Base):
     """Blocking client: ``with Client("http://host:8000") as c: c.classify(...)``.
 
     Args:
-        base_url: server root, e.g. ``"http://127.0.0.1:8000"``.
-        api_key: sent as ``Authorization: Bearer <key>`` when given.
+        base_url: server root, e.g. ``"http://127.0.0.1:8000"``; default ``$CLIP_SERVICE_URL``, else
+            ``http://127.0.0.1:8000``.
+        api_key: sent as ``Authorization: Bearer <key>`` when given; default ``$CLIP_SERVICE_API_KEY``.
         timeout: seconds per attempt (connect is capped at 5 s).
         max_retries: retries after the first attempt on 429, 503 and connection failures.
         backoff: base of the exponential backoff in seconds.
@@ -64,7 +76,7 @@ class Client(_Base):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 30,
         max_retries: int = 3,
@@ -194,7 +206,7 @@ class AsyncClient(_Base):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         api_key: str | None = None,
         timeout: float = 30,
         max_retries: int = 3,

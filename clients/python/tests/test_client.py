@@ -226,3 +226,15 @@ def test_unknown_endpoint_is_not_found(server: ScriptedServer, client: Client) -
     # /score/dense may not exist on an older server: a NotFound, not a crash while parsing.
     with pytest.raises(NotFound):
         client.score_dense(IMG, ["a"])
+
+
+def test_url_and_key_default_to_the_environment(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLIP_SERVICE_URL", server.url)
+    monkeypatch.setenv("CLIP_SERVICE_API_KEY", "env-key")
+    server.script("/healthz", Reply(body={"status": "ok"}))
+    with Client(max_retries=0) as c:
+        assert c.health()
+    assert server.hits("/healthz")[-1].headers["authorization"] == "Bearer env-key"
+    with Client(server.url, api_key="", max_retries=0) as c:  # an explicit empty key sends none
+        c.health()
+    assert "authorization" not in server.hits("/healthz")[-1].headers
