@@ -55,12 +55,26 @@ def _store(ctx: typer.Context) -> ModelStore:
     return store
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(version("clip-difference-service"))
+        except PackageNotFoundError:
+            typer.echo("unknown (not installed)")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
     store: Annotated[Path, typer.Option("--store", envvar="MODEL_STORE", help="Registry root directory.")] = Path(
         "models"
     ),
+    show_version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+    ] = False,
 ) -> None:
     """Operate on the model registry at --store (env MODEL_STORE)."""
     ctx.obj = ModelStore(store)

@@ -31,15 +31,42 @@ from training.world.scene import Split, sample_scene
 
 app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(version("clip-difference-service"))
+        except PackageNotFoundError:
+            typer.echo("unknown (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+    ] = False,
+) -> None:
+    """Options that apply to every command."""
+
+
 console = Console()
 
 
 StoreOpt = Annotated[Path, typer.Option("--store", envvar="MODEL_STORE", help="Model store root.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
+ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
+SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
 
 
 @app.command("world-bench")
-def world_bench(n: int = 2000, seed: int = 0) -> None:
+def world_bench(
+    n: Annotated[int, typer.Option(help="Scenes to render.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Seed of the scenes.")] = 0,
+) -> None:
     """Measure scene sampling and rendering speed (scenes/s)."""
     t0 = time.perf_counter()
     scenes = [sample_scene(Split.TRAIN, seed, i) for i in range(n)]
@@ -55,12 +82,12 @@ def world_bench(n: int = 2000, seed: int = 0) -> None:
 @app.command("base")
 def base_cmd(
     out: Annotated[Path, typer.Option(help="Run directory (checkpoints, resume).")] = Path("runs/base"),
-    config: str = "shapes-vit-tiny",
-    steps: int = 2200,
-    batch_size: int = 128,
-    seed: int = 0,
+    config: ConfigOpt = "shapes-vit-tiny",
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 2200,
+    batch_size: Annotated[int, typer.Option(help="Scenes per step.")] = 128,
+    seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
-    threads: int = 0,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Train the base CLIP from scratch (resumes from OUT/checkpoint.pt)."""
     if threads:
@@ -79,19 +106,19 @@ def base_cmd(
 @app.command("build-default")
 def build_default(
     store: StoreOpt = Path("models"),
-    name: str = "default",
-    config: str = "shapes-vit-tiny",
+    name: Annotated[str, typer.Option(help="Model name in the store.")] = "default",
+    config: ConfigOpt = "shapes-vit-tiny",
     run_dir: Annotated[Path, typer.Option(help="Checkpoints; rerunning resumes.")] = Path("runs/default"),
     steps: Annotated[int, typer.Option(help="Base training steps in all.")] = 1700,
     schedule_steps: Annotated[int, typer.Option(help="Horizon of the warm-up + cosine schedule.")] = 2200,
     align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400,
-    pcclip_steps: int = 800,
-    semclip_steps: int = 400,
-    yukino_steps: int = 4000,
-    seed: int = 0,
+    pcclip_steps: Annotated[int, typer.Option(help="PC-CLIP text-tower finetune steps.")] = 800,
+    semclip_steps: Annotated[int, typer.Option(help="SemCLIP steps (each variant).")] = 400,
+    yukino_steps: Annotated[int, typer.Option(help="YUKINO inverter steps.")] = 4000,
+    seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
-    eval_seeds: int = 3,
+    eval_seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
     smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False,
 ) -> None:
     """Train every stage from scratch (base CLIP, PC-CLIP, SemCLIP, YUKINO, DCSM), evaluate on held-out
@@ -112,7 +139,7 @@ def evaluate_cmd(
     ref: str,
     store: StoreOpt = Path("models"),
     device: DeviceOpt = "cpu",
-    seeds: int = 3,
+    seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
     write: Annotated[bool, typer.Option(help="Write eval.json into the version.")] = True,
 ) -> None:
     """Evaluate a stored version on held-out data; print a markdown table, write eval.json."""
@@ -139,12 +166,14 @@ def show_eval(ref: str, store: StoreOpt = Path("models")) -> None:
 @app.command("pcclip-sweep")
 def pcclip_sweep(
     run_dir: Annotated[Path, typer.Option(help="Run directory holding base/model.pt.")] = Path("runs/default"),
-    config: str = "shapes-vit-tiny",
-    temperatures: str = "0.05,0.1,0.3,1.0",
-    losses: str = "contrastive",
-    steps: int = 300,
-    fine_size_fraction: float = 0.5,
-    caption_weight: float = 0.3,
+    config: ConfigOpt = "shapes-vit-tiny",
+    temperatures: Annotated[
+        str, typer.Option(help="Comma-separated difference-loss temperatures.")
+    ] = "0.05,0.1,0.3,1.0",
+    losses: Annotated[str, typer.Option(help="Comma-separated losses: contrastive, mse.")] = "contrastive",
+    steps: Annotated[int, typer.Option(help="Finetune steps per setting.")] = 300,
+    fine_size_fraction: Annotated[float, typer.Option(help="Share of pairs of the same size class.")] = 0.5,
+    caption_weight: Annotated[float, typer.Option(help="Weight of the image-caption loss.")] = 0.3,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
@@ -210,9 +239,9 @@ def heatmap(
 def init_random(
     name: str,
     store: StoreOpt = Path("models"),
-    config: str = "shapes-smoke",
-    seed: int = 0,
-    alias: list[str] | None = None,
+    config: ConfigOpt = "shapes-smoke",
+    seed: SeedOpt = 0,
+    alias: Annotated[list[str] | None, typer.Option(help="Aliases to point at it (default: production).")] = None,
 ) -> None:
     """Publish a randomly initialised model (for load tests of real-sized architectures)."""
     torch.manual_seed(seed)
