@@ -142,9 +142,12 @@ def cli_flags() -> list[tuple[str, str]]:
     for action in captured[0]._actions:
         if not action.option_strings or action.dest == "help":
             continue
-        flag = action.option_strings[-1] + (
-            " {" + ",".join(map(str, action.choices)) + "}" if action.choices else f" {action.dest.upper()}"
-        )
+        if action.nargs == 0:  # a flag without a value (--version)
+            flag = action.option_strings[-1]
+        else:
+            flag = action.option_strings[-1] + (
+                " {" + ",".join(map(str, action.choices)) + "}" if action.choices else f" {action.dest.upper()}"
+            )
         flags.append((flag, action.help or ""))
     return flags
 

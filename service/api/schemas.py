@@ -277,9 +277,18 @@ class ModelInfo(BaseModel):
     error: str | None = Field(default=None, description="set when the model's alias table cannot be read")
 
 
+class CacheInfo(BaseModel):
+    redis: Literal["disabled", "up", "down", "probing"] = Field(
+        description="the shared Redis cache: not configured, in use, skipped after failures, or being tried again"
+    )
+    last_error: str | None = Field(default=None, description="the last Redis error while it is not 'up'")
+    lru_items: int = Field(description="embeddings held in this replica's in-process cache")
+
+
 class ModelsResponse(BaseModel):
     serving: str | None
     models: list[ModelInfo]
+    cache: CacheInfo | None = Field(default=None, description="the embedding cache's state (GET /models only)")
 
 
 class HealthResponse(BaseModel):
@@ -289,6 +298,10 @@ class HealthResponse(BaseModel):
 class ReadyResponse(BaseModel):
     ready: bool
     model: str | None
+    redis: Literal["disabled", "up", "down", "probing"] = Field(
+        default="disabled",
+        description="the shared embedding cache; the service is ready without it (details in GET /models)",
+    )
     store: Literal["ok", "unreadable"] = Field(
         default="ok",
         description="whether the served alias can be read from the model store; while 'unreadable' the loaded "

@@ -27,7 +27,7 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -55,6 +55,7 @@ _MAX_NDIM = 8
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # At most one Redis warning per interval: a dead Redis must not flood the logs per request.
+RedisState = Literal["disabled", "up", "down", "probing"]
 MAX_PAUSE_S = 60.0  # longest pause between probes of a Redis that keeps failing
 _WARN_INTERVAL_S = 30.0
 
@@ -139,7 +140,7 @@ class EmbeddingCache:
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lru_bytes = 0
         self._redis: Any = None
-        self._state = "disabled"
+        self._state: RedisState = "disabled"
         self._down_until = 0.0
         # A dead server (refused, reset) opens the breaker at once; timeouts only after this many
         # in a row, since a loaded machine (or event loop) can be slow while Redis is healthy.
@@ -160,7 +161,7 @@ class EmbeddingCache:
     # -- public -------------------------------------------------------------------------------
 
     @property
-    def redis_state(self) -> str:
+    def redis_state(self) -> RedisState:
         """ "disabled" (no URL), "up", "down" (breaker open: Redis skipped) or "probing" (trying
         Redis again after a pause, not yet trusted)."""
         return self._state

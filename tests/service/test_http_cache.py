@@ -160,3 +160,16 @@ def test_redis_killed_mid_stream_all_requests_succeed(
     assert state_after_kill == "down"
     assert counts.get("redis.error", 0) >= 1
     assert state_final == "up"
+
+
+def test_the_cache_state_is_reported_without_changing_readiness(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    publish_model(tmp_path, "cached", seed=16)
+    dead = "redis://127.0.0.1:1/0"  # nothing listens there
+    with serve_app(store=str(tmp_path), model="cached@production", redis_url=dead) as running:
+        httpx.post(f"{running.url}/embed", json={"texts": ["a red circle"]}).raise_for_status()
+        ready = httpx.get(f"{running.url}/readyz")
+        assert ready.status_code == 200 and ready.json()["redis"] == "down"  # ready all the same
+        cache = httpx.get(f"{running.url}/models").json()["cache"]
+        assert cache["redis"] == "down" and "Error" in (cache["last_error"] or "") and cache["lru_items"] >= 1

@@ -25,7 +25,7 @@ def client(base_url: str) -> Iterator[httpx.Client]:
 
 def test_health_ready_metrics(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"ready": True, "model": "tiny@v1", "store": "ok"}
+    assert client.get("/readyz").json() == {"ready": True, "model": "tiny@v1", "redis": "up", "store": "ok"}
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert 'model_info{encoder="base",name="tiny",version="v1"} 1.0' in r.text

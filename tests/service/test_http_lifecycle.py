@@ -32,13 +32,19 @@ def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_mo
         r = httpx.post(f"{running.url}/classify", json={"images": [make_image()], "labels": ["a", "b"]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
         assert httpx.get(f"{running.url}/healthz").status_code == 200
-        assert httpx.get(f"{running.url}/models").json() == {"serving": None, "models": []}
+        assert httpx.get(f"{running.url}/models").json()["models"] == []
+        assert httpx.get(f"{running.url}/models").json()["serving"] is None
         publish_model(root, "late", seed=5)
         deadline = time.monotonic() + 30
         while httpx.get(f"{running.url}/readyz").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert httpx.get(f"{running.url}/readyz").json() == {"ready": True, "model": "late@v1", "store": "ok"}
+        assert httpx.get(f"{running.url}/readyz").json() == {
+            "ready": True,
+            "model": "late@v1",
+            "redis": "disabled",
+            "store": "ok",
+        }
 
 
 def test_queue_full_is_429_with_retry_after(
@@ -138,7 +144,7 @@ def test_corrupt_version_is_refused_old_keeps_serving(
         ready = httpx.get(f"{running.url}/readyz").json()
         refused = metric_value(running.url, "model_swaps_total", result="refused")
         models = httpx.get(f"{running.url}/models").json()
-    assert ready == {"ready": True, "model": "guarded@v1", "store": "ok"}
+    assert ready == {"ready": True, "model": "guarded@v1", "redis": "disabled", "store": "ok"}
     assert refused == 1
     assert seen and {status for status, _ in seen} == {200}
     assert {m for _, m in seen} == {"guarded@v1"}
@@ -241,7 +247,7 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
             _wait(lambda: manager.watch_error is not None)
             ready = httpx.get(f"{running.url}/readyz")
             assert ready.status_code == 200
-            assert ready.json() == {"ready": True, "model": "watch@v1", "store": "unreadable"}
+            assert ready.json() == {"ready": True, "model": "watch@v1", "redis": "disabled", "store": "unreadable"}
             assert metric_value(running.url, "store_watch_ok") == 0
             time.sleep(0.3)  # several polls fail; the watcher keeps polling
             assert manager._task is not None and not manager._task.done()

@@ -24,7 +24,12 @@ async def readyz(services: ServicesDep) -> ReadyResponse:
         # Unauthenticated callers (load balancers) get no detail: errors can name internal paths.
         message = f"model {manager.settings.model} is not loaded yet; the server log says why"
         raise ApiError(ErrorCode.not_ready, message, headers={"Retry-After": "1"})
-    return ReadyResponse(ready=True, model=current.ref, store="ok" if manager.watch_error is None else "unreadable")
+    return ReadyResponse(
+        ready=True,
+        model=current.ref,
+        redis=services.cache.redis_state,
+        store="ok" if manager.watch_error is None else "unreadable",
+    )
 
 
 @router.get(

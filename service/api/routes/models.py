@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -97,7 +97,10 @@ def list_models(services: ServicesDep) -> ModelsResponse:
         models = [describe(store, name, serving) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise ApiError(ErrorCode.not_ready, f"model store is not readable: {exc}") from None
-    return ModelsResponse(serving=serving, models=models)
+    cache = services.cache
+    state = cache.redis_state
+    info = CacheInfo(redis=state, last_error=cache.last_error if state != "up" else None, lru_items=len(cache))
+    return ModelsResponse(serving=serving, models=models, cache=info)
 
 
 @router.get("/models/{name}", response_model=ModelInfo)
