@@ -83,8 +83,9 @@ class ModelManager:
                 runtime.idle.set()
 
     def not_ready_message(self) -> str:
-        detail = f": {self.last_error}" if self.last_error else ""
-        return f"model {self.settings.model} is not loaded yet{detail}"
+        # No error detail: callers need not be authenticated and errors name internal paths;
+        # the log has the detail.
+        return f"model {self.settings.model} is not loaded yet; the server log says why"
 
     def matches(self, requested: str, runtime: ModelRuntime) -> bool:
         """Whether a request's ``model`` field names the serving version."""

@@ -260,9 +260,14 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
 
 def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
     missing = tmp_path / "secret-mount" / "store"
+    (missing / "gone" / "aliases.json").mkdir(parents=True)  # unreadable: the error names its path
     with serve_app(store=str(missing), model="gone@production", watch_interval_s=0.1, ready=False) as running:
         _wait(lambda: running.services.manager.last_error is not None)
+        assert "secret-mount" in (running.services.manager.last_error or "")  # the log has it
         r = httpx.get(f"{running.url}/readyz")
+        assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
+        # Nor does any other endpoint that cannot answer yet (a server without keys is open to all).
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["a"]})
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
 
 
