@@ -47,7 +47,7 @@ class ModelManager:
         self._watch_logged = 0.0
         self._refused: str | None = None
         self._task: asyncio.Task[None] | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: dict[asyncio.Task[None], ModelRuntime] = {}
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
@@ -61,11 +61,18 @@ class ModelManager:
                 pass
             except Exception:  # a watcher that died must not stop the rest of the shutdown
                 log.exception("the model watcher had failed")
-        for task in list(self._retiring):
+        # Versions still draining are stopped now: uvicorn has already let the requests finish,
+        # and a runtime left running keeps its model thread (the interpreter waits for it at exit).
+        retiring = list(self._retiring.items())
+        for task, _ in retiring:
             task.cancel()
+        await asyncio.gather(*(task for task, _ in retiring), return_exceptions=True)
         current, self.current = self.current, None
-        if current is not None:
-            await current.stop()
+        for runtime in [*(r for _, r in retiring), *([current] if current is not None else [])]:
+            try:
+                await runtime.stop()
+            except Exception:
+                log.exception("stopping %s failed", runtime.ref)
 
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[ModelRuntime]:
@@ -218,8 +225,8 @@ class ModelManager:
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             task = asyncio.get_running_loop().create_task(self._retire(old))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self._retiring[task] = old
+            task.add_done_callback(lambda done: self._retiring.pop(done, None))
 
     async def _retire(self, runtime: ModelRuntime) -> None:
         try:

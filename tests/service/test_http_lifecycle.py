@@ -271,6 +271,35 @@ def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
 
 
+def test_shutdown_stops_a_version_still_draining(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "draining", seed=17)
+    with serve_app(store=str(root), model="draining@production", watch_interval_s=0.1, drain_timeout_s=600) as running:
+        manager = running.services.manager
+        old = manager.current
+        old.active += 1  # a request that never finishes holds v1 (nothing else touches it meanwhile)
+        old.idle.clear()
+        publish_model(root, "draining", seed=18)  # v2 = production
+        _wait(lambda: manager.current.ref == "draining@v2")
+        assert list(manager._retiring.values()) == [old]
+    assert old.executor._shutdown and all(b._closing for b in old.batchers)  # its model thread is gone
+
+
+def test_shutdown_closes_pipeline_and_cache_even_when_the_model_manager_fails(
+    tmp_path: Path, serve_app: Any, publish_model: Any, service_redis: Any
+) -> None:
+    publish_model(tmp_path, "closing", seed=19)
+    with serve_app(store=str(tmp_path), model="closing@production", redis_url=service_redis.url) as running:
+        services = running.services
+        assert services.cache._redis is not None
+
+        async def failing_close() -> None:
+            raise RuntimeError("the watcher had died")
+
+        services.manager.close = failing_close  # type: ignore[method-assign]
+    assert services.pipeline.decode_pool._shutdown and services.cache._redis is None
+
+
 def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
     tmp_path: Path, serve_app: Any, publish_model: Any
 ) -> None:
