@@ -271,6 +271,50 @@ def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
 
 
+def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "flaky", seed=14)
+    with serve_app(store=str(root), model="flaky@production", watch_interval_s=0.1) as running:
+        store = ModelStore(root)
+        version = publish_model(root, "flaky", seed=15, aliases=())
+        weights = store.version_dir("flaky", version) / "model.safetensors"
+        saved = weights.read_bytes()
+        weights.unlink()
+        weights.mkdir()  # unreadable (EISDIR), as a flaky mount or a copy in progress can be
+        store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
+        store.promote("flaky", "production", version)
+        _wait(lambda: metric_value(running.url, "model_swaps_total", result="retrying") >= 2)
+        assert httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v1"
+        weights.rmdir()
+        weights.write_bytes(saved)  # readable again: the next try swaps it in
+        _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v2")
+        assert metric_value(running.url, "model_swaps_total", result="refused") == 0
+        assert metric_value(running.url, "model_swaps_total", result="ok") == 1
+    assert any("cannot load flaky@v2 yet" in r.getMessage() for r in caplog.records)
+
+
+def test_the_watcher_backs_off_and_logs_once_while_polls_keep_failing(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    publish_model(tmp_path, "buggy", seed=16)
+    with serve_app(store=str(tmp_path), model="buggy@production", watch_interval_s=0.05) as running:
+        manager = running.services.manager
+        calls: list[float] = []
+
+        async def failing_poll() -> None:
+            calls.append(time.monotonic())
+            raise RuntimeError("a bug in one poll")
+
+        manager.poll_once = failing_poll  # type: ignore[method-assign]
+        time.sleep(2.0)
+        assert manager._task is not None and not manager._task.done()
+    # 0.05 s between polls would be 40 polls; doubling waits (0.05, 0.1, 0.2, ...) make about 6.
+    assert 3 <= len(calls) <= 10, len(calls)
+    assert sum("a bug in one poll" in (r.exc_text or "") or r.exc_info is not None for r in caplog.records) == 1
+
+
 def test_shutdown_stops_a_version_still_draining(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
     root = tmp_path / "store"
     publish_model(root, "draining", seed=17)
