@@ -360,9 +360,14 @@ def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
         assert v2["serving"] and v2["error"] is None and v2["aliases"] == ["production"]
         one = httpx.get(f"{running.url}/models/listed")
         assert one.status_code == 200 and one.json()["serving"] == "v2"
+        (root / "listed" / "versions" / "v1" / "manifest.json").unlink()
+        (root / "listed" / "versions" / "v1" / "manifest.json").mkdir()  # an OSError names its path
+        v1 = httpx.get(f"{running.url}/models/listed").json()["versions"][0]
+        assert v1["error"] == "IsADirectoryError: [Errno 21] Is a directory: 'listed/versions/v1/manifest.json'"
         (root / "listed" / "aliases.json").write_text("[")  # the alias table too
         model = httpx.get(f"{running.url}/models/listed").json()
         assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 2
+        assert str(tmp_path) not in httpx.get(f"{running.url}/models").text
         assert httpx.get(f"{running.url}/models/nothing").status_code == 404
 
 
