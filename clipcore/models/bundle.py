@@ -258,7 +258,7 @@ class ModelBundle:
         out = []
         for text, row in zip(texts, tok(list(texts)).tolist(), strict=True):
             ids = row[: row.index(tok.eot_token_id) + 1]  # truncated texts end with a forced end token
-            rows, words = enc.functional_rows(text, ids)
+            rows, words = enc.functional_rows(ids)
             n = min(len(ids), enc.length)
             labels = [START_LABEL, *(_token_text(tok, i) for i in ids[1:n])]
             if ids[n - 1] == tok.eot_token_id:

@@ -15,6 +15,7 @@ everything around them (positions, masks, functional rows) stays here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,10 @@ from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
 
 TABLE_KEY = "functional_table"
 SCORER_PREFIX = "scorer."
-ROW_CACHE_SIZE = 50_000
+# Rows of recent token sequences: a text's layout and its features ask for the same rows, and
+# training repeats captions. Keyed by token ids (at most the context), never by the text (up to
+# max_text_chars each): 4,096 entries hold a few MB whatever the texts.
+ROW_CACHE_SIZE = 4096
 
 
 class DenseRunner(Protocol):
@@ -81,7 +85,7 @@ class DenseEncoder:
         self.groups = {g: tuple(functional_groups[g]) for g in sorted(functional_groups)}
         self.group_of = {w: i for i, ws in enumerate(self.groups.values()) for w in ws}
         self.word_ids = {w: self.tokenizer.encode(w) for w in self.group_of}
-        self._rows: dict[str, tuple[list[int], list[str]]] = {}
+        self._rows: OrderedDict[tuple[int, ...], tuple[list[int], list[str]]] = OrderedDict()
 
     def word_start_ok(self, ids: Sequence[int]) -> list[bool]:
         # A word starts right after the start token or after a token that ends a word, so
@@ -90,20 +94,22 @@ class DenseEncoder:
         decoder = self.tokenizer.decoder
         return [i > 0 and (ids[i - 1] == sot or decoder.get(ids[i - 1], "").endswith("</w>")) for i in range(len(ids))]
 
-    def functional_rows(self, text: str, ids: Sequence[int]) -> tuple[list[int], list[str]]:
-        """Per position (first L): functional group index or -1; and the words found."""
-        if text not in self._rows:
-            ids = list(ids)
-            rows = [-1] * self.length
-            words = []
-            for start, end, word in find_word_spans(ids, self.word_ids, self.word_start_ok(ids)):
-                words.append(word)
-                for t in range(start, min(end, self.length)):
-                    rows[t] = self.group_of[word]
-            if len(self._rows) >= ROW_CACHE_SIZE:  # a serving process sees unbounded distinct texts
-                self._rows.clear()
-            self._rows[text] = (rows, words)
-        return self._rows[text]
+    def functional_rows(self, ids: Sequence[int]) -> tuple[list[int], list[str]]:
+        """Per position (first L) of the token ``ids``: functional group index or -1; and the words found."""
+        key = tuple(ids)
+        if key in self._rows:
+            self._rows.move_to_end(key)
+            return self._rows[key]
+        rows = [-1] * self.length
+        words = []
+        for start, end, word in find_word_spans(key, self.word_ids, self.word_start_ok(key)):
+            words.append(word)
+            for t in range(start, min(end, self.length)):
+                rows[t] = self.group_of[word]
+        self._rows[key] = (rows, words)
+        if len(self._rows) > ROW_CACHE_SIZE:  # a serving process sees unbounded distinct texts
+            self._rows.popitem(last=False)
+        return rows, words
 
     @torch.no_grad()
     def text_features(self, texts: Sequence[str], runner: DenseRunner | None = None) -> DenseText:
@@ -130,7 +136,7 @@ class DenseEncoder:
         eot_pos = torch.tensor([len(ids) - 1 for ids in ids_per_text])
         valid = torch.arange(self.length)[None] <= eot_pos[:, None]
         out = out * valid[:, :, None]  # padding rows carry nothing, whatever shares the batch
-        rows_words = [self.functional_rows(t, ids) for t, ids in zip(texts, ids_per_text)]
+        rows_words = [self.functional_rows(ids) for ids in ids_per_text]
         row_index = torch.tensor([rw[0] for rw in rows_words], dtype=torch.long)
         row_index = torch.where(valid, row_index, torch.full_like(row_index, -1))
         return DenseText(

@@ -89,7 +89,19 @@ def headers_for(exc: ClipError) -> dict[str, str]:
 
 
 def error_body(code: ErrorCode | str, message: str, field: str | None = None) -> dict[str, Any]:
-    return {"error": {"code": str(getattr(code, "value", code)), "message": message, "field": field}}
+    return {
+        "error": {
+            "code": str(getattr(code, "value", code)),
+            "message": utf8_safe(message),
+            "field": None if field is None else utf8_safe(field),
+        }
+    }
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with anything UTF-8 cannot carry escaped: a field path can hold a client's own
+    key, and an unpaired surrogate there (JSON allows ``"\\ud800"``) made the error itself a 500."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(

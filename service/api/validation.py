@@ -2,7 +2,8 @@
 
 The schemas catch wrong types and shapes (422); what passes them but still cannot be served is
 refused here, before any decoding or encoding: empty or duplicate lists (400), templates
-without exactly one ``{}`` (400), and anything over a configured limit (413).
+without exactly one ``{}`` (400), texts that are not Unicode (400), and anything over a
+configured limit (413).
 """
 
 from __future__ import annotations
@@ -35,6 +36,22 @@ def check_text(text: str, field: str, limits: Limits) -> None:
         raise bad_input("text must not be empty", field)
     if len(text) > limits.max_text_chars:
         raise too_large(f"text is {len(text)} characters; at most {limits.max_text_chars}", field)
+    if not is_unicode(text):
+        raise bad_input(
+            "text holds an unpaired surrogate (a lone \\ud800-\\udfff escape), which is not Unicode text", field
+        )
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form. JSON lets a client send half of a surrogate pair
+    (``"\\ud800"``) alone; such a string fails wherever it is encoded (digests, tokenizer)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_classify(req: ClassifyRequest, limits: Limits) -> None:

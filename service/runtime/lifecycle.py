@@ -5,9 +5,12 @@ The ``ModelManager`` loads the configured ref at start (retrying until it succee
 the serving one in a thread (checksums verified by the store), warmed up, and swapped in. A
 version that fails verification, warm-up or its backend's parity gate is refused, logged and
 counted, and the old one keeps serving; it is not retried until the alias moves again (versions
-are immutable). Requests ``acquire`` the current runtime and keep that reference to the end: a
-swap never changes the model under a running request, and the old runtime is only stopped once
-the requests holding it are done (or after ``drain_timeout_s``).
+are immutable). A load that failed for a reason that may pass (an unreadable file, a version not
+there yet, no memory) is retried with backoff instead. Requests ``acquire`` the current runtime
+and keep that reference to the end: a swap never changes the model under a running request, and
+the old runtime is only stopped once the requests holding it are done (or after
+``drain_timeout_s``). The watcher survives any error: it logs it (once a minute at most when it
+repeats), waits longer after each failure in a row, and polls on.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import AsyncIterator
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
-from model_store import ModelStore, parse_ref
+from model_store import ChecksumMismatch, ModelNotFound, ModelStore, parse_ref
 from service.config import Settings
 from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
 from service.runtime.metrics import ServiceMetrics
@@ -29,6 +32,25 @@ from service.runtime.metrics import ServiceMetrics
 __all__ = ["ModelManager", "ModelRuntime"]
 
 log = logging.getLogger("service.lifecycle")
+
+# Load failures that may pass: the version is tried again later rather than refused.
+TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, MemoryError, ModelNotFound)
+MAX_BACKOFF_S = 300.0
+LOG_REPEAT_S = 60.0  # the same error again is logged once a minute at most
+
+
+def may_pass(exc: BaseException) -> bool:
+    """Whether a version that failed to load may load later as it is: its files could not be read
+    (a flaky mount), were not there yet, or memory ran out. Wrong checksums, an invalid manifest, a
+    failed warm-up or parity gate stay true of an immutable version: it is refused instead."""
+    if isinstance(exc, ChecksumMismatch):
+        return all(why == "missing" or why.startswith("unreadable") for why in exc.problems.values())
+    return isinstance(exc, TRANSIENT_LOAD_ERRORS)
+
+
+def backoff_s(interval_s: float, failures: int) -> float:
+    """Wait before the next try after ``failures`` failures in a row: the interval, doubling."""
+    return min(interval_s * 2 ** max(failures - 1, 0), max(interval_s, MAX_BACKOFF_S))
 
 
 class ModelManager:
@@ -46,8 +68,11 @@ class ModelManager:
         self.watch_error: str | None = None
         self._watch_logged = 0.0
         self._refused: str | None = None
+        # A target whose load failed for a reason that may pass: tried again at _retry_at.
+        self._retry: tuple[str, int] | None = None  # (version, failures in a row)
+        self._retry_at = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: dict[asyncio.Task[None], ModelRuntime] = {}
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
@@ -61,11 +86,18 @@ class ModelManager:
                 pass
             except Exception:  # a watcher that died must not stop the rest of the shutdown
                 log.exception("the model watcher had failed")
-        for task in list(self._retiring):
+        # Versions still draining are stopped now: uvicorn has already let the requests finish,
+        # and a runtime left running keeps its model thread (the interpreter waits for it at exit).
+        retiring = list(self._retiring.items())
+        for task, _ in retiring:
             task.cancel()
+        await asyncio.gather(*(task for task, _ in retiring), return_exceptions=True)
         current, self.current = self.current, None
-        if current is not None:
-            await current.stop()
+        for runtime in [*(r for _, r in retiring), *([current] if current is not None else [])]:
+            try:
+                await runtime.stop()
+            except Exception:
+                log.exception("stopping %s failed", runtime.ref)
 
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[ModelRuntime]:
@@ -83,8 +115,9 @@ class ModelManager:
                 runtime.idle.set()
 
     def not_ready_message(self) -> str:
-        detail = f": {self.last_error}" if self.last_error else ""
-        return f"model {self.settings.model} is not loaded yet{detail}"
+        # No error detail: callers need not be authenticated and errors name internal paths;
+        # the log has the detail.
+        return f"model {self.settings.model} is not loaded yet; the server log says why"
 
     def matches(self, requested: str, runtime: ModelRuntime) -> bool:
         """Whether a request's ``model`` field names the serving version."""
@@ -106,7 +139,7 @@ class ModelManager:
             except Exception as exc:  # keep retrying: the store may be mounted or filled later
                 error = f"{type(exc).__name__}: {exc}"
                 # A new problem is an error; the same one again is repeated once a minute at most.
-                if error != self.last_error or time.monotonic() - last_logged >= 60.0:
+                if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(
                         "cannot load %s (%s); retrying every %.1fs",
                         self.settings.model,
@@ -125,14 +158,25 @@ class ModelManager:
         if self.alias is None:
             log.info("serving %s pinned (not an alias): no hot swap", self.current.ref)
             return
+        failures, last_logged = 0, 0.0
         while True:
-            await asyncio.sleep(self.settings.watch_interval_s)
+            await asyncio.sleep(backoff_s(self.settings.watch_interval_s, failures))
             try:
                 await self.poll_once()
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the watcher outlives any bug in one poll: the next one retries
-                log.exception("watching %s@%s failed; retrying", self.name, self.alias)
+            except Exception:  # the watcher outlives any bug in one poll: it waits longer, then retries
+                failures += 1
+                if failures == 1 or time.monotonic() - last_logged >= LOG_REPEAT_S:
+                    log.exception(
+                        "watching %s@%s failed (%d in a row); retrying in %.1fs",
+                        self.name,
+                        self.alias,
+                        failures,
+                        backoff_s(self.settings.watch_interval_s, failures),
+                    )
+                    last_logged = time.monotonic()
 
     async def poll_once(self) -> None:
         assert self.alias is not None and self.current is not None
@@ -147,12 +191,18 @@ class ModelManager:
             self.metrics.set_store_watch(ok=True)
         if target is None or target == self.current.bundle.version or target == self._refused:
             return
+        if self._retry is not None and self._retry[0] == target and time.monotonic() < self._retry_at:
+            return
         log.info("alias %s@%s moved to %s; loading beside %s", self.name, self.alias, target, self.current.ref)
         try:
             runtime = await self._load(self.name, target)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if may_pass(exc):
+                self._load_failed(target, f"{type(exc).__name__}: {exc}")
+                return
+            self._retry = None
             self._refused = target
             self.metrics.model_swap("refused")
             log.error(
@@ -166,9 +216,24 @@ class ModelManager:
             return
         self._install(runtime, initial=False)
 
+    def _load_failed(self, target: str, error: str) -> None:
+        failures = self._retry[1] + 1 if self._retry is not None and self._retry[0] == target else 1
+        self._retry = (target, failures)
+        delay = backoff_s(self.settings.watch_interval_s, failures)
+        self._retry_at = time.monotonic() + delay
+        self.metrics.model_swap("retrying")
+        log.warning(
+            "cannot load %s@%s yet (%s); %s keeps serving, retrying in %.1fs",
+            self.name,
+            target,
+            error,
+            self.current.ref if self.current else "nothing",
+            delay,
+        )
+
     def _watch_failed(self, error: str) -> None:
         # A new error is logged at once; the same one again once a minute at most.
-        if error != self.watch_error or time.monotonic() - self._watch_logged >= 60.0:
+        if error != self.watch_error or time.monotonic() - self._watch_logged >= LOG_REPEAT_S:
             serving = self.current.ref if self.current else "nothing"
             log.warning(
                 "cannot read alias %s@%s (%s); %s keeps serving, retrying every %.1fs",
@@ -211,14 +276,15 @@ class ModelManager:
         old, self.current = self.current, runtime  # one assignment: requests see old or new
         self.last_error = None
         self._refused = None
+        self._retry = None
         self.metrics.set_serving_model(runtime.bundle.name, runtime.bundle.version, sorted(runtime.text_batchers))
         if not initial:
             self.metrics.model_swap("ok")
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             task = asyncio.get_running_loop().create_task(self._retire(old))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self._retiring[task] = old
+            task.add_done_callback(lambda done: self._retiring.pop(done, None))
 
     async def _retire(self, runtime: ModelRuntime) -> None:
         try:

@@ -279,7 +279,8 @@ def test_a_scorer_that_fails_warm_up_is_refused(tmp_path: Path, serve_app: Any) 
         r = httpx.get(f"{running.url}/readyz", timeout=10)
         assert r.status_code == 503 and "server log" in r.json()["error"]["message"]  # no detail for probes
         r = httpx.post(f"{running.url}/embed", json={"texts": ["a red circle"]}, timeout=10)
-        assert r.status_code == 503 and "DCSM" in r.json()["error"]["message"]  # API callers get the reason
+        assert r.status_code == 503 and "server log" in r.json()["error"]["message"]  # no internal detail either
+        assert "DCSM" in (running.services.manager.last_error or "")  # the reason, for the log
 
 
 # ----------------------------------------------------------------------------- contract gaps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -118,6 +119,37 @@ def test_empty_lists_elsewhere_are_400(client: httpx.Client, red: dict[str, str]
     assert_error(client.post("/rank", json={"images": [red], "difference": "x"}), 400, "bad_input", "images")
     assert_error(client.post("/rank-pair", json={"pairs": []}), 400, "bad_input", "pairs")
     assert_error(client.post("/rank", json={"images": [red, red], "difference": " "}), 400, "bad_input", "difference")
+
+
+LONE = "\ud800"  # JSON may carry "\\ud800" alone; such a string has no UTF-8 form
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/embed", {"texts": ["a", f"red {LONE} circle"]}, "texts.1"),
+        ("/classify", {"labels": ["a", LONE]}, "labels.1"),
+        ("/classify", {"labels": ["a", "b"], "templates": [LONE + " {}"]}, "templates.0"),
+        ("/classify", {"labels": ["a", "b"], "descriptions": {"a": [LONE]}}, "descriptions.a.0"),
+        ("/classify", {"labels": ["a", "b"], "descriptions": {LONE: ["x"]}}, "descriptions.\\ud800"),
+        ("/rank-pair", {"difference": LONE}, "difference"),
+        ("/rank", {"difference": LONE}, "difference"),
+        ("/score/dense", {"texts": [LONE]}, "texts.0"),
+        ("/score/dense/heatmap", {"text": "two\nlines " + LONE}, "text"),
+    ],
+)
+def test_a_lone_surrogate_in_any_text_is_400_not_500(
+    client: httpx.Client, red: dict[str, str], path: str, body: dict[str, Any], field: str
+) -> None:
+    images = {"images": [red]} if path == "/classify" else {"images": [red, red]} if path == "/rank" else {}
+    if path == "/rank-pair":
+        images = {"image_a": red, "image_b": red}
+    if path.startswith("/score/dense"):
+        images = {"image": red}
+    raw = json.dumps({**images, **body})  # ASCII with \\u escapes (httpx's own encoding refuses)
+    r = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+    err = assert_error(r, 400, "bad_input", field)
+    assert LONE not in err["message"]
 
 
 def test_urls_disabled_by_default(client: httpx.Client) -> None:

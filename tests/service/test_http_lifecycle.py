@@ -266,10 +266,88 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
 
 def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
     missing = tmp_path / "secret-mount" / "store"
+    (missing / "gone" / "aliases.json").mkdir(parents=True)  # unreadable: the error names its path
     with serve_app(store=str(missing), model="gone@production", watch_interval_s=0.1, ready=False) as running:
         _wait(lambda: running.services.manager.last_error is not None)
+        assert "secret-mount" in (running.services.manager.last_error or "")  # the log has it
         r = httpx.get(f"{running.url}/readyz")
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
+        # Nor does any other endpoint that cannot answer yet (a server without keys is open to all).
+        r = httpx.post(f"{running.url}/embed", json={"texts": ["a"]})
+        assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
+
+
+def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "flaky", seed=14)
+    with serve_app(store=str(root), model="flaky@production", watch_interval_s=0.1) as running:
+        store = ModelStore(root)
+        version = publish_model(root, "flaky", seed=15, aliases=())
+        weights = store.version_dir("flaky", version) / "model.safetensors"
+        saved = weights.read_bytes()
+        weights.unlink()
+        weights.mkdir()  # unreadable (EISDIR), as a flaky mount or a copy in progress can be
+        store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
+        store.promote("flaky", "production", version)
+        _wait(lambda: metric_value(running.url, "model_swaps_total", result="retrying") >= 2)
+        assert httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v1"
+        weights.rmdir()
+        weights.write_bytes(saved)  # readable again: the next try swaps it in
+        _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v2")
+        assert metric_value(running.url, "model_swaps_total", result="refused") == 0
+        assert metric_value(running.url, "model_swaps_total", result="ok") == 1
+    assert any("cannot load flaky@v2 yet" in r.getMessage() for r in caplog.records)
+
+
+def test_the_watcher_backs_off_and_logs_once_while_polls_keep_failing(
+    tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    publish_model(tmp_path, "buggy", seed=16)
+    with serve_app(store=str(tmp_path), model="buggy@production", watch_interval_s=0.05) as running:
+        manager = running.services.manager
+        calls: list[float] = []
+
+        async def failing_poll() -> None:
+            calls.append(time.monotonic())
+            raise RuntimeError("a bug in one poll")
+
+        manager.poll_once = failing_poll  # type: ignore[method-assign]
+        time.sleep(2.0)
+        assert manager._task is not None and not manager._task.done()
+    # 0.05 s between polls would be 40 polls; doubling waits (0.05, 0.1, 0.2, ...) make about 6.
+    assert 3 <= len(calls) <= 10, len(calls)
+    assert sum("a bug in one poll" in (r.exc_text or "") or r.exc_info is not None for r in caplog.records) == 1
+
+
+def test_shutdown_stops_a_version_still_draining(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
+    root = tmp_path / "store"
+    publish_model(root, "draining", seed=17)
+    with serve_app(store=str(root), model="draining@production", watch_interval_s=0.1, drain_timeout_s=600) as running:
+        manager = running.services.manager
+        old = manager.current
+        old.active += 1  # a request that never finishes holds v1 (nothing else touches it meanwhile)
+        old.idle.clear()
+        publish_model(root, "draining", seed=18)  # v2 = production
+        _wait(lambda: manager.current.ref == "draining@v2")
+        assert list(manager._retiring.values()) == [old]
+    assert old.executor._shutdown and all(b._closing for b in old.batchers)  # its model thread is gone
+
+
+def test_shutdown_closes_pipeline_and_cache_even_when_the_model_manager_fails(
+    tmp_path: Path, serve_app: Any, publish_model: Any, service_redis: Any
+) -> None:
+    publish_model(tmp_path, "closing", seed=19)
+    with serve_app(store=str(tmp_path), model="closing@production", redis_url=service_redis.url) as running:
+        services = running.services
+        assert services.cache._redis is not None
+
+        async def failing_close() -> None:
+            raise RuntimeError("the watcher had died")
+
+        services.manager.close = failing_close  # type: ignore[method-assign]
+    assert services.pipeline.decode_pool._shutdown and services.cache._redis is None
 
 
 def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
@@ -288,9 +366,14 @@ def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
         assert v2["serving"] and v2["error"] is None and v2["aliases"] == ["production"]
         one = httpx.get(f"{running.url}/models/listed")
         assert one.status_code == 200 and one.json()["serving"] == "v2"
+        (root / "listed" / "versions" / "v1" / "manifest.json").unlink()
+        (root / "listed" / "versions" / "v1" / "manifest.json").mkdir()  # an OSError names its path
+        v1 = httpx.get(f"{running.url}/models/listed").json()["versions"][0]
+        assert v1["error"] == "IsADirectoryError: [Errno 21] Is a directory: 'listed/versions/v1/manifest.json'"
         (root / "listed" / "aliases.json").write_text("[")  # the alias table too
         model = httpx.get(f"{running.url}/models/listed").json()
         assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 2
+        assert str(tmp_path) not in httpx.get(f"{running.url}/models").text
         assert httpx.get(f"{running.url}/models/nothing").status_code == 404
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from fastapi import APIRouter
@@ -30,8 +31,11 @@ def _eval_annex(store: ModelStore, name: str, version: str) -> dict[str, Any] | 
     return data if isinstance(data, dict) else None
 
 
-def _problem(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
+def _problem(exc: Exception, store: ModelStore) -> str:
+    """A short reason: the error and its message, with paths relative to the store (callers need
+    not know where it is mounted; the log has the full error)."""
+    root = str(store.backend.local_path(""))
+    return f"{type(exc).__name__}: {exc}".replace(root + os.sep, "").replace(root, ".")[:300]
 
 
 def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
@@ -42,14 +46,14 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
     try:
         aliases = store.aliases(name)
     except Exception as exc:
-        aliases, alias_error = {}, _problem(exc)
-        log.warning("cannot read the aliases of %s: %s", name, alias_error)
+        aliases, alias_error = {}, _problem(exc, store)
+        log.warning("cannot read the aliases of %s: %s: %s", name, type(exc).__name__, exc)
     versions = []
     for version in versions_listed:
         try:
             manifest = store.manifest(name, version)
         except Exception as exc:
-            log.warning("cannot read the manifest of %s@%s: %s", name, version, _problem(exc))
+            log.warning("cannot read the manifest of %s@%s: %s: %s", name, version, type(exc).__name__, exc)
             versions.append(
                 VersionInfo(
                     version=version,
@@ -60,7 +64,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
                     default_text_encoder="",
                     components=[],
                     metrics={},
-                    error=_problem(exc),
+                    error=_problem(exc, store),
                 )
             )
             continue
@@ -96,7 +100,8 @@ def list_models(services: ServicesDep) -> ModelsResponse:
     try:
         models = [describe(store, name, serving) for name in sorted(store.list_models())]
     except StoreError as exc:
-        raise ApiError(ErrorCode.not_ready, f"model store is not readable: {exc}") from None
+        log.warning("cannot list the model store: %s: %s", type(exc).__name__, exc)
+        raise ApiError(ErrorCode.not_ready, "model store is not readable; the server log says why") from None
     cache = services.cache
     state = cache.redis_state
     info = CacheInfo(redis=state, last_error=cache.last_error if state != "up" else None, lru_items=len(cache))

@@ -113,3 +113,26 @@ def test_dense_image_features_come_from_the_public_intermediates_unchanged() -> 
         reference = x @ visual.proj
         assert tokens is not None and torch.equal(tokens, reference) and torch.equal(pooled, reference[:, 0])
         assert torch.allclose(pooled, image_features(model, images)[0], atol=1e-5)  # the pooled forward agrees
+
+
+def test_dense_functional_rows_are_memoised_by_token_ids_in_bounded_memory(
+    model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+    import string
+
+    from clipcore.models import dense
+
+    monkeypatch.setattr(dense, "ROW_CACHE_SIZE", 64)
+    enc = dense.DenseEncoder(model, 32)
+    rng = random.Random(0)
+    # Long unique texts, as a server sees them: the memo must keep token ids, never the texts.
+    texts = [f"a red circle above a cube {''.join(rng.choices(string.ascii_lowercase, k=1500))}" for _ in range(200)]
+    for start in range(0, len(texts), 50):
+        features = enc.text_features(texts[start : start + 50])
+    assert len(enc._rows) == 64
+    assert all(isinstance(key, tuple) and len(key) <= 32 for key in enc._rows)
+    # Rows follow the ids: "above" is a functional word, found again on a memo hit.
+    rows, words = enc.functional_rows(next(reversed(enc._rows)))
+    assert words == ["above"] and features.words[-1] == ["above"]
+    assert rows == features.row_index[-1].tolist()
