@@ -129,7 +129,7 @@ class ServiceMetrics:
         )
         self.model_swaps_total = Counter(
             "model_swaps_total",
-            "Model version swaps by result (ok, refused, ...).",
+            "Model version swaps by result (ok, refused, retrying).",
             ["result"],
             registry=r,
         )
