@@ -18,6 +18,7 @@ from rich.table import Table
 from model_store.errors import StoreError
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
 from model_store.store import ModelStore
+from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
@@ -55,17 +56,6 @@ def _store(ctx: typer.Context) -> ModelStore:
     return store
 
 
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(version("clip-difference-service"))
-        except PackageNotFoundError:
-            typer.echo("unknown (not installed)")
-        raise typer.Exit()
-
-
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -73,7 +63,7 @@ def main(
         "models"
     ),
     show_version: Annotated[
-        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+        bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
     """Operate on the model registry at --store (env MODEL_STORE)."""

@@ -15,10 +15,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from model_store.version import package_version
+
 
 def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="clip-service", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
+    parser.add_argument("--version", action="version", version=package_version(), help="print the version and exit")
     parser.add_argument("--host", help="bind address (CLIP_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (CLIP_PORT, default 8000)")
     parser.add_argument("--store", help="model store root (CLIP_STORE, default ./models)")
@@ -30,15 +32,6 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     )
     args = vars(parser.parse_args(argv))
     return {key: value for key, value in args.items() if value is not None}
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("clip-difference-service")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

@@ -20,6 +20,7 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
 from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
+from model_store.version import print_version
 from training.datasets.cli import data_app
 from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
 from training.recipe import DefaultRecipe, build_default_version, model_config
@@ -33,21 +34,10 @@ app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", 
 app.add_typer(data_app, name="data")
 
 
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(version("clip-difference-service"))
-        except PackageNotFoundError:
-            typer.echo("unknown (not installed)")
-        raise typer.Exit()
-
-
 @app.callback()
 def _main(
     show_version: Annotated[
-        bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)
+        bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
     """Options that apply to every command."""
