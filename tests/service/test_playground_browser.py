@@ -85,6 +85,24 @@ def _upload(driver: Any, slot: str, path: Path) -> None:
     _wait(driver, lambda d: _find(d, f"#{slot} .file-name").text == path.name, f"{path.name} in {slot}")
 
 
+def _drop(driver: Any, slot: str, path: Path, name: str) -> None:
+    """Drop a file on a slot as a user's drag from the desktop does (a DataTransfer with a File)."""
+    driver.execute_script(
+        """
+        const [slot, b64, name] = arguments;
+        const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([bytes], name, { type: "image/png" }));
+        const target = document.getElementById(slot);
+        target.dispatchEvent(new DragEvent("dragover", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+        target.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+        """,
+        slot,
+        base64.b64encode(path.read_bytes()).decode(),
+        name,
+    )
+
+
 def _data(path: Path) -> dict[str, str]:
     return {"data": base64.b64encode(path.read_bytes()).decode()}
 
@@ -212,6 +230,9 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         _find(browser, "#key-form button").click()
         _wait(browser, lambda d: "tiny@v1" in _find(d, "#model-status").text, "the model through the key")
         assert not _find(browser, "#models-error").is_displayed()
+        # Drag-and-drop: a file dropped on image A's box replaces the example there.
+        _drop(browser, "pair-a", EXAMPLES / "large.png", "dropped.png")
+        _wait(browser, lambda d: _find(d, "#pair-a .file-name").text == "dropped.png", "the dropped file")
         _find(browser, "#pair-run").click()
         _visible(browser, "#pair-result")
         assert _find(browser, "#pair-answer").text in ("a", "b")
