@@ -199,6 +199,7 @@ async function loadModels() {
     const info = await api("models");
     show("models-error", false);
     document.getElementById("model-status").textContent = "Model: " + (info.serving || "loading…");
+    if (!info.serving) setTimeout(loadModels, 2000); // the server is still loading its model
     let version = null;
     for (const model of info.models) {
       for (const v of model.versions) if (v.serving) version = v;
@@ -214,6 +215,8 @@ async function loadModels() {
     }
   } catch (error) {
     showError("models-error", error);
+    // 503 while the server loads its model: ask again until it serves.
+    if (error.status === 503) setTimeout(loadModels, 2000);
   }
 }
 
