@@ -46,15 +46,16 @@ def browser() -> Iterator[Any]:
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
-    # Never let Selenium Manager look for (or download) a browser or driver: both are given.
-    os.environ["SE_OFFLINE"] = "true"
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,1000", "--force-device-scale-factor=1", "--no-first-run",
                 "--disable-extensions", "--disable-background-networking"):  # fmt: skip
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    # Never let Selenium Manager look for (or download) a browser or driver: both are given.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SE_OFFLINE", "true")
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_script_timeout(WAIT_S)
     try:
         yield driver
