@@ -22,6 +22,7 @@ from service.api.errors import install_error_handlers
 from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
 from service.api.routes import classify, dense, embed, health, models, rank
 from service.api.routes.docs import install_docs
+from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router, dependencies=documented)
     app.include_router(health.router)
     install_docs(app)
+    if settings.playground:
+        install_playground(app)
     # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> routes,
     # so metrics and the access log see every answer and CORS preflights need no key.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)

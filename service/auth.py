@@ -18,10 +18,11 @@ from service.config import Settings
 
 log = logging.getLogger("service.auth")
 
-# Probes and scrapers must work without credentials; the API description is no secret either.
-PUBLIC_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
-# The API reference pages' own static files (scripts, styles), served from the package.
-PUBLIC_PREFIXES: tuple[str, ...] = ("/docs/assets/", "/redoc/assets/")
+# Probes and scrapers must work without credentials; the API description is no secret either, nor
+# is the playground page (/), which holds no data: the API calls it makes need a key.
+PUBLIC_PATHS: frozenset[str] = frozenset({"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
+# The API reference pages' and the playground's own static files (scripts, styles, example images).
+PUBLIC_PREFIXES: tuple[str, ...] = ("/docs/assets/", "/redoc/assets/", "/playground/")
 
 
 def is_public(path: str) -> bool:

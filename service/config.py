@@ -169,6 +169,11 @@ class Settings(BaseSettings):
     warmup: bool = True
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     cors_origins: list[str] = Field(default_factory=list)  # empty: no CORS headers at all
+    playground: bool = Field(
+        default=True,
+        description="Serve the playground page at `/` (static files that call the public API; its API calls need "
+        "a key like any other when keys are configured). `false`: `/` and `/playground/...` answer 404.",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

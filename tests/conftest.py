@@ -187,8 +187,9 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def serve(settings: Any = None, *, ready: bool = True, **overrides: Any) -> Iterator[RunningServer]:
-    """Run ``create_app(settings)`` under uvicorn in a background thread on a free port."""
+def serve(settings: Any = None, *, ready: bool = True, wrap: Any = None, **overrides: Any) -> Iterator[RunningServer]:
+    """Run ``create_app(settings)`` under uvicorn in a background thread on a free port
+    (``wrap(app)``, an ASGI wrapper such as a request recorder, runs in front of it when given)."""
     import uvicorn
 
     from service.app import create_app
@@ -200,7 +201,12 @@ def serve(settings: Any = None, *, ready: bool = True, **overrides: Any) -> Iter
         settings = settings.model_copy(update=overrides)
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        app if wrap is None else wrap(app),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)

@@ -1,0 +1,373 @@
+"""The examples of README.md and docs/api.md run as written and get the right answers.
+
+Every ```bash block that calls the API (or prepares images for it) runs in bash, in document
+order, from a copy of the repository's ``examples/`` folder, against the real service on the
+default model (only the host and port are rewritten). Every ```python block runs too: the README's
+SDK example as written; the fragments of docs/api.md that use a ``client`` from an earlier block
+get one. An ASGI recorder in front of the app keeps every request and answer, and the answers are
+checked against what the example images show (scripts/render_examples.py): which image of a pair
+is larger or red, the order of a ranking, the label of a classification, the caption DCSM picks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from base64 import b64decode
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STORE = REPO / "models"
+DOCS = {"README.md": REPO / "README.md", "docs/api.md": REPO / "docs" / "api.md"}
+HOSTS = ("http://127.0.0.1:8000", "http://localhost:8000", "127.0.0.1:8000", "localhost:8000")
+LARGER = "The first image contains a larger shape, while the second contains a smaller shape."
+RED_FIRST = "The first shape is red, while the second is blue."
+# What each document's examples must have exercised with a checked answer (the test cannot pass
+# by running nothing).
+CHECKED = {
+    "README.md": {"/rank-pair", "/classify", "/rank", "/score/dense", "/embed", "/models"},
+    "docs/api.md": {"/rank-pair", "/classify", "/rank", "/score/dense", "/score/dense/heatmap", "/embed", "/models"},
+}
+CURL_WRAPPER = r"""
+set -eo pipefail
+curl() {
+  local rc=0
+  command curl --max-time 120 "$@" || rc=$?
+  echo "$rc" >> "$CURL_LOG"
+  return 0
+}
+"""
+
+
+# ----------------------------------------------------------------------------- recording the API
+@dataclass
+class Exchange:
+    method: str
+    path: str
+    query: str
+    request: bytes
+    status: int = 0
+    content_type: str = ""
+    response: bytearray = field(default_factory=bytearray)
+
+    def request_json(self) -> Any:
+        try:
+            return json.loads(self.request)
+        except ValueError:
+            return None  # not a JSON body (a multipart upload, for example): only the answer is checked
+
+    def response_json(self) -> Any:
+        return json.loads(self.response)
+
+
+class Recorder:
+    """ASGI wrapper that keeps every HTTP request and its answer, in order."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+
+        async def recording_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+            return message
+
+        exchange = Exchange(scope["method"], scope["path"], scope.get("query_string", b"").decode(), b"")
+
+        async def recording_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+                headers = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+                exchange.content_type = headers.get("content-type", "")
+            elif message["type"] == "http.response.body":
+                exchange.response.extend(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, recording_receive, recording_send)
+        exchange.request = bytes(body)
+        with self._lock:
+            self.exchanges.append(exchange)
+
+    def take(self) -> list[Exchange]:
+        with self._lock:
+            taken, self.exchanges = self.exchanges, []
+        return taken
+
+
+# ----------------------------------------------------------------------------- the example images
+def _render_examples() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("render_examples", REPO / "scripts" / "render_examples.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    description: str
+    radius: float
+    colour: str
+    objects: int
+
+
+def _examples() -> dict[str, Example]:
+    """sha256 of each committed example file -> what it shows."""
+    out = {}
+    for name, (scene, description) in _render_examples().EXAMPLES.items():
+        digest = hashlib.sha256((REPO / "examples" / name).read_bytes()).hexdigest()
+        first = scene.objects[0]
+        out[digest] = Example(name, description, first.radius, first.colour, len(scene.objects))
+    return out
+
+
+EXAMPLES = _examples()
+
+
+def identify(image: Any) -> Example | None:
+    """The example an image object of a request is, if it is one."""
+    if not isinstance(image, dict):
+        return None
+    if "sha256" in image:
+        return EXAMPLES.get(str(image["sha256"]).lower())
+    data = image.get("data")
+    if not isinstance(data, str):
+        return None
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        raw = b64decode("".join(data.split()), validate=True)
+    except ValueError:
+        return None
+    return EXAMPLES.get(hashlib.sha256(raw).hexdigest())
+
+
+def describes(label: str, example: Example) -> bool:
+    """Whether a label is true of an example: for one object, every word of the label is a word of
+    its description ("circle", "red circle"); for a scene of two, the whole description (swapping
+    the colours keeps the words)."""
+    if example.objects > 1:
+        return label == example.description
+    return set(label.lower().split()) <= set(example.description.lower().split())
+
+
+def first_side(difference: str, a: Example, b: Example) -> str | None:
+    """Which of two examples is the "first" of a difference text the examples use; None if unknown."""
+    if difference == LARGER and a.radius != b.radius:
+        return "a" if a.radius > b.radius else "b"
+    if difference == RED_FIRST and {a.colour, b.colour} == {"red", "blue"}:
+        return "a" if a.colour == "red" else "b"
+    return None
+
+
+# ----------------------------------------------------------------------------- checking answers
+def check(exchange: Exchange) -> str | None:
+    """Assert that an answer is right for what was asked; return the path when its meaning was checked."""
+    where = f"{exchange.method} {exchange.path}?{exchange.query}"
+    assert exchange.status == 200, f"{where} answered {exchange.status}: {bytes(exchange.response)[:300]!r}"
+    path, request = exchange.path, exchange.request_json()
+    if path == "/score/dense/heatmap":
+        assert exchange.content_type == "image/png" and exchange.response.startswith(b"\x89PNG"), where
+        return path
+    if path == "/metrics":
+        assert b"http_requests_total" in exchange.response
+        return path
+    answer = exchange.response_json()
+    if path == "/readyz":
+        assert answer["ready"] is True
+        return path
+    if path == "/models":
+        assert str(answer["serving"]).startswith("default@")
+        return path
+    if path == "/embed":
+        rows = answer["embeddings"]
+        assert rows and all(len(row) == answer["dim"] for row in rows), where
+        if isinstance(request, dict):
+            assert len(rows) == len(request.get("texts") or request.get("images") or []), where
+        return path
+    if not isinstance(request, dict):
+        return None
+    if path == "/rank-pair":
+        pairs = request.get("pairs") or [request]
+        results = answer.get("results") or [answer]
+        checked = False
+        for pair, result in zip(pairs, results, strict=True):
+            a, b = identify(pair.get("image_a")), identify(pair.get("image_b"))
+            expected = first_side(pair["difference"], a, b) if a and b else None
+            if expected is not None:
+                assert result["first"] == expected, f"{where}: {a.name} vs {b.name}: {result}"
+                checked = True
+        return path if checked else None
+    if path == "/rank":
+        shown = [identify(image) for image in request["images"]]
+        if not all(shown):
+            return None
+        order = [shown[item["index"]] for item in answer["ranking"]]
+        if request["difference"] == LARGER:
+            assert [e.radius for e in order] == sorted((e.radius for e in order), reverse=True), where
+        elif request["difference"] == RED_FIRST and {"red", "blue"} <= {e.colour for e in order}:
+            colours = [e.colour for e in order]
+            last_red = max(i for i, c in enumerate(colours) if c == "red")
+            assert last_red < colours.index("blue"), f"{where}: {colours}"
+        else:
+            return None
+        return path
+    if path == "/classify":
+        checked = False
+        for image, result in zip(request["images"], answer["results"], strict=True):
+            example = identify(image)
+            if example is not None:
+                assert describes(result["label"], example), f"{where}: {example.name} classified {result['label']!r}"
+                checked = True
+        return path if checked else None
+    if path == "/score/dense":
+        example = identify(request["image"])
+        if example is None or example.description not in request["texts"]:
+            return None
+        assert request["texts"][answer["best"]] == example.description, f"{where}: {answer}"
+        return path
+    return None
+
+
+# ----------------------------------------------------------------------------- the documents
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+
+
+def with_host(code: str, host_port: str) -> str:
+    for host in HOSTS:
+        scheme = "http://" if host.startswith("http://") else ""
+        code = code.replace(host, f"{scheme}{host_port}")
+    return code
+
+
+def api_blocks(text: str) -> list[str]:
+    """The shell examples that call the API or prepare images for it (not install or training commands)."""
+    return [b for b in blocks(text, "bash") if "curl " in b or "base64" in b]
+
+
+@pytest.fixture(scope="module")
+def server(serve_app: Any) -> Iterator[tuple[str, Recorder]]:
+    if not (STORE / "default" / "aliases.json").exists():
+        pytest.skip(f"the committed default model is not in {STORE}")
+    recorders: list[Recorder] = []
+
+    def wrap(app: Any) -> Recorder:
+        recorders.append(Recorder(app))
+        return recorders[0]
+
+    with serve_app(store=str(STORE), model="default@production", torch_threads=1, wrap=wrap) as running:
+        recorders[0].take()  # the readiness probes of the fixture
+        yield running.url, recorders[0]
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A folder laid out like a fresh clone, as far as the examples need: examples/ with its images."""
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    return tmp_path
+
+
+def _sdk_module(text: str) -> str:
+    found = re.search(r"^from (\w+) import .*\bClient\b", text, re.MULTILINE)
+    assert found, "no SDK import in the document"
+    return found.group(1)
+
+
+def run_bash(script: str, cwd: Path, host_port: str) -> None:
+    log = cwd / "curl.log"
+    log.write_text("")
+    completed = subprocess.run(
+        ["bash", "-c", CURL_WRAPPER + with_host(script, host_port)],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "CURL_LOG": str(log), "CLIP_API_KEY": "unused"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, f"the examples failed:\n{completed.stderr[-3000:]}"
+    codes = log.read_text().split()
+    assert codes and all(code == "0" for code in codes), f"curl exit codes {codes}:\n{completed.stderr[-2000:]}"
+
+
+def run_python(code: str, cwd: Path) -> str:
+    completed = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, f"the example failed:\n{code}\n{completed.stderr[-3000:]}"
+    return completed.stdout
+
+
+@pytest.mark.parametrize("doc", list(DOCS))
+def test_the_shell_examples_run_and_answer_right(doc: str, server: tuple[str, Recorder], clone: Path) -> None:
+    url, recorder = server
+    host_port = url.removeprefix("http://")
+    scripts = api_blocks(DOCS[doc].read_text(encoding="utf-8"))
+    assert scripts, f"{doc} has no API examples"
+    recorder.take()
+    # One shell for the whole document, as a reader would type them (variables carry over). The
+    # README's examples start with `cd examples`; docs/api.md's run from that folder.
+    cwd = clone if doc == "README.md" else clone / "examples"
+    run_bash("\n".join(scripts), cwd, host_port)
+    exchanges = recorder.take()
+    checked = {path for path in map(check, exchanges) if path is not None}
+    missing = CHECKED[doc] - checked
+    assert not missing, f"{doc}: no checked answer from {sorted(missing)}; requests: {[e.path for e in exchanges]}"
+    if doc == "docs/api.md":
+        assert (clone / "examples" / "heatmap.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_readme_sdk_example_runs_as_written(server: tuple[str, Recorder], clone: Path) -> None:
+    url, recorder = server
+    text = DOCS["README.md"].read_text(encoding="utf-8")
+    sdk = [b for b in blocks(text, "python") if "Client(" in b]
+    assert len(sdk) == 1
+    recorder.take()
+    printed = run_python(with_host(sdk[0], url.removeprefix("http://")), clone / "examples").splitlines()
+    exchanges = recorder.take()
+    checked = {path for path in map(check, exchanges) if path is not None}
+    assert {"/rank-pair", "/classify"} <= checked, [e.path for e in exchanges]
+    assert printed[0].split()[0] == "a"  # pair.first: the big circle is the larger
+    assert printed[1].split()[0] == "circle"  # the top label of the big circle
+
+
+def test_the_api_reference_python_examples_run(server: tuple[str, Recorder], clone: Path) -> None:
+    url, recorder = server
+    text = DOCS["docs/api.md"].read_text(encoding="utf-8")
+    sdk = _sdk_module(text)
+    examples = blocks(text, "python")
+    assert len(examples) >= 10
+    recorder.take()
+    for code in examples:
+        # A fragment continues an earlier example's `client`; give it one.
+        prelude = "" if "Client(" in code else f"from {sdk} import Client\nclient = Client({url!r})\n"
+        run_python(prelude + with_host(code, url.removeprefix("http://")), clone / "examples")
+    exchanges = recorder.take()
+    checked = {path for path in map(check, [e for e in exchanges if e.status == 200]) if path is not None}
+    assert {"/rank-pair", "/classify", "/rank", "/score/dense", "/embed"} <= checked
+    # The one error example asks for it (a duplicate label); every other answer is a success.
+    refused = [e for e in exchanges if e.status != 200]
+    assert [(e.path, e.status, e.response_json()["error"]["code"]) for e in refused] == [
+        ("/classify", 400, "bad_input")
+    ]
