@@ -3,8 +3,9 @@
 Supported: ``resources`` (files and kustomization directories), ``namespace``, ``labels``
 (``includeSelectors: false``), ``images`` (newName / newTag / digest) and ``patches``
 (strategic-merge documents from ``path`` or inline ``patch``, optional ``target`` by kind and
-name). Anything else is rejected loudly, so a kustomization that grows past this subset fails
-validation here instead of rendering something different from ``kubectl kustomize``.
+name; ``$patch: delete`` for whole objects and for named list elements). Anything else is
+rejected loudly, so a kustomization that grows past this subset fails validation here instead
+of rendering something different from ``kubectl kustomize``.
 deploy/validate.sh compares the two outputs whenever kustomize is installed.
 
     python deploy/render_kustomize.py k8s/overlays/cpu [-o rendered.yaml]
@@ -188,6 +189,9 @@ def _apply_patch(resources: list[Resource], entry: dict[str, Any], directory: Pa
     matches = [r for r in resources if all(_field(r, k) == v for k, v in target.items())]
     if not matches:
         raise KustomizeError(f"{kfile}: patch target {target} matches no resource")
+    if patch.get("$patch") == "delete":  # the whole object goes (an overlay dropping a base resource)
+        resources[:] = [r for r in resources if not any(r is m for m in matches)]
+        return
     for res in matches:
         merged = strategic_merge(res, {k: v for k, v in patch.items() if k not in ("apiVersion", "kind", "metadata")})
         merged["metadata"] = strategic_merge(
@@ -205,7 +209,9 @@ def strategic_merge(base: Any, patch: Any) -> Any:
     """Strategic merge as kustomize applies it to the fields we patch.
 
     Maps merge key by key (a null value deletes the key); lists of objects that all carry a
-    ``name`` (containers, volumes, env) merge element-wise by name; any other list is replaced.
+    ``name`` (containers, volumes, env) merge element-wise by name, and an element carrying
+    ``$patch: delete`` removes its namesake; any other list is replaced. A patch document
+    with ``$patch: delete`` removes the object (see ``_apply_patch``).
     """
     if isinstance(patch, dict) and isinstance(base, dict):
         if any(str(k).startswith("$") for k in patch):
@@ -218,14 +224,22 @@ def strategic_merge(base: Any, patch: Any) -> Any:
                 out[key] = strategic_merge(base.get(key), value)
         return out
     if isinstance(patch, list) and isinstance(base, list) and _named(base) and _named(patch):
-        out_list = copy.deepcopy(base)
-        index = {item["name"]: i for i, item in enumerate(out_list)}
+        # As kustomize orders them: elements new to the list first (in patch order), then the
+        # base's, merged in place; an element with ``$patch: delete`` removes its namesake.
+        merged = copy.deepcopy(base)
+        added: list[Any] = []
         for item in patch:
-            if item["name"] in index:
-                out_list[index[item["name"]]] = strategic_merge(out_list[index[item["name"]]], item)
+            names = [kept["name"] for kept in merged]
+            if item.get("$patch") == "delete":
+                if set(item) - {"name", "mountPath", "$patch"}:
+                    raise KustomizeError(f"a deleted list element names only its keys: {sorted(item)}")
+                merged = [kept for kept in merged if kept["name"] != item["name"]]
+            elif item["name"] in names:
+                position = names.index(item["name"])
+                merged[position] = strategic_merge(merged[position], item)
             else:
-                out_list.append(copy.deepcopy(item))
-        return out_list
+                added.append(copy.deepcopy(item))
+        return added + merged
     return copy.deepcopy(patch)
 
 

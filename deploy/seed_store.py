@@ -7,6 +7,11 @@ into place, so a reader never sees a half-copied version. Top-level files of a m
 table) are copied only when the target has none, after its versions: promotions and rollbacks
 already made on the volume are kept. Running it again is a no-op. With ``--verify`` the given
 reference must then resolve and match its checksums, or the exit code is 1.
+
+An ``s3://bucket/prefix`` target (the store in object storage, k8s/overlays/s3) is filled
+through the store itself: each missing version is published under its own name with its
+manifest's fields, so it appears whole (manifest written last) and is checksummed on the
+way, and aliases are set only on models the target has no alias for yet.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 from pathlib import Path
 
 from model_store import ModelStore, StoreError
+from model_store.location import check_location
 
 STAGING_PREFIX = ".staging-seed-"  # the store ignores (and gc removes) names starting with "."
 
@@ -90,17 +96,46 @@ def seed(source: Path, target: Path) -> list[str]:
     return copied
 
 
+def seed_through_store(source: ModelStore, target: ModelStore) -> list[str]:
+    """``seed`` for a target that is not a directory: publish what it lacks, version by version."""
+    copied: list[str] = []
+    present = set(target.list_models())
+    for name in source.list_models():
+        have = set(target.list_versions(name)) if name in present else set()
+        for version in source.list_versions(name):
+            if version in have:
+                continue
+            manifest = source.manifest(name, version)
+            directory = source.version_dir(name, version)
+            files = {f: directory / f for f in [*manifest.files, *source.annex_files(name, version)]}
+            fields = manifest.model_dump(mode="json", exclude={"files", "version"})
+            target.publish(name, files, fields, version=version)
+            copied.append(f"{name}/{version}")
+        if name not in present or not target.aliases(name):
+            for alias, version in sorted(source.aliases(name).items()):
+                target.promote(name, alias, version)
+                copied.append(f"{name}@{alias}")
+    return copied
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True, help="store to copy from (read-only)")
-    parser.add_argument("--target", type=Path, required=True, help="store volume to fill")
+    parser.add_argument("--target", required=True, help="store volume to fill, or s3://bucket/prefix")
     parser.add_argument("--verify", metavar="REF", help="name@alias that must resolve and verify afterwards")
     args = parser.parse_args(argv)
     if not args.source.is_dir():
         print(f"seed_store: no source store at {args.source}", file=sys.stderr)
         return 1
-    args.target.mkdir(parents=True, exist_ok=True)
-    copied = seed(args.source, args.target)
+    try:
+        if check_location(args.target) is None:
+            Path(args.target).mkdir(parents=True, exist_ok=True)
+            copied = seed(args.source, Path(args.target))
+        else:
+            copied = seed_through_store(ModelStore(args.source), ModelStore(args.target))
+    except StoreError as exc:
+        print(f"seed_store: {exc}", file=sys.stderr)
+        return 1
     print(f"seeded {len(copied)} entries: {', '.join(copied)}" if copied else "target already holds every version")
     if args.verify:
         store = ModelStore(args.target)

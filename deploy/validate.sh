@@ -3,7 +3,7 @@
 #
 #   bash deploy/validate.sh            # exits non-zero on any problem
 #
-# 1. renders k8s/overlays/{cpu,gpu} with `kubectl kustomize` or `kustomize` when installed,
+# 1. renders k8s/overlays/{cpu,gpu,s3} with `kubectl kustomize` or `kustomize` when installed,
 #    else with deploy/render_kustomize.py (and, when both exist, checks they agree);
 # 2. validates every rendered object (and k8s/tools/*.yaml) against the Kubernetes schemas of
 #    $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors;
@@ -23,7 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 K8S_VERSION="${K8S_VERSION:-1.32.0}"
-OVERLAYS=(cpu gpu)
+OVERLAYS=(cpu gpu s3)
 TOOLS_VENV="${DEPLOY_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/clip-deploy-tools}"
 REQUIREMENTS="deploy/requirements-validate.txt"
 

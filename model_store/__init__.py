@@ -6,10 +6,13 @@ from model_store.errors import (
     ChecksumMismatch,
     InvalidManifest,
     InvalidName,
+    InvalidStoreLocation,
     ModelNotFound,
     StoreError,
+    StoreUnavailable,
     VersionExists,
 )
+from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, FileEntry, Manifest
 from model_store.naming import DEFAULT_ALIAS, natural_key, parse_ref, sort_versions
 from model_store.store import ModelStore
@@ -22,14 +25,17 @@ __all__ = [
     "FileEntry",
     "InvalidManifest",
     "InvalidName",
+    "InvalidStoreLocation",
     "LocalBackend",
     "Manifest",
     "ModelNotFound",
     "ModelStore",
     "StorageBackend",
     "StoreError",
+    "StoreUnavailable",
     "VersionExists",
     "natural_key",
+    "open_backend",
     "parse_ref",
     "sort_versions",
 ]

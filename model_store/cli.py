@@ -59,15 +59,15 @@ def _store(ctx: typer.Context) -> ModelStore:
 @app.callback()
 def main(
     ctx: typer.Context,
-    store: Annotated[Path, typer.Option("--store", envvar="MODEL_STORE", help="Registry root directory.")] = Path(
-        "models"
-    ),
+    store: Annotated[
+        str, typer.Option("--store", envvar="MODEL_STORE", help="Registry location: a directory or s3://bucket/prefix.")
+    ] = "models",
     show_version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
     """Operate on the model registry at --store (env MODEL_STORE)."""
-    ctx.obj = ModelStore(store)
+    ctx.obj = _handles_errors(ModelStore)(store)
 
 
 @app.command("list")

@@ -29,6 +29,15 @@ class ModelNotFound(StoreError, KeyError):
     __str__ = Exception.__str__
 
 
+class InvalidStoreLocation(StoreError, ValueError):
+    """A store location (``--store``, ``CLIP_STORE``) names no supported backend."""
+
+
+class StoreUnavailable(StoreError, OSError):
+    """The storage service could not be reached or refused the request (a bucket that does not
+    exist, missing credentials, a network error). An ``OSError``: it may pass when retried."""
+
+
 class VersionExists(StoreError):
     """A version with this name is already published; versions are immutable."""
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from model_store.aliases import ALIASES_FILE, AliasTable
-from model_store.backends import LocalBackend, StorageBackend
+from model_store.backends import StorageBackend
 from model_store.errors import (
     ChecksumMismatch,
     InvalidName,
@@ -35,6 +35,7 @@ from model_store.errors import (
     StoreError,
     VersionExists,
 )
+from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, Manifest
 from model_store.naming import (
     MANIFEST_FILE,
@@ -63,10 +64,10 @@ STALE_STAGING_SECONDS = 3600.0
 
 
 class ModelStore:
-    """Registry of model versions on a ``StorageBackend`` (a path means ``LocalBackend``)."""
+    """Registry of model versions on a ``StorageBackend``, or at a location (a path or ``s3://``)."""
 
     def __init__(self, root: str | os.PathLike[str] | StorageBackend) -> None:
-        self.backend: StorageBackend = root if isinstance(root, StorageBackend) else LocalBackend(root)
+        self.backend: StorageBackend = root if isinstance(root, StorageBackend) else open_backend(root)
 
     def __repr__(self) -> str:
         return f"ModelStore({self.backend!r})"

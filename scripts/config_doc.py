@@ -23,7 +23,10 @@ from service.config import Settings
 FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "host": "Bind address of the HTTP server.",
     "port": "TCP port of the HTTP server.",
-    "store": "Model-store root (a directory; relative paths are taken from the working directory).",
+    "store": "Model-store location: a directory (relative paths are taken from the working directory) or "
+    "`s3://bucket/prefix` on S3-compatible object storage, reached with the standard AWS environment or profile "
+    "(`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`, credentials; see docs/operations.md). Other schemes are "
+    "refused.",
     "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
     "device": "Torch device; `auto` picks CUDA when available.",
     "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "

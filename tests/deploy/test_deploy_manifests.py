@@ -23,7 +23,8 @@ import yaml
 from service.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "s3")
+VOLUME_OVERLAYS = ("cpu", "gpu")  # the store on a shared volume; s3 keeps it in a bucket
 Obj = dict[str, Any]
 
 
@@ -107,7 +108,9 @@ def test_service_probes_and_graceful_termination(overlay: tuple[str, list[Obj]])
 
 
 def test_service_mounts_store_read_only_and_keys_from_secret(overlay: tuple[str, list[Obj]]) -> None:
-    _, objs = overlay
+    name, objs = overlay
+    if name not in VOLUME_OVERLAYS:
+        pytest.skip("no store volume: see test_s3_overlay_shares_the_store_through_the_bucket")
     spec = pod_spec(one(objs, "Deployment", "clip-service"))
     (api,) = spec["containers"]
     models = mount(api, "/models")
@@ -123,7 +126,9 @@ def test_service_mounts_store_read_only_and_keys_from_secret(overlay: tuple[str,
 
 
 def test_jobs_mount_store_read_write(overlay: tuple[str, list[Obj]]) -> None:
-    _, objs = overlay
+    name, objs = overlay
+    if name not in VOLUME_OVERLAYS:
+        pytest.skip("no store volume: see test_s3_overlay_shares_the_store_through_the_bucket")
     train = one(objs, "Job", "clip-train")
     assert train["spec"]["suspend"] is True, "applying the manifests must not start a training run"
     spec = pod_spec(train)
@@ -191,8 +196,11 @@ def test_supporting_objects(overlay: tuple[str, list[Obj]]) -> None:
     assert hpa["apiVersion"] == "autoscaling/v2" and hpa["spec"]["minReplicas"] >= 2
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     assert one(objs, "PodDisruptionBudget", "clip-service")["spec"]["minAvailable"] == 1
-    pvc = one(objs, "PersistentVolumeClaim", "clip-models")
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    if overlay[0] in VOLUME_OVERLAYS:
+        pvc = one(objs, "PersistentVolumeClaim", "clip-models")
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    else:
+        assert [o for o in objs if o["kind"] == "PersistentVolumeClaim"] == []
     cfg = config(objs)
     assert cfg["CLIP_MODEL"] == "default@production"
     assert cfg["CLIP_REDIS_URL"] == "redis://redis:6379/0"
@@ -211,7 +219,7 @@ def test_supporting_objects(overlay: tuple[str, list[Obj]]) -> None:
 
 def test_configmap_keys_are_real_settings(overlay: tuple[str, list[Obj]], monkeypatch: pytest.MonkeyPatch) -> None:
     """A misspelt CLIP_* key would be silently ignored by the service: catch it here."""
-    _, objs = overlay
+    name, objs = overlay
     data = config(objs)
     for key in data:
         assert key.startswith("CLIP_"), key
@@ -223,7 +231,55 @@ def test_configmap_keys_are_real_settings(overlay: tuple[str, list[Obj]], monkey
     for key, value in data.items():
         monkeypatch.setenv(key, value)
     settings = Settings()
-    assert settings.model == "default@production" and settings.store == "/models"
+    store = "/models" if name in VOLUME_OVERLAYS else "s3://clip-models/store"
+    assert settings.model == "default@production" and settings.store == store
+
+
+def test_s3_overlay_shares_the_store_through_the_bucket() -> None:
+    objs = render_kustomize.render(REPO / "k8s" / "overlays" / "s3")
+    cfg = config(objs)
+    location = cfg["CLIP_STORE"]
+    assert location.startswith("s3://") and cfg["CLIP_STORE_CACHE_DIR"] == "/var/cache/clip-store"
+    aws = one(objs, "ConfigMap", "clip-s3")["data"]
+    assert set(aws) <= {"AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SHARED_CREDENTIALS_FILE"}
+    assert not any("SECRET" in key or "ACCESS_KEY" in key for key in aws), "credentials belong in the Secret"
+    credentials_file = Path(aws["AWS_SHARED_CREDENTIALS_FILE"])
+
+    api = pod_spec(one(objs, "Deployment", "clip-service"))
+    train = pod_spec(one(objs, "Job", "clip-train"))
+    cron = pod_spec(one(objs, "CronJob", "clip-train-nightly"))
+    seed = pod_spec(one(objs, "Job", "clip-model-seed"))
+    (server,) = api["containers"]
+    assert "--store" not in server["args"], "the service reads CLIP_STORE from the ConfigMap"
+    assert {"configMapRef": {"name": "clip-config"}} in server["envFrom"]
+    (trainer,), (promoter,) = train["initContainers"], train["containers"]
+    (nightly,), (seeder,) = cron["containers"], seed["containers"]
+    store_args = {
+        "train": trainer["args"][trainer["args"].index("--store") + 1],
+        "promote": promoter["args"][promoter["args"].index("--store") + 1],
+        "nightly": nightly["args"][nightly["args"].index("--store") + 1],
+        "seed": seeder["args"][seeder["args"].index("--target") + 1],
+    }
+    assert set(store_args.values()) == {"$(CLIP_STORE)"}, store_args
+    for spec, containers in ((api, [server]), (train, [trainer, promoter]), (cron, [nightly]), (seed, [seeder])):
+        assert not any("persistentVolumeClaim" in v for v in spec["volumes"]), "no shared volume"
+        for container in containers:
+            where = container["name"]
+            env = {e["name"]: e for e in container.get("env", [])}
+            from_config = [e["configMapRef"]["name"] for e in container.get("envFrom", [])]
+            if container is not server:  # $(CLIP_STORE) in args needs the variable in env
+                assert env["CLIP_STORE"]["valueFrom"]["configMapKeyRef"] == {"name": "clip-config", "key": "CLIP_STORE"}
+                assert "CLIP_STORE_CACHE_DIR" in env, where
+            assert "clip-s3" in from_config, where
+            assert not any(k.startswith("AWS_") and "valueFrom" in e for k, e in env.items()), where
+            cache = mount(container, "/var/cache/clip-store")
+            assert not cache.get("readOnly", False) and "emptyDir" in volume(spec, cache["name"]), where
+            creds = mount(container, str(credentials_file.parent))
+            assert creds["readOnly"] is True, where
+            secret = volume(spec, creds["name"])["secret"]
+            assert secret["optional"] is True and secret["items"] == [
+                {"key": "credentials", "path": credentials_file.name}
+            ]
 
 
 def test_fallback_renderer_matches_kubectl(overlay: tuple[str, list[Obj]]) -> None:

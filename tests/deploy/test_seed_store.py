@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,25 @@ def test_verify_fails_on_a_corrupt_volume(baked: Path, tmp_path: Path) -> None:
     weights.write_bytes(b"corrupt")
     assert seed_store.main(["--source", str(baked), "--target", str(target), "--verify", "tiny@production"]) == 1
     assert seed_store.main(["--source", str(baked), "--target", str(target), "--verify", "tiny@nope"]) == 1
+
+
+def test_seeds_a_bucket_through_the_store(baked: Path, s3_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    target = s3_env.new_location()
+    assert seed_store.main(["--source", str(baked), "--target", target, "--verify", "tiny@production"]) == 0
+    assert "ok tiny@production -> tiny@v1" in capsys.readouterr().out
+    store, source = ModelStore(target), ModelStore(baked)
+    assert store.list_versions("tiny") == ["v1", "v2"]
+    assert store.aliases("tiny") == source.aliases("tiny")
+    for version in ("v1", "v2"):
+        assert store.manifest("tiny", version) == source.manifest("tiny", version)  # same files, same digests
+        store.verify("tiny", version)
+    store.promote("tiny", "production", "v2")  # an operator's promotion in the bucket is kept
+    assert seed_store.main(["--source", str(baked), "--target", target]) == 0
+    assert store.alias_target("tiny", "production") == "v2"
+    assert "target already holds every version" in capsys.readouterr().out
+
+
+def test_an_unknown_target_scheme_is_refused(baked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert seed_store.main(["--source", str(baked), "--target", "gs://bucket/models"]) == 1
+    assert list(tmp_path.iterdir()) == []

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real store in a temporary directory and valid manifest fields."""
+"""Shared fixtures: a real store on each backend (a temporary directory, a real S3 server) and
+valid manifest fields. Every test that takes ``root`` or ``store`` runs on both backends."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from typing import Any
 
 import pytest
 from model_store_helpers import manifest_fields
+from store_roots import LocalRoot, S3Root
 
 from model_store import ModelStore
+
+Root = LocalRoot | S3Root
 
 
 @pytest.fixture
@@ -16,11 +20,14 @@ def fields() -> dict[str, Any]:
     return manifest_fields()
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    return tmp_path / "registry"
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
+    if request.param == "local":
+        return LocalRoot(tmp_path / "registry")
+    server = request.getfixturevalue("s3_env")
+    return S3Root(server, server.new_location())
 
 
 @pytest.fixture
-def store(root: Path) -> ModelStore:
-    return ModelStore(root)
+def store(root: Root) -> ModelStore:
+    return root.store()

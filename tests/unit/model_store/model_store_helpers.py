@@ -31,3 +31,8 @@ def publish_simple(store: ModelStore, payload: bytes = b"weights", name: str = "
     """Publish one weight file and return the new version name."""
     manifest = store.publish(name, {"model.safetensors": payload}, manifest_fields(), **kwargs)
     return manifest.version
+
+
+def promote_in_process(location: str, name: str, alias: str, version: str) -> None:
+    """Target of a child process: open the store afresh and promote (module-level, so spawnable)."""
+    ModelStore(location).promote(name, alias, version)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
+from conftest import Root
 from model_store_helpers import publish_simple
 
 from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, StoreError
@@ -48,13 +48,13 @@ def test_publish_with_aliases(store: ModelStore) -> None:
     assert store.alias_history("clip") == {"staging": ["v1"]}
 
 
-def test_promote_and_rollback_history(three: ModelStore, root: Path) -> None:
+def test_promote_and_rollback_history(three: ModelStore, root: Root) -> None:
     assert three.promote("clip", "production", "v1") is None
     assert three.promote("clip", "production", "v2") == "v1"
     assert three.promote("clip", "production", "v2") == "v2"  # no-op, history not padded
     assert three.promote("clip", "production", "v3") == "v2"
     assert three.alias_history("clip") == {"production": ["v1", "v2"]}
-    on_disk = json.loads((root / "clip/aliases.json").read_text())
+    on_disk = json.loads(root.read("clip/aliases.json"))
     assert on_disk["aliases"] == {"production": "v3"}
 
     assert three.rollback("clip", "production") == "v2"
@@ -64,14 +64,14 @@ def test_promote_and_rollback_history(three: ModelStore, root: Path) -> None:
     with pytest.raises(StoreError, match="no previous version"):
         three.rollback("clip", "production")
     assert three.aliases("clip") == {"production": "v1"}
-    assert not [p for p in (root / "clip").iterdir() if ".tmp-" in p.name]
+    assert not [name for name in root.children("clip") if ".tmp-" in name]
 
 
-def test_promote_refuses_unknown_or_corrupt_versions(three: ModelStore, root: Path) -> None:
+def test_promote_refuses_unknown_or_corrupt_versions(three: ModelStore, root: Root) -> None:
     three.promote("clip", "production", "v1")
     with pytest.raises(ModelNotFound):
         three.promote("clip", "production", "v7")
-    (root / "clip/versions/v2/model.safetensors").write_bytes(b"tampered")
+    root.write("clip/versions/v2/model.safetensors", b"tampered")
     with pytest.raises(ChecksumMismatch):
         three.promote("clip", "production", "v2")
     with pytest.raises(InvalidName):
@@ -79,10 +79,10 @@ def test_promote_refuses_unknown_or_corrupt_versions(three: ModelStore, root: Pa
     assert three.aliases("clip") == {"production": "v1"}
 
 
-def test_rollback_refuses_corrupt_previous_version(three: ModelStore, root: Path) -> None:
+def test_rollback_refuses_corrupt_previous_version(three: ModelStore, root: Root) -> None:
     three.promote("clip", "production", "v1")
     three.promote("clip", "production", "v2")
-    (root / "clip/versions/v1/model.safetensors").unlink()
+    root.delete("clip/versions/v1/model.safetensors")
     with pytest.raises(ChecksumMismatch):
         three.rollback("clip", "production")
     assert three.alias_target("clip", "production") == "v2"
@@ -95,7 +95,7 @@ def test_alias_target_is_cheap_and_tolerant(three: ModelStore) -> None:
     assert three.alias_target("clip", "production") == "v3"
 
 
-def test_concurrent_promotions_lose_no_update(three: ModelStore, root: Path) -> None:
+def test_concurrent_promotions_lose_no_update(three: ModelStore, root: Root) -> None:
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
@@ -103,7 +103,7 @@ def test_concurrent_promotions_lose_no_update(three: ModelStore, root: Path) -> 
         try:
             barrier.wait()
             # Separate store objects, as separate processes would have.
-            ModelStore(root).promote("clip", f"alias{i}", f"v{i % 3 + 1}")
+            root.store().promote("clip", f"alias{i}", f"v{i % 3 + 1}")
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 

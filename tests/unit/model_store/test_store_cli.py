@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import Root
 from model_store_helpers import manifest_fields, publish_simple
 from typer.testing import CliRunner
 
@@ -26,11 +27,11 @@ def populated(store: ModelStore) -> ModelStore:
     return store
 
 
-def _run(runner: CliRunner, root: Path, *args: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, ["--store", str(root), *args])
+def _run(runner: CliRunner, root: Root, *args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["--store", root.location, *args])
 
 
-def test_list_models_and_versions(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_list_models_and_versions(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     result = _run(runner, root, "list")
     assert result.exit_code == 0, result.output
     assert "clip" in result.output and "v1, v2" in result.output
@@ -42,12 +43,12 @@ def test_list_models_and_versions(runner: CliRunner, root: Path, populated: Mode
     assert len(lines) == 2 and "production" in lines[0] and "staging" in lines[1]
 
 
-def test_store_from_environment(runner: CliRunner, root: Path, populated: ModelStore) -> None:
-    result = runner.invoke(app, ["list"], env={"MODEL_STORE": str(root), "COLUMNS": "200"})
+def test_store_from_environment(runner: CliRunner, root: Root, populated: ModelStore) -> None:
+    result = runner.invoke(app, ["list"], env={"MODEL_STORE": root.location, "COLUMNS": "200"})
     assert result.exit_code == 0 and "production=v1" in result.output
 
 
-def test_show_summary_metrics_and_annex(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_show_summary_metrics_and_annex(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     result = _run(runner, root, "show", "clip")
     assert result.exit_code == 0, result.output
     expected = ["clip@v1", "production", "ViT-B-32", "model.safetensors", "zero_shot_top1", "0.6100", "eval.json"]
@@ -58,18 +59,18 @@ def test_show_summary_metrics_and_annex(runner: CliRunner, root: Path, populated
     assert json.loads(result.output)["version"] == "v2"
 
 
-def test_verify_ok_and_corrupt(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_verify_ok_and_corrupt(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     result = _run(runner, root, "verify", "clip@v1")
     assert result.exit_code == 0 and "ok" in result.output
 
-    (root / "clip/versions/v1/model.safetensors").write_bytes(b"corrupt")
+    root.write("clip/versions/v1/model.safetensors", b"corrupt")
     result = _run(runner, root, "verify", "clip")
     assert result.exit_code == 1
     assert "error:" in result.output and "model.safetensors" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_promote_and_rollback(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_promote_and_rollback(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     result = _run(runner, root, "promote", "clip@v2", "--alias", "production")
     assert result.exit_code == 0, result.output
     assert "v1 -> v2" in result.output
@@ -84,12 +85,12 @@ def test_promote_and_rollback(runner: CliRunner, root: Path, populated: ModelSto
     assert result.exit_code == 1 and "no previous version" in result.output
 
 
-def test_promote_requires_explicit_version(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_promote_requires_explicit_version(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     result = _run(runner, root, "promote", "clip", "--alias", "staging")
     assert result.exit_code == 1 and "name@version" in result.output
 
 
-def test_gc_dry_run_and_keep(runner: CliRunner, root: Path, populated: ModelStore) -> None:
+def test_gc_dry_run_and_keep(runner: CliRunner, root: Root, populated: ModelStore) -> None:
     publish_simple(populated, b"three")
     result = _run(runner, root, "gc", "clip", "--dry-run")
     assert result.exit_code == 0 and "would remove: v3" in result.output
@@ -102,7 +103,7 @@ def test_gc_dry_run_and_keep(runner: CliRunner, root: Path, populated: ModelStor
     assert populated.list_versions("clip") == ["v1", "v2"]
 
 
-def test_publish_directory(runner: CliRunner, root: Path, tmp_path: Path) -> None:
+def test_publish_directory(runner: CliRunner, root: Root, tmp_path: Path) -> None:
     src = tmp_path / "export"
     (src / "onnx").mkdir(parents=True)
     (src / "model.safetensors").write_bytes(b"weights")
@@ -114,7 +115,7 @@ def test_publish_directory(runner: CliRunner, root: Path, tmp_path: Path) -> Non
     result = _run(runner, root, "publish", "clip", str(src), "--manifest-json", str(fields_file), "--alias", "staging")
     assert result.exit_code == 0, result.output
     assert "clip@v1" in result.output
-    store = ModelStore(root)
+    store = root.store()
     assert sorted(store.manifest("clip", "v1").files) == ["model.safetensors", "onnx/visual.onnx"]
     assert store.aliases("clip") == {"staging": "v1"}
 
@@ -133,13 +134,13 @@ def test_publish_directory(runner: CliRunner, root: Path, tmp_path: Path) -> Non
     ],
 )
 def test_errors_exit_non_zero_without_traceback(
-    runner: CliRunner, root: Path, populated: ModelStore, args: list[str]
+    runner: CliRunner, root: Root, populated: ModelStore, args: list[str]
 ) -> None:
     result = _run(runner, root, *args)
     assert result.exit_code == 1
     assert result.output.startswith("error:") and "Traceback" not in result.output
 
 
-def test_list_empty_store(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["--store", str(tmp_path / "empty"), "list"])
+def test_list_empty_store(runner: CliRunner, root: Root) -> None:
+    result = runner.invoke(app, ["--store", root.location, "list"])
     assert result.exit_code == 0 and "no models in" in result.output

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Root
 from model_store_helpers import manifest_fields, publish_simple
 
 from model_store import (
@@ -20,13 +21,12 @@ from model_store import (
 )
 
 
-def _leftovers(root: Path, name: str = "clip") -> list[str]:
-    base = root / name
-    return sorted(p.name for p in base.iterdir() if p.name.startswith(".staging-")) if base.exists() else []
+def _leftovers(root: Root, name: str = "clip") -> list[str]:
+    return [entry for entry in root.children(name) if entry.startswith(".staging-")]
 
 
 def test_publish_resolve_verify_roundtrip(
-    store: ModelStore, root: Path, tmp_path: Path, fields: dict[str, Any]
+    store: ModelStore, root: Root, tmp_path: Path, fields: dict[str, Any]
 ) -> None:
     weights = tmp_path / "src.safetensors"
     weights.write_bytes(b"\x00" * 4096)
@@ -43,7 +43,7 @@ def test_publish_resolve_verify_roundtrip(
 
     loaded, directory = store.load_verified("clip", "v1")
     assert loaded == manifest
-    assert directory == root / "clip" / "versions" / "v1" == store.version_dir("clip", "v1")
+    assert directory == store.version_dir("clip", "v1") and directory.is_dir()
     assert (directory / "onnx" / "visual.onnx").read_bytes() == b"onnx-bytes"
     on_disk = json.loads((directory / "manifest.json").read_text())
     assert list(on_disk) == sorted(on_disk) and on_disk["files"]["onnx/visual.onnx"]["bytes"] == 10
@@ -61,26 +61,26 @@ def test_auto_versions_increment_naturally(store: ModelStore) -> None:
     assert publish_simple(store) == "v12"
 
 
-def test_versions_are_immutable(store: ModelStore, root: Path) -> None:
+def test_versions_are_immutable(store: ModelStore, root: Root) -> None:
     publish_simple(store, b"original", version="v1")
     with pytest.raises(VersionExists):
         publish_simple(store, b"replacement", version="v1")
-    assert (root / "clip/versions/v1/model.safetensors").read_bytes() == b"original"
+    assert root.read("clip/versions/v1/model.safetensors") == b"original"
     store.verify("clip", "v1")
     assert _leftovers(root) == []
 
 
-def test_failed_publish_leaves_nothing_visible(store: ModelStore, root: Path, tmp_path: Path) -> None:
+def test_failed_publish_leaves_nothing_visible(store: ModelStore, root: Root, tmp_path: Path) -> None:
     files = {"a.safetensors": b"first file is written", "b.safetensors": tmp_path / "does-not-exist"}
     with pytest.raises(StoreError, match="does-not-exist"):
         store.publish("clip", files, manifest_fields(), version="v1")
-    assert not (root / "clip/versions/v1").exists()
+    assert not root.exists("clip/versions/v1")
     assert _leftovers(root) == []
-    assert store.list_versions("clip") == []
+    assert store.list_models() == []
     assert publish_simple(store) == "v1"  # the name was not burnt
 
 
-def test_invalid_manifest_fails_before_staging(store: ModelStore, root: Path) -> None:
+def test_invalid_manifest_fails_before_staging(store: ModelStore, root: Root) -> None:
     fields = manifest_fields()
     del fields["embed_dim"]
     with pytest.raises(InvalidManifest, match="embed_dim"):
@@ -104,15 +104,15 @@ def test_publish_rejects_file_directory_clash(store: ModelStore) -> None:
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "", ".hidden"])
-def test_publish_rejects_bad_model_names(store: ModelStore, root: Path, name: str) -> None:
+def test_publish_rejects_bad_model_names(store: ModelStore, root: Root, name: str) -> None:
     with pytest.raises(InvalidName):
         store.publish(name, {"model.safetensors": b"x"}, manifest_fields())
     assert not root.exists()
 
 
-def test_corrupted_file_fails_verification(store: ModelStore, root: Path) -> None:
+def test_corrupted_file_fails_verification(store: ModelStore, root: Root) -> None:
     publish_simple(store, b"good weights")
-    (root / "clip/versions/v1/model.safetensors").write_bytes(b"evil weights")
+    root.write("clip/versions/v1/model.safetensors", b"evil weights")
     with pytest.raises(ChecksumMismatch) as info:
         store.verify("clip", "v1")
     assert info.value.problems == {"model.safetensors": "sha256 mismatch"}
@@ -121,10 +121,10 @@ def test_corrupted_file_fails_verification(store: ModelStore, root: Path) -> Non
         store.load_verified("clip", "v1")
 
 
-def test_missing_and_truncated_files_fail_verification(store: ModelStore, root: Path) -> None:
+def test_missing_and_truncated_files_fail_verification(store: ModelStore, root: Root) -> None:
     store.publish("clip", {"model.safetensors": b"abc", "text.safetensors": b"defg"}, manifest_fields())
-    (root / "clip/versions/v1/model.safetensors").unlink()
-    (root / "clip/versions/v1/text.safetensors").write_bytes(b"de")
+    root.delete("clip/versions/v1/model.safetensors")
+    root.write("clip/versions/v1/text.safetensors", b"de")
     with pytest.raises(ChecksumMismatch) as info:
         store.verify("clip", "v1")
     assert info.value.problems == {"model.safetensors": "missing", "text.safetensors": "2 bytes, expected 4"}
@@ -142,7 +142,7 @@ def test_unknown_versions_and_models(store: ModelStore) -> None:
         store.version_dir("clip", "../v1")
 
 
-def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Path) -> None:
+def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Root) -> None:
     manifest = store.publish("clip", {"model.safetensors": b"w", "eval.json": b'{"acc": 0.1}'}, manifest_fields())
     assert "eval.json" not in manifest.files
     assert store.annex_files("clip", "v1") == ["eval.json"]
@@ -150,7 +150,7 @@ def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Path) ->
     path = store.write_annex("clip", "v1", "eval.json", b'{"acc": 0.9}')
     assert path == store.file_path("clip", "v1", "eval.json")
     assert json.loads(path.read_text()) == {"acc": 0.9}
-    assert sorted(p.name for p in path.parent.iterdir()) == ["eval.json", "manifest.json", "model.safetensors"]
+    assert root.children("clip/versions/v1") == ["eval.json", "manifest.json", "model.safetensors"]
     assert store.manifest("clip", "v1") == manifest
     store.verify("clip", "v1")
 
@@ -178,8 +178,7 @@ def test_plain_string_sources_are_refused(store: ModelStore) -> None:
         store.publish("clip", {"m.bin": "is this a path or content?"}, manifest_fields())  # type: ignore[dict-item]
 
 
-def test_non_finite_metrics_are_refused_before_anything_is_written(tmp_path: Path) -> None:
-    store = ModelStore(tmp_path)
+def test_non_finite_metrics_are_refused_before_anything_is_written(store: ModelStore) -> None:
     with pytest.raises(InvalidManifest):
         store.publish("clip", {"model.safetensors": b"w"}, manifest_fields(metrics={"acc": float("nan")}))
     assert store.list_models() == [] or store.list_versions("clip") == []

