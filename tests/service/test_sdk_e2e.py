@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from clip_client import AsyncClient, Client, ImageRef, NotFound, image_id, image_sha256
+from clipdiff import AsyncClient, Client, ImageRef, NotFound, image_id, image_sha256
 from training.world.render import draw_scene_pil
 from training.world.scene import Scene, SceneObject
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES, SIZE_RANGES

@@ -1,8 +1,8 @@
 """The synchronous and asynchronous clients.
 
 Both hold one ``httpx`` connection pool for their lifetime; use them as context managers (or
-call ``close()``) so sockets are released. Endpoint bodies come from :mod:`clip_client.endpoints`
-and retries from :mod:`clip_client.transport`, so the two classes only differ in awaiting.
+call ``close()``) so sockets are released. Endpoint bodies come from :mod:`clipdiff.endpoints`
+and retries from :mod:`clipdiff.transport`, so the two classes only differ in awaiting.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from clip_client import endpoints as ep
-from clip_client.models import (
+from clipdiff import endpoints as ep
+from clipdiff.models import (
     ClassifyResult,
     DenseResult,
     EmbedResult,
@@ -26,11 +26,11 @@ from clip_client.models import (
     PairResult,
     RankResult,
 )
-from clip_client.transport import RetryPolicy, send_async, send_sync
+from clipdiff.transport import RetryPolicy, send_async, send_sync
 
 __all__ = ["AsyncClient", "Client"]
 
-USER_AGENT = "clip-client/0.1"
+USER_AGENT = "clipdiff-client/0.1"
 
 
 URL_ENV = "CLIP_SERVICE_URL"

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from clip_client.images import image_input
-from clip_client.models import (
+from clipdiff.images import image_input
+from clipdiff.models import (
     ClassifyResult,
     DenseResult,
     EmbedResult,
@@ -20,7 +20,7 @@ from clip_client.models import (
     PairResult,
     RankResult,
 )
-from clip_client.transport import Call
+from clipdiff.transport import Call
 
 Comparative = Mapping[str, str] | tuple[str, str, str]
 PairSpec = tuple[Any, Any, str]

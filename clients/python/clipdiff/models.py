@@ -104,7 +104,7 @@ class EmbedResult(_Result):
         try:
             import numpy as np
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("as_numpy() needs numpy (pip install clip-client[numpy])") from exc
+            raise ImportError("as_numpy() needs numpy (pip install clipdiff-client[numpy])") from exc
         return np.asarray(self.embeddings, dtype=np.float32).reshape(len(self.embeddings), self.dim)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from clip_client.errors import ConnectionFailed, error_from_response, parse_retry_after
+from clipdiff.errors import ConnectionFailed, error_from_response, parse_retry_after
 
 __all__ = ["Call", "RetryPolicy", "send_async", "send_sync"]
 
