@@ -29,6 +29,7 @@ from clipdiff.models import (
     PairResult,
     RankedImage,
     RankResult,
+    ServerLimits,
     VersionInfo,
 )
 from clipdiff.transport import RetryPolicy
@@ -57,6 +58,7 @@ __all__ = [
     "RankResult",
     "RankedImage",
     "RetryPolicy",
+    "ServerLimits",
     "Unauthorized",
     "Unavailable",
     "VersionInfo",
