@@ -194,6 +194,10 @@ class Client(_Base):
     ) -> DenseResult:
         return self._run(ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=self.limits()))
 
+    def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
+        """The PNG of ``text``'s per-token maps over ``image`` (``POST /score/dense/heatmap``)."""
+        return self._run(ep.dense_heatmap(image, text, model=model))
+
     def embed_texts(
         self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False
     ) -> EmbedResult:
@@ -333,6 +337,9 @@ class AsyncClient(_Base):
     ) -> DenseResult:
         plan = ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=await self.limits())
         return await self._run(plan)
+
+    async def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
+        return await self._run(ep.dense_heatmap(image, text, model=model))
 
     async def embed_texts(
         self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False

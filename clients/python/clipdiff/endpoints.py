@@ -232,6 +232,11 @@ def score_dense(
     return Plan(calls, merge)
 
 
+def dense_heatmap(image: Any, text: str, *, model: str | None = None) -> Plan[bytes]:
+    body = _drop_none({"image": image_input(image), "text": text, "model": model})
+    return single(Call("POST", "/score/dense/heatmap", body, raw=True), bytes)
+
+
 EncodingFormat = Literal["float", "base64", "float16"]
 
 
