@@ -4,14 +4,16 @@ same against the real service)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
 from scripted_server import Reply, ScriptedServer
 
-from clipdiff import Client, ClipServiceError
+from clipdiff import AsyncClient, Client, ClipServiceError
 from clipdiff.splitting import body_bounds, chunk_bounds, json_size
 
 
@@ -91,3 +93,16 @@ def test_a_version_change_between_parts_is_an_error(server: ScriptedServer) -> N
     with Client(server.url, max_retries=0) as client, pytest.raises(ClipServiceError) as caught:
         client.embed_texts(["t 0", "t 1", "t 2"])
     assert caught.value.code == "model_changed"
+
+
+def test_the_async_client_splits_the_same_way(server: ScriptedServer) -> None:
+    server.script("/limits", Reply(body={"max_texts": 2}))
+    texts = [f"text {i}" for i in range(3)]
+    server.script("/embed", embed_answer("m@1", texts[:2]), embed_answer("m@1", texts[2:]))
+
+    async def embed() -> Any:
+        async with AsyncClient(server.url, max_retries=0) as client:
+            return (await client.embed_texts(texts)).embeddings
+
+    assert asyncio.run(embed()) == [[0.0, -0.0], [1.0, -1.0], [2.0, -2.0]]
+    assert [hit.body["texts"] for hit in server.hits("/embed")] == [texts[:2], texts[2:]]
