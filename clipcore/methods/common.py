@@ -9,7 +9,15 @@ import math
 
 import numpy as np
 
-__all__ = ["as_float_array", "check_finite_scalar", "check_int", "l2_normalize", "quantize", "softmax"]
+__all__ = [
+    "as_float_array",
+    "check_finite_scalar",
+    "check_int",
+    "l2_normalize",
+    "quantize",
+    "softmax",
+    "truncate_dimensions",
+]
 
 
 def as_float_array(x: np.ndarray, name: str, ndim: int | None = None) -> np.ndarray:
@@ -86,6 +94,24 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = 1e-12) -> np.ndarra
         raise ValueError(f"axis {axis} is out of range for an array of rank {arr.ndim}")
     norm = np.linalg.norm(arr, axis=axis, keepdims=True)
     return arr / np.maximum(norm, np.asarray(eps, dtype=arr.dtype))
+
+
+def truncate_dimensions(x: np.ndarray, dims: int) -> np.ndarray:
+    """The first ``dims`` components of each row of ``x``, L2-normalised again (Matryoshka-style
+    shortening, as OpenAI's ``dimensions`` parameter does).
+
+    How much a shortened vector keeps depends on the model: one trained with a Matryoshka loss
+    packs the most information into the leading components; a plain CLIP model does not, and its
+    shortened vectors lose more. ``dims`` equal to the width returns the rows normalised.
+
+    Raises:
+        ValueError: if ``x`` is not 2-D or ``dims`` is not in ``1..x.shape[1]``.
+    """
+    arr = as_float_array(x, "x", ndim=2)
+    check_int(dims, "dims", low=1)
+    if dims > arr.shape[1]:
+        raise ValueError(f"dims must be <= {arr.shape[1]} (the embedding width), got {dims}")
+    return l2_normalize(arr[:, :dims])
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -33,6 +33,7 @@ from service.api.schemas import (
     RankRequest,
     RankResponse,
 )
+from service.api.vector_encoding import encode_rows
 from service.runtime.assembly import ModelRuntime
 from service.runtime.cache import text_digest
 from service.runtime.pipeline import ImageEmbeddings, Pipeline, TextEmbeddings
@@ -195,7 +196,8 @@ async def embed(pipeline: Pipeline, rt: ModelRuntime, req: EmbedRequest) -> Embe
         return EmbedResponse(
             model=rt.ref,
             dim=int(text_emb.vectors.shape[1]),
-            embeddings=_rows(text_emb.vectors),
+            encoding_format=req.encoding_format,
+            embeddings=encode_rows(text_emb.vectors, req.encoding_format),
             ids=[text_digest(t) for t in req.texts],
             truncated=text_emb.truncated,
         )
@@ -204,12 +206,12 @@ async def embed(pipeline: Pipeline, rt: ModelRuntime, req: EmbedRequest) -> Embe
         rt, req.images, [f"images.{i}" for i in range(len(req.images))]
     )
     return EmbedResponse(
-        model=rt.ref, dim=int(image_emb.vectors.shape[1]), embeddings=_rows(image_emb.vectors), ids=image_emb.ids
+        model=rt.ref,
+        dim=int(image_emb.vectors.shape[1]),
+        encoding_format=req.encoding_format,
+        embeddings=encode_rows(image_emb.vectors, req.encoding_format),
+        ids=image_emb.ids,
     )
-
-
-def _rows(vectors: np.ndarray) -> list[list[float]]:
-    return np.asarray(vectors, dtype=np.float32).tolist()  # type: ignore[no-any-return]
 
 
 def _count(text_emb: TextEmbeddings) -> int | None:

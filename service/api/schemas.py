@@ -230,11 +230,19 @@ class HeatmapRequest(_Request):
 
 
 # ----------------------------------------------------------------------------- embed
+ENCODING_FORMAT = (
+    "`float`: JSON numbers. `base64`: each vector as base64 of its little-endian float32 bytes (OpenAI's "
+    "format). `float16`: base64 of little-endian float16 bytes (half the size; served embeddings are "
+    "float16-rounded already, so nothing is lost)"
+)
+
+
 class EmbedRequest(_Request):
     texts: list[str] | None = Field(default=None, json_schema_extra=_min_items(1))
     images: list[ImageInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
     model: str | None = None
+    encoding_format: Literal["float", "base64", "float16"] = Field(default="float", description=ENCODING_FORMAT)
 
     @model_validator(mode="after")
     def _one_kind(self) -> EmbedRequest:
@@ -248,7 +256,8 @@ class EmbedRequest(_Request):
 class EmbedResponse(BaseModel):
     model: str
     dim: int
-    embeddings: list[list[float]]
+    encoding_format: Literal["float", "base64", "float16"] = "float"
+    embeddings: list[list[float]] | list[str] = Field(description="in input order; strings unless 'float'")
     ids: list[str] = Field(description="sha256 hex of each text (UTF-8) or image's bytes")
     truncated: list[bool] | None = Field(default=None, description="texts only: cut to the model context")
 

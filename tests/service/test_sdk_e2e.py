@@ -10,16 +10,19 @@ accuracy passes reliably and a model that does not understand shapes, colours or
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
-from clip_client import AsyncClient, Client, ImageRef, NotFound, image_id, image_sha256
+from clipdiff import AsyncClient, Client, ImageRef, NotFound, image_id, image_input, image_sha256
 from training.world.render import draw_scene_pil
 from training.world.scene import Scene, SceneObject
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES, SIZE_RANGES
@@ -334,6 +337,29 @@ def test_embed_dims_ids_and_sha256_references(client: Client, serving: str) -> N
     with pytest.raises(NotFound) as info:
         client.rank_pair(ImageRef.sha256("0" * 64), small, LARGER)
     assert info.value.code == "unknown_image"
+
+
+def test_embed_as_numpy_equals_the_float_answer(client: Client) -> None:
+    images = [draw("circle", "red"), draw("square", "blue", 0.12)]
+    packed = client.embed_images(images, as_numpy=True)
+    assert isinstance(packed.embeddings, np.ndarray) and packed.embeddings.dtype == np.float32
+    assert packed.embeddings.shape == (2, packed.dim)
+    np.testing.assert_array_equal(packed.embeddings, client.embed_images(images).as_numpy())  # float32 both ways
+
+
+def test_dense_scores_and_heatmap_png(client: Client, sdk_server: str, serving: str) -> None:
+    scene, text = draw("circle", "red"), "a red circle"
+    dense = client.score_dense(scene, [text, "a blue square"], return_maps=True)
+    assert dense.model == serving and dense.best == 0 and dense.tokens is not None
+    png = client.dense_heatmap(scene, text)
+    raw = httpx.post(f"{sdk_server}/score/dense/heatmap", json={"image": image_input(scene), "text": text}, timeout=60)
+    assert raw.status_code == 200 and png == raw.content  # the server's picture, byte for byte
+    picture = Image.open(io.BytesIO(png))
+    tokens = len(dense.tokens[0])  # docs/api.md gives the picture's size from the token count
+    assert picture.format == "PNG" and picture.width == 8 + 192 + 8 + min(tokens, 8) * 72
+    with pytest.raises(NotFound) as info:
+        client.dense_heatmap(scene, text, model="default@no-such-version")
+    assert info.value.status == 404
 
 
 # ----------------------------------------------------------------------------- async client

@@ -6,7 +6,7 @@ import asyncio
 
 from scripted_server import Reply, ScriptedServer, envelope
 
-from clip_client import AsyncClient, NotFound
+from clipdiff import AsyncClient, NotFound
 
 IMG = b"img"
 

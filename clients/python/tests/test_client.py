@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from scripted_server import Reply, ScriptedServer, envelope
 
-from clip_client import (
+from clipdiff import (
     BadRequest,
     Client,
     ClipServiceError,
@@ -219,7 +219,7 @@ def test_api_key_and_headers(server: ScriptedServer) -> None:
     seen = server.hits("/models")[0]
     assert seen.headers["authorization"] == "Bearer s3cret"
     assert seen.headers["x-request-id"] == "r1"
-    assert seen.headers["user-agent"].startswith("clip-client/")
+    assert seen.headers["user-agent"].startswith("clipdiff-client/")
 
 
 def test_unknown_endpoint_is_not_found(server: ScriptedServer, client: Client) -> None:

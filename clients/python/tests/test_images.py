@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clip_client import ImageRef, image_bytes, image_id, image_input, image_sha256
+from clipdiff import ImageRef, image_bytes, image_id, image_input, image_sha256
 
 PNG_1PX = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="

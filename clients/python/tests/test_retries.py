@@ -9,7 +9,7 @@ import time
 import pytest
 from scripted_server import Reply, ScriptedServer, envelope
 
-from clip_client import AsyncClient, BadRequest, Client, ConnectionFailed, Overloaded, RetryPolicy, Unavailable
+from clipdiff import AsyncClient, BadRequest, Client, ConnectionFailed, Overloaded, RetryPolicy, Unavailable
 
 OK = {"model": "m@1", "first": "a", "score": 0.4}
 IMG = b"img"

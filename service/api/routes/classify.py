@@ -8,13 +8,19 @@ from fastapi import APIRouter, Query
 
 from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from service.api.validation import check_classify
 
 router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
 
 
-@router.post("/classify", response_model=ClassifyResponse, response_model_exclude_none=True)
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    response_model_exclude_none=True,
+    openapi_extra=openapi_form(ClassifyRequest),
+)
 async def classify(
     req: ClassifyRequest,
     services: ServicesDep,

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from service.api import dense_operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
 from service.api.validation import check_dense, check_heatmap
 
@@ -26,7 +27,12 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
 }
 
 
-@router.post("/score/dense", response_model=DenseResponse, response_model_exclude_none=True)
+@router.post(
+    "/score/dense",
+    response_model=DenseResponse,
+    response_model_exclude_none=True,
+    openapi_extra=openapi_form(DenseRequest),
+)
 async def score_dense(
     req: DenseRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
 ) -> DenseResponse:
@@ -38,6 +44,7 @@ async def score_dense(
 @router.post(
     "/score/dense/heatmap",
     response_class=PNGResponse,
+    openapi_extra=openapi_form(HeatmapRequest),
     responses={
         **_JSON_ERRORS,
         200: {

@@ -6,13 +6,16 @@ from fastapi import APIRouter
 
 from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from service.api.validation import check_embed
 
 router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
 
 
-@router.post("/embed", response_model=EmbedResponse, response_model_exclude_none=True)
+@router.post(
+    "/embed", response_model=EmbedResponse, response_model_exclude_none=True, openapi_extra=openapi_form(EmbedRequest)
+)
 async def embed(req: EmbedRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> EmbedResponse:
     ensure_model(services, runtime, req.model)
     check_embed(req, services.settings.limits)

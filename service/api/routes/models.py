@@ -13,6 +13,7 @@ from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
 from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.config import Limits
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -114,3 +115,10 @@ def get_model(name: str, services: ServicesDep) -> ModelInfo:
         return describe(services.store, name, _serving(services))
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
+
+
+@router.get("/limits", response_model=Limits)
+def get_limits(services: ServicesDep) -> Limits:
+    """What one request may hold here (over a count or size: 413). Clients split larger work
+    by these numbers."""
+    return services.settings.limits

@@ -6,13 +6,19 @@ from fastapi import APIRouter
 
 from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
 from service.api.validation import check_rank, check_rank_pair
 
 router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
 
 
-@router.post("/rank-pair", response_model=RankPairResponse, response_model_exclude_none=True)
+@router.post(
+    "/rank-pair",
+    response_model=RankPairResponse,
+    response_model_exclude_none=True,
+    openapi_extra=openapi_form(RankPairRequest),
+)
 async def rank_pair(
     req: RankPairRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
 ) -> RankPairResponse:
@@ -21,7 +27,9 @@ async def rank_pair(
     return await operations.rank_pair(pipeline, runtime, req)
 
 
-@router.post("/rank", response_model=RankResponse, response_model_exclude_none=True)
+@router.post(
+    "/rank", response_model=RankResponse, response_model_exclude_none=True, openapi_extra=openapi_form(RankRequest)
+)
 async def rank(req: RankRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> RankResponse:
     ensure_model(services, runtime, req.model)
     check_rank(req, services.settings.limits)

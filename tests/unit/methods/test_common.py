@@ -7,6 +7,7 @@ from clipcore.methods.common import (
     check_int,
     l2_normalize,
     softmax,
+    truncate_dimensions,
 )
 
 
@@ -79,3 +80,17 @@ def test_as_float_array_rank_and_dtype_checks():
         as_float_array(np.zeros(3), "x", ndim=2)
     with pytest.raises(ValueError, match="numeric"):
         as_float_array(np.array(["a"]), "x")
+
+
+def test_truncate_dimensions_keeps_leading_components_and_renormalises() -> None:
+    x = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], dtype=np.float32)
+    out = truncate_dimensions(x, 2)
+    np.testing.assert_allclose(out, [[0.6, 0.8], [1.0, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(x, [[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]])  # input untouched
+    np.testing.assert_allclose(truncate_dimensions(x, 3), l2_normalize(x))
+
+
+@pytest.mark.parametrize("dims", [0, 4])
+def test_truncate_dimensions_refuses_out_of_range(dims: int) -> None:
+    with pytest.raises(ValueError, match="dims"):
+        truncate_dimensions(np.ones((2, 3), dtype=np.float32), dims)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 __all__ = [
     "ClassifyResult",
@@ -22,8 +22,11 @@ __all__ = [
     "PairResult",
     "RankResult",
     "RankedImage",
+    "ServerLimits",
     "VersionInfo",
 ]
+
+_FLOAT_ROWS = TypeAdapter(list[list[float]])
 
 
 class _Result(BaseModel):
@@ -85,6 +88,7 @@ class RankResult(_Result):
     model: str
     ranking: list[RankedImage] = Field(description="best first")
     scores: list[float] = Field(description="in input order")
+    truncated_texts: int | None = None
 
     @property
     def order(self) -> list[int]:
@@ -95,7 +99,9 @@ class RankResult(_Result):
 class EmbedResult(_Result):
     model: str
     dim: int
-    embeddings: list[list[float]]
+    embeddings: Any = Field(
+        description="one list of floats per input; an (N, dim) float32 numpy array when asked for with as_numpy=True"
+    )
     ids: list[str] = Field(default_factory=list)
     truncated: list[bool] | None = None
 
@@ -104,8 +110,15 @@ class EmbedResult(_Result):
         try:
             import numpy as np
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("as_numpy() needs numpy (pip install clip-client[numpy])") from exc
+            raise ImportError("as_numpy() needs numpy (pip install clipdiff-client[numpy])") from exc
         return np.asarray(self.embeddings, dtype=np.float32).reshape(len(self.embeddings), self.dim)
+
+    @field_validator("embeddings")
+    @classmethod
+    def _rows_or_array(cls, value: Any) -> Any:
+        # An array decoded from the packed float32 answer is kept as it is (numpy is optional, so
+        # it is recognised by its dtype rather than its class); anything else must be float rows.
+        return value if hasattr(value, "dtype") else _FLOAT_ROWS.validate_python(value)
 
 
 class DenseResult(_Result):
@@ -114,7 +127,9 @@ class DenseResult(_Result):
     best: int
     cosine: list[float] = Field(default_factory=list)
     maps: list[list[list[float]]] | None = None
+    tokens: list[list[str]] | None = None
     functional_words: list[list[str]] = Field(default_factory=list)
+    truncated_texts: int | None = None
 
 
 class VersionInfo(_Result):
@@ -137,3 +152,13 @@ class ModelInfo(_Result):
 class ModelsInfo(_Result):
     serving: str | None = None
     models: list[ModelInfo] = Field(default_factory=list)
+
+
+class ServerLimits(_Result):
+    """What one request may hold (``GET /limits``); ``None`` where the server does not say."""
+
+    max_body_bytes: int | None = None
+    max_images: int | None = None
+    max_texts: int | None = None
+    max_labels: int | None = None
+    max_pairs: int | None = None

@@ -93,7 +93,7 @@ def image_bytes(x: Any) -> bytes:
         try:
             from PIL import Image
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise TypeError("numpy images need pillow installed (pip install clip-client[images])") from exc
+            raise TypeError("numpy images need pillow installed (pip install clipdiff-client[images])") from exc
         return _png(Image.fromarray(x))
     raise TypeError(f"cannot take image bytes from {type(x).__name__}")
 

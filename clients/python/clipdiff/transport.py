@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from clip_client.errors import ConnectionFailed, error_from_response, parse_retry_after
+from clipdiff.errors import ConnectionFailed, error_from_response, parse_retry_after
 
 __all__ = ["Call", "RetryPolicy", "send_async", "send_sync"]
 
@@ -62,6 +62,7 @@ class Call:
     path: str
     json: Any = None
     params: Mapping[str, str] = field(default_factory=dict)
+    raw: bool = False  # the answer is the body's bytes (a PNG), not JSON; errors are JSON either way
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -75,16 +76,19 @@ def _encode(call: Call) -> tuple[bytes | None, dict[str, str]]:
     return body, {"content-type": "application/json"}
 
 
-def _final(response: httpx.Response) -> Any:
+def _final(response: httpx.Response, raw: bool) -> Any:
     if response.status_code >= 400:
         raise error_from_response(response.status_code, response.content, response.headers)
+    if raw:
+        return response.content
     if not response.content:
         return None
     return response.json()
 
 
 def send_sync(client: httpx.Client, call: Call, policy: RetryPolicy) -> Any:
-    """Send ``call`` and return the decoded JSON body; raise a ``ClipServiceError`` on failure."""
+    """Send ``call`` and return the decoded JSON body (the bytes for a ``raw`` call); raise a
+    ``ClipServiceError`` on failure."""
     body, headers = _encode(call)
     retry = 0
     while True:
@@ -100,7 +104,7 @@ def send_sync(client: httpx.Client, call: Call, policy: RetryPolicy) -> Any:
             time.sleep(policy.delay(retry, _retry_after(response)))
             retry += 1
             continue
-        return _final(response)
+        return _final(response, call.raw)
 
 
 async def send_async(client: httpx.AsyncClient, call: Call, policy: RetryPolicy) -> Any:
@@ -122,4 +126,4 @@ async def send_async(client: httpx.AsyncClient, call: Call, policy: RetryPolicy)
             await asyncio.sleep(policy.delay(retry, _retry_after(response)))
             retry += 1
             continue
-        return _final(response)
+        return _final(response, call.raw)

@@ -1,12 +1,12 @@
 """Python client for the CLIP difference & composition scoring service.
 
->>> from clip_client import Client
+>>> from clipdiff import Client
 >>> with Client("http://127.0.0.1:8000") as client:
 ...     client.classify(["cat.png"], ["cat", "dog"]).labels
 """
 
-from clip_client.client import AsyncClient, Client
-from clip_client.errors import (
+from clipdiff.client import AsyncClient, Client
+from clipdiff.errors import (
     BadRequest,
     ClipServiceError,
     ConnectionFailed,
@@ -16,8 +16,8 @@ from clip_client.errors import (
     Unauthorized,
     Unavailable,
 )
-from clip_client.images import ImageRef, image_bytes, image_id, image_input, image_sha256
-from clip_client.models import (
+from clipdiff.images import ImageRef, image_bytes, image_id, image_input, image_sha256
+from clipdiff.models import (
     ClassifyResult,
     ComparativeInfo,
     DenseResult,
@@ -29,9 +29,10 @@ from clip_client.models import (
     PairResult,
     RankedImage,
     RankResult,
+    ServerLimits,
     VersionInfo,
 )
-from clip_client.transport import RetryPolicy
+from clipdiff.transport import RetryPolicy
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "RankResult",
     "RankedImage",
     "RetryPolicy",
+    "ServerLimits",
     "Unauthorized",
     "Unavailable",
     "VersionInfo",

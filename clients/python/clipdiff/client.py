@@ -1,8 +1,11 @@
 """The synchronous and asynchronous clients.
 
 Both hold one ``httpx`` connection pool for their lifetime; use them as context managers (or
-call ``close()``) so sockets are released. Endpoint bodies come from :mod:`clip_client.endpoints`
-and retries from :mod:`clip_client.transport`, so the two classes only differ in awaiting.
+call ``close()``) so sockets are released. Endpoint bodies come from :mod:`clipdiff.endpoints`
+and retries from :mod:`clipdiff.transport`, so the two classes only differ in awaiting.
+
+Work larger than the server's limits is split into several requests and the answers merged in
+order (:mod:`clipdiff.splitting`); the limits are read once per client from ``GET /limits``.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from clip_client import endpoints as ep
-from clip_client.models import (
+from clipdiff import endpoints as ep
+from clipdiff.errors import NotFound
+from clipdiff.models import (
     ClassifyResult,
     DenseResult,
     EmbedResult,
@@ -25,12 +29,14 @@ from clip_client.models import (
     ModelsInfo,
     PairResult,
     RankResult,
+    ServerLimits,
 )
-from clip_client.transport import RetryPolicy, send_async, send_sync
+from clipdiff.transport import Call, RetryPolicy, send_async, send_sync
 
 __all__ = ["AsyncClient", "Client"]
 
-USER_AGENT = "clip-client/0.1"
+USER_AGENT = "clipdiff-client/0.1"
+R = TypeVar("R")
 
 
 URL_ENV = "CLIP_SERVICE_URL"
@@ -57,8 +63,14 @@ def _settings(
 
 
 class _Base:
-    def __init__(self, max_retries: int, backoff: float) -> None:
+    def __init__(self, max_retries: int, backoff: float, split: bool) -> None:
         self.retry = RetryPolicy(max_retries=max_retries, backoff=backoff)
+        self.split = split
+        self._limits: ServerLimits | None = None if split else ep.NO_LIMITS
+
+    @staticmethod
+    def _parse_limits(answer: Any) -> ServerLimits:
+        return ServerLimits.model_validate(answer)
 
 
 class Client(_Base):
@@ -72,6 +84,8 @@ class Client(_Base):
         max_retries: retries after the first attempt on 429, 503 and connection failures.
         backoff: base of the exponential backoff in seconds.
         headers: extra headers on every request.
+        split: split work larger than the server's limits into several requests (default);
+            ``False`` sends everything at once (the server answers 413 when it is too large).
     """
 
     def __init__(
@@ -83,8 +97,9 @@ class Client(_Base):
         backoff: float = 0.2,
         *,
         headers: Mapping[str, str] | None = None,
+        split: bool = True,
     ) -> None:
-        super().__init__(max_retries, backoff)
+        super().__init__(max_retries, backoff, split)
         self._http = httpx.Client(**_settings(base_url, api_key, timeout, headers))
 
     def __enter__(self) -> Client:
@@ -96,8 +111,21 @@ class Client(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, call: ep.Call) -> Any:
+    def _send(self, call: Call) -> Any:
         return send_sync(self._http, call, self.retry)
+
+    def _run(self, plan: ep.Plan[R]) -> R:
+        return plan.merge([self._send(call) for call in plan.calls])
+
+    def limits(self) -> ServerLimits:
+        """What one request may hold on this server (``GET /limits``), read once and kept; a
+        server without that endpoint has unknown limits (nothing is split)."""
+        if self._limits is None:
+            try:
+                self._limits = self._parse_limits(self._send(ep.limits()))
+            except NotFound:
+                self._limits = ServerLimits()
+        return self._limits
 
     # ------------------------------------------------------------------ scoring
     def classify(
@@ -140,42 +168,53 @@ class Client(_Base):
             encoder=encoder,
             method=method,
             model=model,
+            limits=self.limits(),
         )
-        return ep.parse_classify(self._send(call))
+        return self._run(call)
 
     def rank_pair(
         self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> PairResult:
-        return ep.parse_pair(self._send(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model)))
+        return self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model))
 
     def rank_pairs(
         self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
     ) -> list[PairResult]:
-        """Several ``(image_a, image_b, difference)`` pairs in one request, results in order."""
-        return ep.parse_pairs(self._send(ep.rank_pairs(pairs, encoder=encoder, model=model)))
+        """Several ``(image_a, image_b, difference)`` pairs (one request, or several when they are
+        more than the server takes at once), results in order."""
+        return self._run(ep.rank_pairs(pairs, encoder=encoder, model=model, limits=self.limits()))
 
     def rank(
         self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> RankResult:
-        return ep.parse_rank(self._send(ep.rank(images, difference, encoder=encoder, model=model)))
+        return self._run(ep.rank(images, difference, encoder=encoder, model=model, limits=self.limits()))
 
     def score_dense(
         self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
     ) -> DenseResult:
-        return ep.parse_dense(self._send(ep.score_dense(image, texts, return_maps=return_maps, model=model)))
+        return self._run(ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=self.limits()))
 
-    def embed_texts(self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None) -> EmbedResult:
-        return ep.parse_embed(self._send(ep.embed_texts(texts, encoder=encoder, model=model)))
+    def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
+        """The PNG of ``text``'s per-token maps over ``image`` (``POST /score/dense/heatmap``)."""
+        return self._run(ep.dense_heatmap(image, text, model=model))
 
-    def embed_images(self, images: Sequence[Any], *, model: str | None = None) -> EmbedResult:
-        return ep.parse_embed(self._send(ep.embed_images(images, model=model)))
+    def embed_texts(
+        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False
+    ) -> EmbedResult:
+        """Text embeddings in input order; ``as_numpy=True``: ``.embeddings`` is an ``(N, dim)``
+        float32 array (sent as packed float32, needs numpy)."""
+        plan = ep.embed_texts(texts, encoder=encoder, model=model, as_numpy=as_numpy, limits=self.limits())
+        return self._run(plan)
+
+    def embed_images(self, images: Sequence[Any], *, model: str | None = None, as_numpy: bool = False) -> EmbedResult:
+        return self._run(ep.embed_images(images, model=model, as_numpy=as_numpy, limits=self.limits()))
 
     # ------------------------------------------------------------------ models / health
     def models(self) -> ModelsInfo:
-        return ep.parse_models(self._send(ep.models()))
+        return self._run(ep.models())
 
     def model(self, name: str) -> ModelInfo:
-        return ep.parse_model(self._send(ep.model_info(name)))
+        return self._run(ep.model_info(name))
 
     def _probe(self, path: str) -> bool:
         # Probes answer a yes/no question, so they never retry and never raise.
@@ -213,8 +252,9 @@ class AsyncClient(_Base):
         backoff: float = 0.2,
         *,
         headers: Mapping[str, str] | None = None,
+        split: bool = True,
     ) -> None:
-        super().__init__(max_retries, backoff)
+        super().__init__(max_retries, backoff, split)
         self._http = httpx.AsyncClient(**_settings(base_url, api_key, timeout, headers))
 
     async def __aenter__(self) -> AsyncClient:
@@ -228,8 +268,19 @@ class AsyncClient(_Base):
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: ep.Call) -> Any:
+    async def _send(self, call: Call) -> Any:
         return await send_async(self._http, call, self.retry)
+
+    async def _run(self, plan: ep.Plan[R]) -> R:
+        return plan.merge([await self._send(call) for call in plan.calls])
+
+    async def limits(self) -> ServerLimits:
+        if self._limits is None:
+            try:
+                self._limits = self._parse_limits(await self._send(ep.limits()))
+            except NotFound:
+                self._limits = ServerLimits()
+        return self._limits
 
     async def classify(
         self,
@@ -262,44 +313,50 @@ class AsyncClient(_Base):
             encoder=encoder,
             method=method,
             model=model,
+            limits=await self.limits(),
         )
-        return ep.parse_classify(await self._send(call))
+        return await self._run(call)
 
     async def rank_pair(
         self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> PairResult:
-        call = ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model)
-        return ep.parse_pair(await self._send(call))
+        return await self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model))
 
     async def rank_pairs(
         self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
     ) -> list[PairResult]:
-        return ep.parse_pairs(await self._send(ep.rank_pairs(pairs, encoder=encoder, model=model)))
+        return await self._run(ep.rank_pairs(pairs, encoder=encoder, model=model, limits=await self.limits()))
 
     async def rank(
         self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> RankResult:
-        return ep.parse_rank(await self._send(ep.rank(images, difference, encoder=encoder, model=model)))
+        return await self._run(ep.rank(images, difference, encoder=encoder, model=model, limits=await self.limits()))
 
     async def score_dense(
         self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
     ) -> DenseResult:
-        call = ep.score_dense(image, texts, return_maps=return_maps, model=model)
-        return ep.parse_dense(await self._send(call))
+        plan = ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=await self.limits())
+        return await self._run(plan)
+
+    async def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
+        return await self._run(ep.dense_heatmap(image, text, model=model))
 
     async def embed_texts(
-        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None
+        self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False
     ) -> EmbedResult:
-        return ep.parse_embed(await self._send(ep.embed_texts(texts, encoder=encoder, model=model)))
+        plan = ep.embed_texts(texts, encoder=encoder, model=model, as_numpy=as_numpy, limits=await self.limits())
+        return await self._run(plan)
 
-    async def embed_images(self, images: Sequence[Any], *, model: str | None = None) -> EmbedResult:
-        return ep.parse_embed(await self._send(ep.embed_images(images, model=model)))
+    async def embed_images(
+        self, images: Sequence[Any], *, model: str | None = None, as_numpy: bool = False
+    ) -> EmbedResult:
+        return await self._run(ep.embed_images(images, model=model, as_numpy=as_numpy, limits=await self.limits()))
 
     async def models(self) -> ModelsInfo:
-        return ep.parse_models(await self._send(ep.models()))
+        return await self._run(ep.models())
 
     async def model(self, name: str) -> ModelInfo:
-        return ep.parse_model(await self._send(ep.model_info(name)))
+        return await self._run(ep.model_info(name))
 
     async def _probe(self, path: str) -> bool:
         try:

@@ -1,0 +1,73 @@
+"""Request/response models of the OpenAI-compatible routes (``/v1/embeddings``, ``/v1/models``).
+
+Field names and shapes are OpenAI's, so its SDK and the libraries built on it (LangChain,
+LlamaIndex) parse the answers unchanged. Errors keep this service's envelope
+(``{"error": {"code", "message", "field"}}``): OpenAI's clients read ``error.message`` and
+``error.code`` from it just the same.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IMAGE_PREFIX = "data:image/"
+
+INPUT = (
+    "a string or a list of strings; a string that starts with `data:image/` is an image (a base64 data URI, "
+    "`data:image/png;base64,...`), any other string a text. Texts and images may be mixed: CLIP puts both in one "
+    "space. Token-id arrays are refused (400): this server tokenizes with its own model's tokenizer"
+)
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        description="the served model's name (`default`), its version (`default@v6`) or an alias (`default@prod`); "
+        "anything else is a 404 unknown_model",
+        examples=["default"],
+    )
+    input: str | list[str] | list[int] | list[list[int]] = Field(description=INPUT, examples=[["a red circle"]])
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="`base64`: each vector as base64 of its little-endian float32 bytes"
+    )
+    dimensions: int | None = Field(
+        default=None,
+        ge=1,
+        description="keep the first N components and L2-normalise again (Matryoshka-style shortening); larger "
+        "than the model's width is a 400. This model was not trained for it: short vectors lose more than those "
+        "of a Matryoshka-trained model",
+    )
+    user: str | None = Field(default=None, description="accepted for compatibility; not used")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="BPE tokens of the texts, start and end tokens included; images count 0")
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str = Field(description="the version that answered (`name@version`)")
+    usage: Usage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="when the version was published, Unix seconds")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]

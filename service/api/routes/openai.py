@@ -1,0 +1,25 @@
+"""OpenAI-compatible routes: ``POST /v1/embeddings`` and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api import openai_embeddings
+from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
+from service.api.schemas import ERROR_RESPONSES
+
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+
+
+@router.post("/embeddings", response_model=EmbeddingsResponse)
+async def create_embeddings(
+    req: EmbeddingsRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+) -> EmbeddingsResponse:
+    ensure_model(services, runtime, req.model)
+    return await openai_embeddings.embeddings(pipeline, runtime, req, services.settings.limits)
+
+
+@router.get("/models", response_model=OpenAIModelList)
+async def list_models(runtime: RuntimeDep) -> OpenAIModelList:
+    return openai_embeddings.model_list(runtime)

@@ -1,0 +1,176 @@
+"""Multipart form uploads on the image endpoints, against the real app under uvicorn.
+
+A form must get the answer its JSON twin gets, the same limits (body bytes, images per request,
+pixels) and the same error envelope; the ``curl -F`` examples of docs/api.md are run as written
+by ``tests/service/test_api_doc_curl.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from service.config import Limits
+
+REPO = Path(__file__).resolve().parents[2]
+STORE = REPO / "models"
+LARGER = "The first image contains a larger shape, while the second contains a smaller shape."
+
+
+def png(image: dict[str, str]) -> bytes:
+    return base64.b64decode(image["data"])
+
+
+@pytest.fixture(scope="module")
+def default_url(serve_app: Any, service_redis: Any) -> Iterator[str]:
+    """The committed default model (it has every component: DCSM, YUKINO, text encoders)."""
+    if not (STORE / "default" / "aliases.json").exists():
+        pytest.skip(f"the committed default model is not in {STORE}")
+    with serve_app(store=str(STORE), model="default@production", redis_url=service_redis.url) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def small_url(serve_app: Any, tiny_store: Path) -> Iterator[str]:
+    limits = Limits(max_body_bytes=60_000, max_images=3, max_pixels=300 * 300)
+    with serve_app(store=str(tiny_store), model="tiny@production", limits=limits, api_keys=["k"]) as running:
+        yield running.url
+
+
+AUTH = {"Authorization": "Bearer k"}
+
+
+def both_forms(url: str, path: str, body: dict[str, Any], files: list[tuple[str, Any]]) -> tuple[Any, Any]:
+    as_json = httpx.post(f"{url}{path}", json=body, timeout=120)
+    as_form = httpx.post(f"{url}{path}", files=files, timeout=120)
+    assert as_json.status_code == 200, as_json.text
+    assert as_form.status_code == 200, as_form.text
+    return as_json, as_form
+
+
+def test_rank_pair_form_equals_json(default_url: str, make_image: Any) -> None:
+    a, b = make_image("circle", "red", "large"), make_image("circle", "red", "small")
+    body = {"image_a": a, "image_b": b, "difference": LARGER}
+    files = [
+        ("image_a", ("a.png", png(a), "image/png")),
+        ("image_b", ("b.png", png(b))),
+        ("difference", (None, LARGER)),
+    ]
+    as_json, as_form = both_forms(default_url, "/rank-pair", body, files)
+    assert as_form.json() == as_json.json()
+    assert as_form.json()["first"] == "a"
+
+
+def test_classify_form_with_repeated_fields_and_query(default_url: str, make_image: Any) -> None:
+    images = [make_image("circle", "red", "large"), make_image("square", "blue", "large")]
+    labels = ["circle", "square", "triangle"]
+    body = {"images": images, "labels": labels, "top_k": 2}
+    files = [("images", (f"{i}.png", png(img))) for i, img in enumerate(images)]
+    files += [("labels", (None, label)) for label in labels] + [("top_k", (None, "2"))]
+    as_json, as_form = both_forms(default_url, "/classify", body, files)
+    assert as_form.json() == as_json.json()
+    assert [r["label"] for r in as_form.json()["results"]] == ["circle", "square"]
+    comps = [{"a": "circle", "b": "square", "text": "a circle is round, while a square has corners"}]
+    form = files + [("comparatives", (None, json.dumps(comps)))]
+    r = httpx.post(f"{default_url}/classify?comparative=true", files=form, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["comparative"]["source"] == "request"
+
+
+def test_rank_dense_heatmap_and_embed_forms_equal_json(default_url: str, make_image: Any) -> None:
+    images = [make_image("circle", "red", s) for s in ("small", "large", "medium")]
+    files = [("images", (f"{i}.png", png(img))) for i, img in enumerate(images)] + [("difference", (None, LARGER))]
+    as_json, as_form = both_forms(default_url, "/rank", {"images": images, "difference": LARGER}, files)
+    assert as_form.json() == as_json.json()
+
+    texts = ["a red circle", "a blue square"]
+    body = {"image": images[0], "texts": texts, "return_maps": True}
+    files = [("image", ("x.png", png(images[0])))] + [("texts", (None, t)) for t in texts]
+    as_json, as_form = both_forms(default_url, "/score/dense", body, files + [("return_maps", (None, "true"))])
+    assert as_form.json() == as_json.json()
+
+    heat_files = [("image", ("x.png", png(images[0]))), ("text", (None, "a red circle"))]
+    as_json, as_form = both_forms(default_url, "/score/dense/heatmap", {"image": images[0], "text": "a red circle"},
+                                  heat_files)  # fmt: skip
+    assert as_form.headers["content-type"] == "image/png" and as_form.content == as_json.content
+
+    files = [("images", (f"{i}.png", png(img))) for i, img in enumerate(images)]
+    body = {"images": images, "encoding_format": "float16"}
+    as_json, as_form = both_forms(default_url, "/embed", body, files + [("encoding_format", (None, "float16"))])
+    assert as_form.json() == as_json.json()
+
+
+def error(r: httpx.Response) -> tuple[int, str, str | None]:
+    e = r.json()["error"]
+    return r.status_code, e["code"], e["field"]
+
+
+def small_png(px: int = 64) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (px, px), (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        # images per request: the route's own 413, with the field, as for JSON
+        ([("images", ("x.png", small_png()))] * 4 + [("difference", (None, LARGER))],
+         (413, "payload_too_large", "images")),
+        # far over it: the form parser stops at once
+        ([("images", ("x.png", small_png(8)))] * 40 + [("difference", (None, LARGER))],
+         (413, "payload_too_large", None)),
+        # pixels, from the image header
+        ([("images", ("x.png", small_png(400)))] * 2 + [("difference", (None, LARGER))],
+         (413, "payload_too_large", "images.0.data")),
+        # a text where a file belongs, a file where a text belongs, a typo
+        ([("images", (None, "not a file")), ("difference", (None, LARGER))], (422, "validation_error", "images")),
+        ([("images", ("x.png", small_png()))] * 2 + [("difference", ("d.txt", b"x"))],
+         (422, "validation_error", "difference")),
+        ([("images", ("x.png", small_png()))] * 2 + [("difference", (None, LARGER)), ("difrence", (None, "x"))],
+         (422, "validation_error", "difrence")),
+        # not an image at all (fields are the JSON paths: images.0.data is the first file)
+        ([("images", ("x.png", b"hello"))] * 2 + [("difference", (None, LARGER))], (400, "bad_image", "images.0.data")),
+    ],
+)  # fmt: skip
+def test_form_limits_and_errors_match_json(small_url: str, files: list[Any], expected: tuple[Any, ...]) -> None:
+    r = httpx.post(f"{small_url}/rank", files=files, headers=AUTH, timeout=60)
+    assert error(r) == expected, r.text
+
+
+def test_body_cap_counts_the_upload(small_url: str) -> None:
+    noise = Image.frombytes("RGB", (200, 200), bytes(range(256)) * 468 + bytes(192))
+    buf = io.BytesIO()
+    noise.save(buf, "BMP")  # uncompressed: 120 KB, over the 60 KB cap
+    files = [("image_a", ("a.bmp", buf.getvalue())), ("image_b", ("b.png", small_png())), ("difference", (None, "d"))]
+    r = httpx.post(f"{small_url}/rank-pair", files=files, headers=AUTH, timeout=60)
+    assert error(r)[:2] == (413, "payload_too_large")
+
+
+def test_unauthenticated_upload_is_refused_before_parsing(small_url: str) -> None:
+    files = [("images", ("x.png", small_png()))] * 2 + [("difference", (None, LARGER))]
+    r = httpx.post(f"{small_url}/rank", files=files, timeout=60)
+    assert error(r)[:2] == (401, "unauthorized")
+
+
+def test_malformed_multipart_is_a_422(small_url: str) -> None:
+    headers = {**AUTH, "content-type": "multipart/form-data; boundary=xyz"}
+    r = httpx.post(f"{small_url}/rank", content=b"--xyz\r\nContent-Disposition: form-data\r\n\r\nhi\r\n--xyz--\r\n",
+                   headers=headers, timeout=60)  # fmt: skip
+    assert error(r)[:2] == (422, "validation_error")
+
+
+def test_json_fields_in_a_form_must_be_json(default_url: str, make_image: Any) -> None:
+    image = make_image("circle", "red", "large")
+    files = [("images", ("x.png", png(image))), ("labels", (None, "circle")), ("labels", (None, "square")),
+             ("descriptions", (None, "{not json"))]  # fmt: skip
+    r = httpx.post(f"{default_url}/classify", files=files, timeout=60)
+    assert error(r) == (422, "validation_error", "descriptions")
