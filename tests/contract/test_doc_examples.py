@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -203,8 +204,11 @@ def check(exchange: Exchange) -> str | None:
         assert str(answer["serving"]).startswith("default@")
         return path
     if path == "/embed":
-        rows = answer["embeddings"]
+        # Packed answers (encoding_format base64 / float16) are little-endian float32 / float16.
+        packed = {"base64": "<f4", "float16": "<f2"}.get(answer.get("encoding_format", "float"))
+        rows = [np.frombuffer(b64decode(r), packed) for r in answer["embeddings"]] if packed else answer["embeddings"]
         assert rows and all(len(row) == answer["dim"] for row in rows), where
+        assert all(abs(float(np.linalg.norm(np.asarray(row, np.float32))) - 1) < 1e-2 for row in rows), where
         if isinstance(request, dict):
             assert len(rows) == len(request.get("texts") or request.get("images") or []), where
         return path

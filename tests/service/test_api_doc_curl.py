@@ -1,8 +1,8 @@
 """The ``curl -F`` (multipart) and OpenAI-compatible examples of docs/api.md, run as written.
 
 Each command of those sections is run by bash with the real ``curl`` against the committed
-default model under uvicorn (only the host and port are changed), from a folder holding
-``examples/`` (the repository's, or images drawn the same way when a checkout lacks them), and
+default model under uvicorn (only the host and port are changed), from ``examples/`` like every
+example of the document (the repository's images, or drawn the same way when a checkout lacks them), and
 its answer is checked: the larger circle comes first, the circle is a circle, and so on.
 """
 
@@ -92,9 +92,9 @@ def server(serve_app: Any, service_redis: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("doc-curl")
-    draw_examples(root / "examples")
-    return root
+    examples = tmp_path_factory.mktemp("doc-curl") / "examples"
+    draw_examples(examples)
+    return examples
 
 
 def run(command: str, url: str, cwd: Path) -> Any:
