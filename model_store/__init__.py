@@ -9,7 +9,9 @@ from model_store.errors import (
     ModelNotFound,
     StoreError,
     VersionExists,
+    VersionRefused,
 )
+from model_store.integrity import VersionValidator
 from model_store.manifest import ANNEX_FILES, FileEntry, Manifest
 from model_store.naming import DEFAULT_ALIAS, natural_key, parse_ref, sort_versions
 from model_store.store import ModelStore
@@ -29,6 +31,8 @@ __all__ = [
     "StorageBackend",
     "StoreError",
     "VersionExists",
+    "VersionRefused",
+    "VersionValidator",
     "natural_key",
     "parse_ref",
     "sort_versions",

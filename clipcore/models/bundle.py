@@ -116,6 +116,15 @@ class ModelBundle:
     def logit_scale(self) -> float:
         return float(self.model.logit_scale.exp().clamp(max=100).item())
 
+    @property
+    def logit_bias(self) -> float | None:
+        """SigLIP-style models' learnt bias of their sigmoid logits (None for softmax-trained CLIPs).
+
+        Zero-shot probabilities stay a softmax over the labels: the bias is one constant added to
+        every label's logit, so it cancels there; see docs/models.md."""
+        bias = getattr(self.model, "logit_bias", None)
+        return None if bias is None else float(bias.item())
+
     @classmethod
     def load(cls, store: ModelStore, ref: str, device: str = "cpu") -> ModelBundle:
         """Resolve, verify checksums, build and load every text-encoder variant."""
@@ -135,7 +144,7 @@ class ModelBundle:
             text_part = {k: v.float() for k, v in load_file(str(directory / filename)).items()}
             if any(k.startswith("visual.") for k in text_part):
                 raise ValueError(f"text encoder {variant!r} must not contain image weights")
-            tower = load_architecture(manifest.architecture, pretrained=False)
+            tower = load_architecture(manifest.architecture)
             tower.load_state_dict({**model.state_dict(), **{k: v.to(device) for k, v in text_part.items()}})
             tower = tower.to(device)
             tower.visual = model.visual  # one image tower shared by every text variant
@@ -167,7 +176,8 @@ class ModelBundle:
         return self.text_models[name]
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        return fit_square(image, self.image_size)
+        cfg = self.preprocess_config
+        return fit_square(image, self.image_size, cfg.interpolation, cfg.resize_mode)
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
         """Token ids (trimmed to the batch's longest text) and which texts were truncated.
