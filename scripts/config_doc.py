@@ -23,7 +23,8 @@ from service.config import Settings
 FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "host": "Bind address of the HTTP server.",
     "port": "TCP port of the HTTP server.",
-    "store": "Model-store root (a directory; relative paths are taken from the working directory).",
+    "store": "Model-store root (a directory; relative paths are taken from the working directory). The "
+    "`model-store` and `clip-train` command lines read the same variable (`MODEL_STORE` is a deprecated alias there).",
     "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
     "device": "Torch device; `auto` picks CUDA when available.",
     "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "

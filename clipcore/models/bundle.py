@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from clipcore.models.clip_model import (
+    family,
     image_features,
     load_architecture,
     normalize,
@@ -91,6 +92,21 @@ class ModelBundle:
         return self.manifest.context_length
 
     @property
+    def family(self) -> str:
+        """``clip``, ``custom_text`` or ``coca`` (see ``clip_model.family``)."""
+        return family(self.model)
+
+    def per_token_unsupported(self, method: str) -> str | None:
+        """Why ``method`` (DCSM, YUKINO: methods that read per-token features) cannot run on this
+        model's family, or None when it can."""
+        if self.family == "clip":
+            return None
+        return (
+            f"{method} needs per-token text features, which only the CLIP family provides; "
+            f"{self.ref} is a {type(self.model).__name__}"
+        )
+
+    @property
     def image_size(self) -> int:
         return self.manifest.image_size
 
@@ -158,6 +174,10 @@ class ModelBundle:
         bundle = cls(
             manifest.name, manifest.version, manifest, directory, model, text_models, default, device, comparatives
         )
+        if bundle.family != "clip":
+            # Per-token components cannot run on this family; the load check refuses to publish them,
+            # and a version that has them anyway serves its pooled methods (dense requests get a 400).
+            return bundle
         bundle.dcsm = DCSMHead.from_components(directory, components)
         if bundle.dcsm is not None:
             # Dense features come from the base towers: the scorer was trained on those.

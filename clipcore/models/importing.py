@@ -21,6 +21,7 @@ import difflib
 import hashlib
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,16 +220,19 @@ def load_planned_model(plan: ImportPlan) -> torch.nn.Module:
     model = build_model(config)
     try:
         open_clip.load_checkpoint(model, str(plan.checkpoint), strict=True, weights_only=True)
-    except RuntimeError as exc:
-        if "TorchScript" in str(exc) or "constants.pkl" in str(exc) or "weights_only" in str(exc).lower():
-            # OpenAI's original checkpoints are TorchScript archives: open_clip reads them this way.
-            state = open_clip.load_openai_model(str(plan.checkpoint), device="cpu").state_dict()  # type: ignore[attr-defined]
-            model.load_state_dict(state, strict=True)
-        else:
-            first = str(exc).strip().splitlines()[0]
-            raise ModelImportError(
-                f"the weights in {plan.checkpoint.name} do not fit the architecture: {first}"
-            ) from None
-    except (OSError, ValueError, KeyError) as exc:
+    except OSError as exc:
         raise ModelImportError(f"cannot read weights from {plan.checkpoint.name}: {exc}") from None
+    except (RuntimeError, AttributeError, KeyError, ValueError, TypeError) as exc:
+        if zipfile.is_zipfile(plan.checkpoint) and _is_torchscript(plan.checkpoint):
+            # OpenAI's original checkpoints are TorchScript archives: open_clip reads them this way.
+            openai = open_clip.load_openai_model(str(plan.checkpoint), device="cpu")
+            model.load_state_dict(openai.state_dict(), strict=True)  # type: ignore[attr-defined]
+            return model.eval()
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelImportError(f"the weights in {plan.checkpoint.name} do not fit the architecture: {first}") from None
     return model.eval()
+
+
+def _is_torchscript(path: Path) -> bool:
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("constants.pkl") for name in archive.namelist())
