@@ -46,6 +46,12 @@ def check_manifest_architecture(manifest: Manifest) -> None:
         config = architecture_config(manifest.architecture)
     except (KeyError, TypeError, ValueError) as exc:
         raise VersionInvalid(f"architecture: {exc}") from None
+    hf_tokenizer = config.get("text_cfg", {}).get("hf_tokenizer_name")
+    if hf_tokenizer and manifest.tokenizer == "open_clip:bpe":
+        raise VersionInvalid(
+            f"the architecture tokenizes with the Hugging Face tokenizer {hf_tokenizer!r}, which a version "
+            "cannot hold yet (only open_clip's BPE tokenizer is served); see docs/models.md"
+        )
     size = config_image_size(config)
     if size != manifest.image_size:
         raise VersionInvalid(f"image_size is {manifest.image_size} but the architecture takes {size} px images")
