@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
 from clipcore.models.importing import ModelImportError, load_planned_model, plan_import, sha256_file
 from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.publish import publish_bundle
@@ -35,6 +36,16 @@ def _floats(text: str | None, option: str) -> list[float] | None:
     if len(values) != 3:
         raise typer.BadParameter(f"{option} takes three comma-separated numbers, got {len(values)}")
     return values
+
+
+def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
+    """``publish_bundle`` arguments that carry a Hugging Face tokenizer into the version."""
+    if not files:
+        return {}
+    return {
+        "extra_files": {f"{TOKENIZER_DIR}/{name}": path.read_bytes() for name, path in files.items()},
+        "tokenizer": f"{HF_TOKENIZER_PREFIX}{TOKENIZER_DIR}",
+    }
 
 
 def import_cmd(
@@ -67,6 +78,13 @@ def import_cmd(
         bool, typer.Option(help="With --pretrained: download the weights when no cache holds them.")
     ] = False,
     cache_dir: Annotated[Path | None, typer.Option(help="Cache folder to look in instead of the defaults.")] = None,
+    tokenizer_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Saved Hugging Face tokenizer folder, for architectures whose text config names hf_tokenizer_name "
+            "(default: the --hf-dir folder, then the local Hugging Face cache)."
+        ),
+    ] = None,  # fmt: skip
     preprocess_tag: Annotated[
         str | None,
         typer.Option(
@@ -97,6 +115,7 @@ def import_cmd(
         plan = plan_import(
             arch, weights=weights, hf_dir=hf_dir, pretrained=pretrained, preprocess_tag=preprocess_tag,
             preprocess_overrides=overrides, cache_dir=cache_dir, allow_download=allow_download,
+            tokenizer_dir=tokenizer_dir,
         )  # fmt: skip
         model = load_planned_model(plan)
         source = {**plan.source, "sha256": sha256_file(plan.checkpoint)}
@@ -112,6 +131,7 @@ def import_cmd(
                 preprocess=PreprocessConfig.from_manifest(plan.preprocess),
                 training={"imported_from": source},
                 notes=notes,
+                **tokenizer_fields(plan.tokenizer_files),
             )
     except (ModelImportError, StoreError) as exc:
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}")

@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from clipcore.models.clip_model import (
+    architecture_config,
     family,
     image_features,
     load_architecture,
@@ -30,6 +31,7 @@ from clipcore.models.clip_model import (
     tokenizer_for,
 )
 from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
+from clipcore.models.hf_tokenizer import HfTextTokenizer, hf_tokenizer_dir
 from clipcore.models.preprocess import PreprocessConfig, fit_square, normalize_uint8
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
@@ -82,6 +84,7 @@ class ModelBundle:
     dcsm: DCSMHead | None = None
     dense: DenseEncoder | None = None
     yukino: YukinoHead | None = None
+    hf_tokenizer: HfTextTokenizer | None = None  # set when the manifest's tokenizer is ``hf:<folder>``
 
     @property
     def ref(self) -> str:
@@ -174,6 +177,10 @@ class ModelBundle:
         bundle = cls(
             manifest.name, manifest.version, manifest, directory, model, text_models, default, device, comparatives
         )
+        folder = hf_tokenizer_dir(manifest.tokenizer)
+        if folder is not None:
+            text_cfg = architecture_config(manifest.architecture).get("text_cfg", {})
+            bundle.hf_tokenizer = HfTextTokenizer(directory / folder, text_cfg, manifest.context_length)
         if bundle.family != "clip":
             # Per-token components cannot run on this family; the load check refuses to publish them,
             # and a version that has them anyway serves its pooled methods (dense requests get a 400).
@@ -203,8 +210,11 @@ class ModelBundle:
         """Token ids (trimmed to the batch's longest text) and which texts were truncated.
 
         One bounded BPE pass per text (``BoundedTokenizer``); a text longer than the context keeps
-        its first tokens and ends with the end token, as open_clip's tokenizer does.
+        its first tokens and ends with the end token, as open_clip's tokenizer does. A version with a
+        Hugging Face tokenizer gives its full-context ids instead (``HfTextTokenizer``).
         """
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.tokenize(texts)
         tok = tokenizer_for(self.context_length)
         sot, eot = tok.sot_token_id, tok.eot_token_id
         rows, truncated = [], []
@@ -221,6 +231,19 @@ class ModelBundle:
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = torch.tensor(r)
         return tokens, truncated
+
+    @property
+    def tokenizer_key(self) -> str:
+        """Names the tokenization (for memos of per-text results shared across versions)."""
+        if self.hf_tokenizer is not None:
+            return f"{self.ref}/{self.context_length}"
+        return f"bpe/{self.context_length}"
+
+    def text_truncated(self, text: str) -> bool:
+        """Whether ``text`` is cut to the model context."""
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.truncated(text)
+        return tokenizer_for(self.context_length).truncated(text)
 
     @torch.no_grad()
     def encode_images(self, images: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from huggingface_hub import try_to_load_from_cache
 from open_clip.constants import HF_CONFIG_NAME, HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
 from clipcore.models.clip_model import architecture_config, build_model, config_image_size
+from clipcore.models.hf_tokenizer import TOKENIZER_FILES, find_tokenizer_files
 from clipcore.models.preprocess import PreprocessConfig
 
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
@@ -52,6 +53,7 @@ class ImportPlan:
     checkpoint: Path
     source: dict[str, Any]
     preprocess: dict[str, Any] = field(default_factory=dict)
+    tokenizer_files: dict[str, Path] = field(default_factory=dict)  # a Hugging Face tokenizer's, by name
 
 
 def _known_models_hint(name: str) -> str:
@@ -145,6 +147,43 @@ def resolve_pretrained(
     )
 
 
+def resolve_tokenizer(
+    architecture: dict[str, Any], tokenizer_dir: Path | None, hf_dir: Path | None, cache_dir: Path | None
+) -> dict[str, Path]:
+    """The files of the Hugging Face tokenizer the architecture names (none for open_clip's BPE):
+    from ``--tokenizer-dir``, else the hub folder, else the local Hugging Face cache."""
+    name = architecture_config(architecture).get("text_cfg", {}).get("hf_tokenizer_name")
+    if tokenizer_dir is not None:
+        if not name:
+            raise ModelImportError(
+                "--tokenizer-dir: the architecture tokenizes with open_clip's BPE (its text config names no "
+                "hf_tokenizer_name)"
+            )
+        found = find_tokenizer_files(tokenizer_dir)
+        if not found:
+            raise ModelImportError(
+                f"{tokenizer_dir} holds no saved tokenizer (tokenizer.json or tokenizer_config.json)"
+            )
+        return found
+    if not name:
+        return {}
+    looked = []
+    if hf_dir is not None:
+        if found := find_tokenizer_files(hf_dir):
+            return found
+        looked.append(str(hf_dir))
+    hf_cache = Path(cache_dir) if cache_dir else Path(hf_constants.HF_HUB_CACHE)
+    for marker in ("tokenizer_config.json", "tokenizer.json"):
+        cached = try_to_load_from_cache(str(name), marker, cache_dir=hf_cache)
+        if isinstance(cached, str) and (found := find_tokenizer_files(Path(cached).parent)):
+            return found
+    looked.append(str(hf_cache / f"models--{str(name).replace('/', '--')}"))
+    raise ModelImportError(
+        f"the architecture tokenizes with the Hugging Face tokenizer {name!r}, which is not here; looked in "
+        f"{' and '.join(looked)} for {', '.join(TOKENIZER_FILES[:2])}. Pass its saved folder with --tokenizer-dir"
+    )
+
+
 def _preprocess(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = PreprocessConfig().to_manifest()
     for layer in layers:
@@ -162,6 +201,7 @@ def plan_import(
     preprocess_overrides: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
     allow_download: bool = False,
+    tokenizer_dir: Path | None = None,
 ) -> ImportPlan:
     """Work out what an import publishes, before building anything."""
     if sum(x is not None for x in (weights, hf_dir, pretrained)) != 1:
@@ -201,7 +241,8 @@ def plan_import(
             raise ModelImportError(f"open_clip knows no pretrained tag {preprocess_tag!r} for {name!r}")
         layers.append(tag_cfg)
     layers.append(preprocess_overrides or {})
-    return ImportPlan(architecture, checkpoint, source, _preprocess(*layers))
+    tokenizer_files = resolve_tokenizer(architecture, tokenizer_dir, hf_dir, cache_dir)
+    return ImportPlan(architecture, checkpoint, source, _preprocess(*layers), tokenizer_files)
 
 
 def sha256_file(path: Path) -> str:

@@ -21,6 +21,7 @@ from open_clip.model import CLIP
 from clipcore.errors import ClipError
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import architecture_config, config_image_size
+from clipcore.models.hf_tokenizer import hf_tokenizer_dir
 from model_store import Manifest
 
 SMOKE_TEXTS = ("a photo of a red circle", "a photo of a blue square")
@@ -47,11 +48,17 @@ def check_manifest_architecture(manifest: Manifest) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         raise VersionInvalid(f"architecture: {exc}") from None
     hf_tokenizer = config.get("text_cfg", {}).get("hf_tokenizer_name")
-    if hf_tokenizer and manifest.tokenizer == "open_clip:bpe":
+    folder = hf_tokenizer_dir(manifest.tokenizer)
+    if hf_tokenizer and folder is None:
         raise VersionInvalid(
-            f"the architecture tokenizes with the Hugging Face tokenizer {hf_tokenizer!r}, which a version "
-            "cannot hold yet (only open_clip's BPE tokenizer is served); see docs/models.md"
+            f"the architecture tokenizes with the Hugging Face tokenizer {hf_tokenizer!r} but the version "
+            f"holds no tokenizer (tokenizer is {manifest.tokenizer!r}); import it with its tokenizer folder "
+            "(--tokenizer-dir, or inside --hf-dir)"
         )
+    if folder is not None and not any(f.startswith(f"{folder}/") for f in manifest.files):
+        raise VersionInvalid(f"tokenizer {manifest.tokenizer!r}: the version has no files under {folder}/")
+    if folder is not None and any(c in manifest.components for c in DENSE_COMPONENTS):
+        raise VersionInvalid("per-token components (DCSM, YUKINO) read open_clip's BPE tokens, not this tokenizer's")
     size = config_image_size(config)
     if size != manifest.image_size:
         raise VersionInvalid(f"image_size is {manifest.image_size} but the architecture takes {size} px images")
@@ -71,6 +78,11 @@ def validate_version(manifest: Manifest, directory: Path) -> None:
         raise VersionInvalid(exc.message) from None
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
         raise VersionInvalid(f"the model does not load from its manifest and weights: {exc}") from None
+    vocab = int(architecture_config(manifest.architecture).get("text_cfg", {}).get("vocab_size", 49408))
+    if bundle.hf_tokenizer is not None and bundle.hf_tokenizer.vocab_size > vocab:
+        raise VersionInvalid(
+            f"the tokenizer has {bundle.hf_tokenizer.vocab_size} tokens but the text tower embeds {vocab}"
+        )
     dense = [c for c in DENSE_COMPONENTS if c in manifest.components]
     if dense and not isinstance(bundle.model, CLIP):
         raise VersionInvalid(
@@ -79,7 +91,7 @@ def validate_version(manifest: Manifest, directory: Path) -> None:
     try:
         image = bundle.encode_images(smoke_image(manifest.image_size))
         texts = {variant: bundle.encode_texts(SMOKE_TEXTS, variant) for variant in bundle.text_models}
-    except (RuntimeError, ValueError, ClipError) as exc:
+    except (RuntimeError, ValueError, IndexError, ClipError) as exc:
         reason = exc.message if isinstance(exc, ClipError) else str(exc).splitlines()[0]
         raise VersionInvalid(f"the smoke forward pass failed at {manifest.image_size} px: {reason}") from None
     for what, features in [("image", image), *((f"text ({v})", t) for v, t in texts.items())]:

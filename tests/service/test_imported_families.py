@@ -2,7 +2,8 @@
 
 A SigLIP-shaped model (sigmoid-trained: ``logit_bias``, no causal mask, last-token pooling) and a
 CoCa (its contrastive head: attentional image pooling, a text tower with a class token), both at
-toy size with open_clip's BPE vocabulary, each saved as an open_clip hub folder with its own
+toy size with open_clip's BPE vocabulary (and the SigLIP shape once more with its own Hugging Face
+tokenizer, as released SigLIPs have), each saved as an open_clip hub folder with its own
 preprocessing, imported with one command and served by real uvicorn. ``/embed``, ``/classify``,
 ``/rank-pair`` and ``/rank`` answer with open_clip's embeddings of ``create_model("local-dir:...")``;
 the per-token methods answer 400.
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from hf_word_tokenizer import HF_VOCAB, save_word_tokenizer
 from open_clip_reference import (
     b64,
     check_served_equals_open_clip,
@@ -46,7 +48,20 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "multimodal_cfg": {**TEXT, "attn_pooler_heads": 2},
     },
 }
-CLASSES = {"siglip": "CustomTextCLIP", "coca": "CoCa"}
+# SigLIP as released: a Hugging Face tokenizer (a toy word-level one here, saved with its files in the
+# hub folder as the released folders carry them), canonicalised text, an end token and padding.
+FAMILIES["siglip_hf"] = {
+    **FAMILIES["siglip"],
+    "text_cfg": {
+        **FAMILIES["siglip"]["text_cfg"],
+        "vocab_size": len(HF_VOCAB),
+        "hf_tokenizer_name": "example/tiny-word-tokenizer",
+        "tokenizer_kwargs": {"clean": "canonicalize"},
+    },
+}
+CLASSES = {"siglip": "CustomTextCLIP", "siglip_hf": "CustomTextCLIP", "coca": "CoCa"}
+
+
 PREPROCESS = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bilinear", "resize_mode": "squash"}
 
 
@@ -59,6 +74,8 @@ def family_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         torch.manual_seed(seed)
         model = build_model(config)
         hubs[name] = save_hub(work / name, config, model.state_dict(), PREPROCESS)
+        if "hf_tokenizer_name" in config["text_cfg"]:
+            save_word_tokenizer(hubs[name])
         import_model(work / "store", name, "--hf-dir", str(hubs[name]), "--alias", "production")
     yield {"store": work / "store", "hubs": hubs}
 
@@ -74,8 +91,16 @@ def test_family_serves_open_clip_embeddings(family_store: dict[str, Any], serve_
     with serve_app(store=str(family_store["store"]), model=f"{name}@production") as running:
         bundle = running.services.manager.current.bundle
         assert type(bundle.model).__name__ == CLASSES[name]
-        if name == "siglip":
+        if name.startswith("siglip"):
             assert bundle.logit_bias == pytest.approx(-10.0)  # the sigmoid's learnt bias is loaded
+        if name == "siglip_hf":
+            assert manifest.tokenizer == "hf:tokenizer" and "tokenizer/tokenizer.json" in manifest.files
+            long = " ".join(["red circle"] * 8)  # 16 words and the end token: one more than the context
+            sent = [b64(image) for image in images]
+            r = httpx.post(f"{running.url}/rank", json={"images": sent, "difference": long})
+            assert r.status_code == 200 and r.json()["truncated_texts"] == 1, r.text
+            r = httpx.post(f"{running.url}/rank", json={"images": sent, "difference": "a red circle"})
+            assert r.status_code == 200 and r.json().get("truncated_texts") is None, r.text
         check_served_equals_open_clip(running.url, ref, images, f"{name}@v1", pair_from_served=True)
         r = httpx.post(f"{running.url}/score/dense", json={"image": b64(images[0]), "texts": ["a red circle"]})
         assert r.status_code == 400, r.text

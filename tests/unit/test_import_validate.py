@@ -331,15 +331,3 @@ def test_text_variant_of_a_custom_text_model_round_trips(tmp_path: Path) -> None
     bundle = ModelBundle.load(store, "s@v1")
     base, tuned = bundle.encode_texts(["a cat"], "base"), bundle.encode_texts(["a cat"], "pcclip")
     assert not np.allclose(base, tuned) and bundle.text_models["pcclip"].visual is bundle.model.visual
-
-
-def test_architectures_with_a_hugging_face_tokenizer_are_refused_with_the_reason(
-    runner: CliRunner, tmp_path: Path
-) -> None:
-    config = {**TINY_SIGLIP, "text_cfg": {**TINY_SIGLIP["text_cfg"], "hf_tokenizer_name": "timm/ViT-B-16-SigLIP"}}
-    weights = tmp_path / "w.safetensors"
-    save_file({k: v.contiguous() for k, v in _model(TINY_SIGLIP).state_dict().items()}, weights)
-    result = _import(runner, tmp_path / "store", "s", "--arch", str(_arch_file(tmp_path, config)), "--weights",
-                     str(weights))  # fmt: skip
-    assert result.exit_code == 1
-    assert "Hugging Face tokenizer 'timm/ViT-B-16-SigLIP'" in " ".join(result.output.split())
