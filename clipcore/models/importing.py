@@ -139,7 +139,14 @@ def resolve_pretrained(
         if path.is_file():
             return path, cfg
     if allow_download:
-        return Path(open_clip.download_pretrained(cfg, cache_dir=str(cache_dir) if cache_dir else None)), cfg
+        try:
+            downloaded = open_clip.download_pretrained(cfg, cache_dir=str(cache_dir) if cache_dir else None)
+        except Exception as exc:  # noqa: BLE001 - urllib, requests and huggingface_hub each raise their own
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ModelImportError(f"downloading the weights of {arch} {tag!r} failed: {reason}") from None
+        if not downloaded or not Path(downloaded).is_file():
+            raise ModelImportError(f"downloading the weights of {arch} {tag!r} gave no file")
+        return Path(downloaded), cfg
     looked = "; ".join(f"{path.name} in {path.parent} (for {origin})" for origin, path in candidates)
     raise ModelImportError(
         f"the weights of {arch} {tag!r} are not in the local caches; looked for {looked}. "

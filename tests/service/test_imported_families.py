@@ -105,3 +105,6 @@ def test_family_serves_open_clip_embeddings(family_store: dict[str, Any], serve_
         r = httpx.post(f"{running.url}/score/dense", json={"image": b64(images[0]), "texts": ["a red circle"]})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "unsupported_for_family" and CLASSES[name] in r.json()["error"]["message"]
+        body = {"images": [b64(images[0])], "labels": ["circle", "square"], "method": "yukino"}
+        r = httpx.post(f"{running.url}/classify", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_for_family", r.text

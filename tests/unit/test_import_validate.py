@@ -331,3 +331,18 @@ def test_text_variant_of_a_custom_text_model_round_trips(tmp_path: Path) -> None
     bundle = ModelBundle.load(store, "s@v1")
     base, tuned = bundle.encode_texts(["a cat"], "base"), bundle.encode_texts(["a cat"], "pcclip")
     assert not np.allclose(base, tuned) and bundle.text_models["pcclip"].visual is bundle.model.visual
+
+
+def test_allowed_download_that_cannot_happen_is_a_clear_error(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hugging Face's own offline switch (HF_HUB_OFFLINE, read when the library is imported): the
+    # download is really attempted and refused by the library, without any network traffic.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    result = _import(runner, tmp_path / "store", "x", "--arch", "MobileCLIP-S1", "--pretrained", "datacompdr",
+                     "--cache-dir", str(tmp_path / "cache"), "--allow-download")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "downloading the weights of MobileCLIP-S1 'datacompdr' failed" in " ".join(result.output.split())
+    assert result.exception is None or isinstance(result.exception, SystemExit)
