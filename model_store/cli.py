@@ -26,7 +26,8 @@ from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
-    help="Versioned model registry: list, show, verify, publish, promote, rollback, gc.",
+    help="Versioned model registry: list, show, verify, publish, promote, rollback, gc. "
+    "To import a model from open_clip files (checkpoint, hub folder, cached tag): clip-train import.",
     no_args_is_help=True,
     add_completion=False,
 )
