@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+BPE_TOKENIZER = "open_clip:bpe"  # the manifest's value for open_clip's own BPE tokenizer
 HF_TOKENIZER_PREFIX = "hf:"
 TOKENIZER_DIR = "tokenizer"
 # The files a saved Hugging Face tokenizer may consist of (others in the folder are not copied).

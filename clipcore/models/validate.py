@@ -21,7 +21,7 @@ from open_clip.model import CLIP
 from clipcore.errors import ClipError
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import architecture_config, config_image_size
-from clipcore.models.hf_tokenizer import hf_tokenizer_dir
+from clipcore.models.hf_tokenizer import BPE_TOKENIZER, hf_tokenizer_dir
 from model_store import Manifest
 
 SMOKE_TEXTS = ("a photo of a red circle", "a photo of a blue square")
@@ -49,6 +49,10 @@ def check_manifest_architecture(manifest: Manifest) -> None:
         raise VersionInvalid(f"architecture: {exc}") from None
     hf_tokenizer = config.get("text_cfg", {}).get("hf_tokenizer_name")
     folder = hf_tokenizer_dir(manifest.tokenizer)
+    if folder is None and manifest.tokenizer != BPE_TOKENIZER:
+        raise VersionInvalid(
+            f"unknown tokenizer {manifest.tokenizer!r}; known: {BPE_TOKENIZER!r} and 'hf:<folder in the version>'"
+        )
     if hf_tokenizer and folder is None:
         raise VersionInvalid(
             f"the architecture tokenizes with the Hugging Face tokenizer {hf_tokenizer!r} but the version "

@@ -118,6 +118,8 @@ def test_load_check_refuses_a_version_without_its_tokenizer_or_with_a_larger_one
     small = build_model({**CONFIG, "text_cfg": {**CONFIG["text_cfg"], "vocab_size": 8}})
     weights = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in small.state_dict().items()}, weights)
+    with pytest.raises(VersionRefused, match="unknown tokenizer 'sentencepiece'"):
+        store.publish("s", {"model.safetensors": weights}, _fields("sentencepiece", vocab=8))
     with pytest.raises(VersionRefused, match="holds no tokenizer"):
         store.publish("s", {"model.safetensors": weights}, _fields("open_clip:bpe", vocab=8))
     with pytest.raises(VersionRefused, match="no files under tokenizer/"):
