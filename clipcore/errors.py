@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     unknown_model = "unknown_model"
     unknown_image = "unknown_image"
     unknown_component = "unknown_component"
+    unsupported_for_family = "unsupported_for_family"
     method_not_allowed = "method_not_allowed"
     payload_too_large = "payload_too_large"
     validation_error = "validation_error"

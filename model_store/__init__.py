@@ -11,7 +11,9 @@ from model_store.errors import (
     StoreError,
     StoreUnavailable,
     VersionExists,
+    VersionRefused,
 )
+from model_store.integrity import VersionValidator
 from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, FileEntry, Manifest
 from model_store.naming import DEFAULT_ALIAS, natural_key, parse_ref, sort_versions
@@ -34,6 +36,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "VersionExists",
+    "VersionRefused",
+    "VersionValidator",
     "natural_key",
     "open_backend",
     "parse_ref",

@@ -1,7 +1,10 @@
 """``model-store`` command line: inspect, verify, publish, promote and collect model versions.
 
 Every ``StoreError`` becomes a one-line red message and exit code 1, so the
-commands compose in deployment scripts without tracebacks.
+commands compose in deployment scripts without tracebacks. The store is ``--store`` or the
+``CLIP_STORE`` environment variable (the name the service reads too; ``MODEL_STORE`` is still
+read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
+version validators (``model_store.validators``): a version whose model cannot load is refused.
 """
 
 import functools
@@ -16,13 +19,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_store.errors import StoreError
+from model_store.location import check_location
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
 from model_store.store import ModelStore
+from model_store.validators import InstalledValidators, installed_validator_names
 from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
-    help="Versioned model registry: list, show, verify, publish, promote, rollback, gc.",
+    help="Versioned model registry: list, show, verify, publish, promote, rollback, gc. "
+    "To import a model from open_clip files (checkpoint, hub folder, cached tag): clip-train import.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -51,8 +57,17 @@ def _handles_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _store(ctx: typer.Context) -> ModelStore:
+STORE_ENV = "CLIP_STORE"
+DEPRECATED_STORE_ENV = "MODEL_STORE"
+
+
+def _store(ctx: typer.Context, must_exist: bool = True) -> ModelStore:
+    """The store of --store; commands that read it refuse a root that does not exist (a typo in a
+    path must not look like an empty store)."""
     store: ModelStore = ctx.obj
+    root = ctx.find_root().params.get("store")
+    if must_exist and root is not None and check_location(root) is None and not Path(root).is_dir():
+        raise StoreError(f"no model store at {root} (set by --store or {STORE_ENV}): the directory does not exist")
     return store
 
 
@@ -60,14 +75,28 @@ def _store(ctx: typer.Context) -> ModelStore:
 def main(
     ctx: typer.Context,
     store: Annotated[
-        str, typer.Option("--store", envvar="MODEL_STORE", help="Registry location: a directory or s3://bucket/prefix.")
+        str,
+        typer.Option(
+            "--store",
+            envvar=[STORE_ENV, DEPRECATED_STORE_ENV],
+            help=f"Registry location: a directory or s3://bucket/prefix (env {STORE_ENV}; "
+            f"{DEPRECATED_STORE_ENV} is a deprecated alias).",
+        ),
     ] = "models",
+    load_check: Annotated[
+        bool,
+        typer.Option(
+            "--load-check/--no-load-check",
+            help="Run the installed validators (build the model, smoke forward pass) at publish, promote and "
+            "verify. --no-load-check leaves checksums and manifest checks only.",
+        ),
+    ] = True,
     show_version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
-    """Operate on the model registry at --store (env MODEL_STORE)."""
-    ctx.obj = _handles_errors(ModelStore)(store)
+    """Operate on the model registry at --store (env CLIP_STORE)."""
+    ctx.obj = _handles_errors(ModelStore)(store, validator=InstalledValidators() if load_check else None)
 
 
 @app.command("list")
@@ -160,12 +189,18 @@ def verify(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name, name@alias or name@version.")],
 ) -> None:
-    """Recompute the checksums of every file of a version."""
+    """Recompute the checksums of every file of a version, then load and run its model."""
     store = _store(ctx)
     name, version = store.resolve(ref)
     store.verify(name, version)
-    count = len(store.manifest(name, version).files)
-    _out().print(f"[green]ok[/green] {name}@{version}: {count} files match their sha256")
+    manifest = store.manifest(name, version)
+    if store.validator is not None:
+        try:
+            store.validator(manifest, store.version_dir(name, version))
+        except Exception as exc:  # the validator's reason is the message
+            raise StoreError(f"{name}@{version} does not load: {exc}") from exc
+    checked = "; the model loads and runs" if store.validator and installed_validator_names() else " (not loaded)"
+    _out().print(f"[green]ok[/green] {name}@{version}: {len(manifest.files)} files match their sha256{checked}")
 
 
 @app.command()
@@ -237,7 +272,7 @@ def publish(
         for path in sorted(directory.rglob("*"))
         if path.is_file() and path.relative_to(directory).as_posix() != MANIFEST_FILE
     }
-    manifest = _store(ctx).publish(name, files, fields, version=version, aliases=alias or ())
+    manifest = _store(ctx, must_exist=False).publish(name, files, fields, version=version, aliases=alias or ())
     size = f"{len(manifest.files)} files, {manifest.total_bytes:,} bytes"
     _out().print(f"[green]published[/green] {manifest.ref} ({size})")
 

@@ -55,3 +55,13 @@ class ChecksumMismatch(StoreError):
         self.problems = dict(problems)
         details = ", ".join(f"{f} ({why})" for f, why in sorted(self.problems.items()))
         super().__init__(f"{name}@{version} failed verification: {details}")
+
+
+class VersionRefused(StoreError):
+    """A version was refused at publish or promote: it depends on files outside it, or it cannot
+    be loaded and run as its manifest describes (``reason`` says why)."""
+
+    def __init__(self, ref: str, reason: str) -> None:
+        self.ref = ref
+        self.reason = reason
+        super().__init__(f"refusing {ref}: {reason}")

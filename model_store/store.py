@@ -34,7 +34,9 @@ from model_store.errors import (
     ModelNotFound,
     StoreError,
     VersionExists,
+    VersionRefused,
 )
+from model_store.integrity import VersionValidator, manifest_problems
 from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, Manifest
 from model_store.naming import (
@@ -64,10 +66,17 @@ STALE_STAGING_SECONDS = 3600.0
 
 
 class ModelStore:
-    """Registry of model versions on a ``StorageBackend``, or at a location (a path or ``s3://``)."""
+    """Registry of model versions on a ``StorageBackend``, or at a location (a path or ``s3://``).
 
-    def __init__(self, root: str | os.PathLike[str] | StorageBackend) -> None:
+    ``validator`` (optional) proves a version loads and runs before ``publish`` commits it and
+    before ``promote`` points an alias at it; the store itself only knows files and manifests.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str] | StorageBackend, validator: VersionValidator | None = None
+    ) -> None:
         self.backend: StorageBackend = root if isinstance(root, StorageBackend) else open_backend(root)
+        self.validator = validator
 
     def __repr__(self) -> str:
         return f"ModelStore({self.backend!r})"
@@ -202,6 +211,7 @@ class ModelStore:
         problems: dict[str, str] = {}
         if (manifest.name, manifest.version) != (name, version):
             problems[MANIFEST_FILE] = f"describes {manifest.ref}"
+        problems.update(manifest_problems(manifest))
         problems.update(check_files(self.backend, self._vkey(name, version), manifest.files))
         if problems:
             raise ChecksumMismatch(name, version, problems)
@@ -237,6 +247,7 @@ class ModelStore:
             entries = stage_files(self.backend, staging, files)
             if problems := check_files(self.backend, staging, entries):
                 raise ChecksumMismatch(name, version or "<new>", problems)
+            self._validate(build_manifest({**fields, "version": version or "v1", "files": entries}), staging)
             with self._lock(name):
                 final = version or next_version(self._versions(name))
                 manifest = build_manifest({**fields, "version": final, "files": entries})
@@ -258,6 +269,17 @@ class ModelStore:
             raise
         return manifest
 
+    def _validate(self, manifest: Manifest, key: str) -> None:
+        """Refuse a version that depends on files outside it or that the validator cannot run."""
+        if problems := manifest_problems(manifest):
+            raise VersionRefused(manifest.ref, "; ".join(f"{k}: {why}" for k, why in sorted(problems.items())))
+        if self.validator is None:
+            return
+        try:
+            self.validator(manifest, self.backend.local_path(key))
+        except Exception as exc:  # any failure to build or run the model is the reason to refuse it
+            raise VersionRefused(manifest.ref, str(exc) or type(exc).__name__) from exc
+
     def write_annex(self, name: str, version: str, filename: str, data: bytes) -> Path:
         """Add or atomically replace an annex file (e.g. ``eval.json``) of a published version."""
         if filename not in ANNEX_FILES:
@@ -271,6 +293,7 @@ class ModelStore:
         """Point ``alias`` at a verified ``version``; return the previous target (kept in history)."""
         validate_name(alias, "alias")
         self.verify(name, version)  # outside the lock: hashing weights can take a while
+        self._validate(self.manifest(name, version), self._vkey(name, version))
         with self._lock(name):
             self._require_version(name, version)  # may have been collected meanwhile
             table = self._read_aliases(name)

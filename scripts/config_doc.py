@@ -26,7 +26,8 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "store": "Model-store location: a directory (relative paths are taken from the working directory) or "
     "`s3://bucket/prefix` on S3-compatible object storage, reached with the standard AWS environment or profile "
     "(`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`, credentials; see docs/operations.md). Other schemes are "
-    "refused.",
+    "refused. The `model-store` and `clip-train` command lines read the same variable (`MODEL_STORE` is a "
+    "deprecated alias there).",
     "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
     "device": "Torch device; `auto` picks CUDA when available.",
     "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "

@@ -19,10 +19,12 @@ from rich.console import Console
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
 from clipcore.models.publish import publish_bundle
+from clipcore.models.validate import validate_version
 from model_store import ModelStore
 from model_store.version import print_version
 from training.datasets.cli import data_app
 from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
+from training.import_command import import_cmd
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
@@ -32,6 +34,7 @@ from training.world.scene import Split, sample_scene
 
 app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+app.command("import")(import_cmd)
 
 
 @app.callback()
@@ -46,9 +49,15 @@ def _main(
 console = Console()
 
 
-# A string, not a Path: pathlib would turn s3://bucket/prefix into s3:/bucket/prefix.
+# A string, not a Path: pathlib would turn s3://bucket/prefix into s3:/bucket/prefix. CLIP_STORE is
+# the one name the service and both command lines read; MODEL_STORE is a deprecated alias.
 StoreOpt = Annotated[
-    str, typer.Option("--store", envvar="MODEL_STORE", help="Model store: a directory or s3://bucket/prefix.")
+    str,
+    typer.Option(
+        "--store",
+        envvar=["CLIP_STORE", "MODEL_STORE"],
+        help="Model store: a directory or s3://bucket/prefix (env CLIP_STORE).",
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
@@ -123,7 +132,9 @@ def build_default(
         align_start=align_start, pcclip_steps=pcclip_steps, semclip_steps=semclip_steps, yukino_steps=yukino_steps,
         seed=seed, device=device, eval=EvalConfig(seeds=tuple(range(eval_seeds))), aliases=list(promote or []),
     )  # fmt: skip
-    report = build_default_version(ModelStore(store), recipe.smoke() if smoke else recipe, log=console.print)
+    report = build_default_version(
+        ModelStore(store, validator=validate_version), recipe.smoke() if smoke else recipe, log=console.print
+    )
     print_report(report, console.print)
 
 
@@ -238,7 +249,7 @@ def init_random(
     """Publish a randomly initialised model (for load tests of real-sized architectures)."""
     torch.manual_seed(seed)
     manifest = publish_bundle(
-        ModelStore(store),
+        ModelStore(store, validator=validate_version),
         name,
         build_model(model_config(config)),
         model_config(config),

@@ -1,6 +1,7 @@
 """The loop shared by the text-tower finetunes (PC-CLIP, SemCLIP, YUKINO's text encoder): image tower frozen.
 
-Only the text transformer, final norm, projection and positional embedding train: the
+Only the text tower trains (``is_trainable_text_param``: transformer, final norm, projection and
+positional embedding, at the top level of a CLIP or under ``text.`` of a CustomTextCLIP/CoCa): the
 token-embedding table stays shared with the base, which keeps a variant's file small.
 """
 
@@ -14,7 +15,7 @@ import torch
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-TRAINABLE_PREFIXES = ("transformer.", "ln_final", "text_projection", "positional_embedding")
+from clipcore.models.clip_model import is_trainable_text_param
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
 StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
@@ -43,7 +44,7 @@ def finetune_text_tower(
     model.eval()  # no dropout / BN updates anywhere; gradients still flow
     params = []
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith(TRAINABLE_PREFIXES))
+        p.requires_grad_(is_trainable_text_param(name))
         if p.requires_grad:
             params.append(p)
     groups = [{"params": params, "base_lr": lr}]

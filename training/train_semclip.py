@@ -19,7 +19,7 @@ from open_clip.model import CLIP
 
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
-from clipcore.models.clip_model import normalize, text_features
+from clipcore.models.clip_model import embed_width, normalize, text_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.render import render_batch
@@ -73,7 +73,7 @@ def train_semclip(
         data = triplet_dataset(cfg, base.to(cfg.device))
         log(f"semclip: {cfg.scenes} caption triplets embedded in {time.time() - t0:.1f}s")
     tokenize = Tokenize(base.context_length)
-    dim = int(base.text_projection.shape[1])
+    dim = embed_width(base)
     directions = torch.from_numpy(projection_directions(dim, cfg.directions, cfg.seed)).to(cfg.device)
     scale = float(base.logit_scale.exp().clamp(max=100).item())
     rng = np.random.default_rng([cfg.seed, 31])

@@ -22,6 +22,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from clipcore.models.clip_model import (
+    architecture_config,
+    family,
     image_features,
     load_architecture,
     normalize,
@@ -29,6 +31,7 @@ from clipcore.models.clip_model import (
     tokenizer_for,
 )
 from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
+from clipcore.models.hf_tokenizer import HfTextTokenizer, hf_tokenizer_dir
 from clipcore.models.preprocess import PreprocessConfig, fit_square, normalize_uint8
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
@@ -81,6 +84,7 @@ class ModelBundle:
     dcsm: DCSMHead | None = None
     dense: DenseEncoder | None = None
     yukino: YukinoHead | None = None
+    hf_tokenizer: HfTextTokenizer | None = None  # set when the manifest's tokenizer is ``hf:<folder>``
 
     @property
     def ref(self) -> str:
@@ -89,6 +93,21 @@ class ModelBundle:
     @property
     def context_length(self) -> int:
         return self.manifest.context_length
+
+    @property
+    def family(self) -> str:
+        """``clip``, ``custom_text`` or ``coca`` (see ``clip_model.family``)."""
+        return family(self.model)
+
+    def per_token_unsupported(self, method: str) -> str | None:
+        """Why ``method`` (DCSM, YUKINO: methods that read per-token features) cannot run on this
+        model's family, or None when it can."""
+        if self.family == "clip":
+            return None
+        return (
+            f"{method} needs per-token text features, which only the CLIP family provides; "
+            f"{self.ref} is a {type(self.model).__name__}"
+        )
 
     @property
     def image_size(self) -> int:
@@ -116,6 +135,15 @@ class ModelBundle:
     def logit_scale(self) -> float:
         return float(self.model.logit_scale.exp().clamp(max=100).item())
 
+    @property
+    def logit_bias(self) -> float | None:
+        """SigLIP-style models' learnt bias of their sigmoid logits (None for softmax-trained CLIPs).
+
+        Zero-shot probabilities stay a softmax over the labels: the bias is one constant added to
+        every label's logit, so it cancels there; see docs/models.md."""
+        bias = getattr(self.model, "logit_bias", None)
+        return None if bias is None else float(bias.item())
+
     @classmethod
     def load(cls, store: ModelStore, ref: str, device: str = "cpu") -> ModelBundle:
         """Resolve, verify checksums, build and load every text-encoder variant."""
@@ -135,7 +163,7 @@ class ModelBundle:
             text_part = {k: v.float() for k, v in load_file(str(directory / filename)).items()}
             if any(k.startswith("visual.") for k in text_part):
                 raise ValueError(f"text encoder {variant!r} must not contain image weights")
-            tower = load_architecture(manifest.architecture, pretrained=False)
+            tower = load_architecture(manifest.architecture)
             tower.load_state_dict({**model.state_dict(), **{k: v.to(device) for k, v in text_part.items()}})
             tower = tower.to(device)
             tower.visual = model.visual  # one image tower shared by every text variant
@@ -149,6 +177,14 @@ class ModelBundle:
         bundle = cls(
             manifest.name, manifest.version, manifest, directory, model, text_models, default, device, comparatives
         )
+        folder = hf_tokenizer_dir(manifest.tokenizer)
+        if folder is not None:
+            text_cfg = architecture_config(manifest.architecture).get("text_cfg", {})
+            bundle.hf_tokenizer = HfTextTokenizer(directory / folder, text_cfg, manifest.context_length)
+        if bundle.family != "clip":
+            # Per-token components cannot run on this family; the load check refuses to publish them,
+            # and a version that has them anyway serves its pooled methods (dense requests get a 400).
+            return bundle
         bundle.dcsm = DCSMHead.from_components(directory, components)
         if bundle.dcsm is not None:
             # Dense features come from the base towers: the scorer was trained on those.
@@ -167,14 +203,18 @@ class ModelBundle:
         return self.text_models[name]
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        return fit_square(image, self.image_size)
+        cfg = self.preprocess_config
+        return fit_square(image, self.image_size, cfg.interpolation, cfg.resize_mode)
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
         """Token ids (trimmed to the batch's longest text) and which texts were truncated.
 
         One bounded BPE pass per text (``BoundedTokenizer``); a text longer than the context keeps
-        its first tokens and ends with the end token, as open_clip's tokenizer does.
+        its first tokens and ends with the end token, as open_clip's tokenizer does. A version with a
+        Hugging Face tokenizer gives its full-context ids instead (``HfTextTokenizer``).
         """
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.tokenize(texts)
         tok = tokenizer_for(self.context_length)
         sot, eot = tok.sot_token_id, tok.eot_token_id
         rows, truncated = [], []
@@ -191,6 +231,19 @@ class ModelBundle:
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = torch.tensor(r)
         return tokens, truncated
+
+    @property
+    def tokenizer_key(self) -> str:
+        """Names the tokenization (for memos of per-text results shared across versions)."""
+        if self.hf_tokenizer is not None:
+            return f"{self.ref}/{self.context_length}"
+        return f"bpe/{self.context_length}"
+
+    def text_truncated(self, text: str) -> bool:
+        """Whether ``text`` is cut to the model context."""
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.truncated(text)
+        return tokenizer_for(self.context_length).truncated(text)
 
     @torch.no_grad()
     def encode_images(self, images: np.ndarray) -> np.ndarray:

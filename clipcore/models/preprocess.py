@@ -1,7 +1,8 @@
 """Image preprocessing shared by training, evaluation and serving.
 
-Images of any size are resized (shorter side, antialiased bicubic) and centre-cropped to the
-model's square input, then normalised with the manifest's mean and std.
+Images of any size are resized and cropped or padded to the model's square input as the manifest's
+``resize_mode`` and ``interpolation`` say (by default: shorter side, antialiased bicubic, centre
+crop, as open_clip's eval transform), then normalised with the manifest's mean and std.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class PreprocessConfig:
     interpolation: str = "bicubic"
     resize_mode: str = "shortest"
 
+    def __post_init__(self) -> None:
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"mean and std need three values each, std > 0 (got {self.mean}, {self.std})")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}; known: {sorted(INTERPOLATIONS)}")
+        if self.resize_mode not in RESIZE_MODES:
+            raise ValueError(f"unknown resize mode {self.resize_mode!r}; known: {list(RESIZE_MODES)}")
+
     @classmethod
     def from_manifest(cls, preprocess: Mapping[str, Any]) -> PreprocessConfig:
         default = cls()
@@ -43,17 +52,42 @@ class PreprocessConfig:
                 "resize_mode": self.resize_mode}  # fmt: skip
 
 
-def fit_square(image: Image.Image, size: int) -> np.ndarray:
-    """(size, size, 3) uint8: RGB, shorter side resized to ``size``, centre crop."""
+INTERPOLATIONS = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+}
+RESIZE_MODES = ("shortest", "longest", "squash")
+
+
+def fit_square(
+    image: Image.Image, size: int, interpolation: str = "bicubic", resize_mode: str = "shortest"
+) -> np.ndarray:
+    """(size, size, 3) uint8 RGB, as open_clip's eval transform makes it: ``shortest`` resizes the
+    shorter side to ``size`` and centre-crops; ``longest`` resizes the longer side and pads with
+    black around the centre; ``squash`` resizes both sides to ``size``."""
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; known: {sorted(INTERPOLATIONS)}")
+    if resize_mode not in RESIZE_MODES:
+        raise ValueError(f"unknown resize mode {resize_mode!r}; known: {list(RESIZE_MODES)}")
+    resample = INTERPOLATIONS[interpolation]
     image = image.convert("RGB")
     w, h = image.size
-    if (w, h) != (size, size):
-        scale = size / min(w, h)
-        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-        image = image.resize((nw, nh), Image.Resampling.BICUBIC, reducing_gap=3.0)
-        left, top = (nw - size) // 2, (nh - size) // 2
-        image = image.crop((left, top, left + size, top + size))
-    return np.asarray(image, dtype=np.uint8)
+    if (w, h) == (size, size):
+        return np.asarray(image, dtype=np.uint8)
+    if resize_mode == "squash":
+        return np.asarray(image.resize((size, size), resample, reducing_gap=3.0), dtype=np.uint8)
+    if resize_mode == "longest":
+        scale = size / max(w, h)
+        nw, nh = min(size, max(1, round(w * scale))), min(size, max(1, round(h * scale)))
+        canvas = Image.new("RGB", (size, size))
+        canvas.paste(image.resize((nw, nh), resample, reducing_gap=3.0), ((size - nw) // 2, (size - nh) // 2))
+        return np.asarray(canvas, dtype=np.uint8)
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    image = image.resize((nw, nh), resample, reducing_gap=3.0)
+    left, top = (nw - size) // 2, (nh - size) // 2
+    return np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.uint8)
 
 
 def normalize_uint8(

@@ -13,7 +13,7 @@ import torch
 from open_clip.model import CLIP
 from safetensors.torch import save
 
-from clipcore.models.clip_model import is_text_param
+from clipcore.models.clip_model import architecture_config, config_image_size, is_text_param
 from clipcore.models.preprocess import PreprocessConfig
 from model_store import Manifest, ModelStore
 
@@ -50,8 +50,14 @@ def publish_bundle(
     aliases: Sequence[str] = (),
     fp16: bool = True,
     version: str | None = None,
+    preprocess: PreprocessConfig | None = None,
+    tokenizer: str = "open_clip:bpe",
 ) -> Manifest:
-    """Publish a model (+ text-encoder variants, comparatives, extra files) as a new version."""
+    """Publish a model (+ text-encoder variants, comparatives, extra files) as a new version.
+
+    Image size and embedding width come from the architecture's open_clip config (so a named
+    architecture such as ``ViT-B-32-256`` records its own 256 px); ``preprocess`` defaults to
+    OpenAI CLIP's values."""
     files: dict[str, bytes] = {"model.safetensors": tensor_bytes(model.state_dict(), fp16)}
     text_files = {}
     for variant, state in text_variants.items():
@@ -60,14 +66,15 @@ def publish_bundle(
     if comparatives is not None:
         files["comparatives.json"] = json.dumps(list(comparatives), indent=2).encode()
     files.update(extra_files)
-    vis = architecture.get("vision_cfg", {})
+    config = architecture_config(architecture)
     fields = {
         "architecture": architecture,
         "hooks": list(architecture.get("hooks", [])),
+        "tokenizer": tokenizer,
         "context_length": int(model.context_length),
-        "embed_dim": int(model.text_projection.shape[1]),
-        "image_size": int(vis.get("image_size", 224)),
-        "preprocess": PreprocessConfig().to_manifest(),
+        "embed_dim": int(config["embed_dim"]),
+        "image_size": config_image_size(config),
+        "preprocess": (preprocess or PreprocessConfig()).to_manifest(),
         "components": {
             "weights": "model.safetensors",
             "weights_dtype": "float16" if fp16 else "float32",

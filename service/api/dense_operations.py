@@ -21,6 +21,8 @@ from service.runtime.pipeline import DenseImages, DenseTexts, Pipeline
 
 
 def require_dcsm(runtime: ModelRuntime) -> None:
+    if reason := runtime.bundle.per_token_unsupported("dense scoring (DCSM)"):
+        raise ApiError(ErrorCode.unsupported_for_family, reason)
     if runtime.bundle.dcsm is None or runtime.dense_image_batcher is None:
         raise ApiError(
             ErrorCode.unknown_component,

@@ -17,6 +17,8 @@ Decisions clients can rely on:
 * A request the serving model version cannot answer because it lacks a component (dense
   scoring without a DCSM scorer) is 404 ``unknown_component``: retrying will not help until a
   version with that component serves.
+* A method the serving model's family cannot run (per-token text features of a CustomTextCLIP
+  such as SigLIP or MobileCLIP) is 400 ``unsupported_for_family``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.unknown_model: 404,
     ErrorCode.unknown_image: 404,
     ErrorCode.unknown_component: 404,
+    # A method the serving model's family cannot run (per-token text features of a CustomTextCLIP):
+    # the request cannot succeed on this model, whatever is retried.
+    ErrorCode.unsupported_for_family: 400,
     ErrorCode.method_not_allowed: 405,
     ErrorCode.payload_too_large: 413,
     ErrorCode.validation_error: 422,

@@ -88,6 +88,8 @@ def _results(probs: np.ndarray, scores: np.ndarray, labels: list[str], k: int) -
 async def classify_yukino(
     pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, comparative: bool
 ) -> ClassifyResponse:
+    if reason := rt.bundle.per_token_unsupported("method 'yukino'"):
+        raise ApiError(ErrorCode.unsupported_for_family, reason, "method")
     head = rt.bundle.yukino
     if head is None or rt.yukino_batcher is None:
         raise ApiError(

@@ -335,7 +335,10 @@ def error_response_doc(description: str, retry_after: bool = False) -> dict[str,
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    400: error_response_doc("bad input (bad_input, bad_image, urls_disabled, url_forbidden)"),
+    400: error_response_doc(
+        "bad input (bad_input, bad_image, urls_disabled, url_forbidden), or unsupported_for_family (a method "
+        "the serving model's family cannot run)"
+    ),
     401: error_response_doc("unauthorized: missing or malformed API key"),
     403: error_response_doc("forbidden: wrong API key"),
     404: error_response_doc(

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
@@ -33,6 +34,7 @@ __all__ = ["ModelManager", "ModelRuntime"]
 
 log = logging.getLogger("service.lifecycle")
 
+STORE_SETTING = "CLIP_STORE / --store"
 # Load failures that may pass: the version is tried again later rather than refused.
 TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, MemoryError, ModelNotFound)
 MAX_BACKOFF_S = 300.0
@@ -63,6 +65,8 @@ class ModelManager:
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
         self.last_error: str | None = None
+        # Why nothing serves yet, in words safe for unauthenticated callers (no paths): the 503s say it.
+        self.not_ready_reason: str | None = None
         # Why the alias could not be read on the last poll (None: it could). The serving version
         # keeps serving meanwhile; /readyz and the store_watch_ok gauge report it.
         self.watch_error: str | None = None
@@ -115,9 +119,21 @@ class ModelManager:
                 runtime.idle.set()
 
     def not_ready_message(self) -> str:
-        # No error detail: callers need not be authenticated and errors name internal paths;
-        # the log has the detail.
-        return f"model {self.settings.model} is not loaded yet; the server log says why"
+        # A reason without detail: callers need not be authenticated and errors name internal
+        # paths (the store's among them); the log has the detail.
+        reason = f" ({self.not_ready_reason})" if self.not_ready_reason else ""
+        return f"model {self.settings.model} is not loaded yet{reason}; the server log says why"
+
+    def store_missing(self) -> bool:
+        """Whether the configured store is a local directory that does not exist."""
+        return "://" not in self.settings.store and not Path(self.settings.store).is_dir()
+
+    def _not_ready_reason(self, exc: BaseException) -> str:
+        if self.store_missing():
+            return f"the model store set by {STORE_SETTING} does not exist"
+        if isinstance(exc, ModelNotFound):  # names models and versions only
+            return f"{exc} in the model store set by {STORE_SETTING}"
+        return f"loading failed ({type(exc).__name__})"
 
     def matches(self, requested: str, runtime: ModelRuntime) -> bool:
         """Whether a request's ``model`` field names the serving version."""
@@ -138,16 +154,20 @@ class ModelManager:
                 raise
             except Exception as exc:  # keep retrying: the store may be mounted or filled later
                 error = f"{type(exc).__name__}: {exc}"
+                if self.store_missing():
+                    error = f"the model store directory {self.settings.store!r} ({STORE_SETTING}) does not exist"
                 # A new problem is an error; the same one again is repeated once a minute at most.
                 if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(
-                        "cannot load %s (%s); retrying every %.1fs",
+                        "cannot load %s from the store %r (%s); retrying every %.1fs",
                         self.settings.model,
+                        self.settings.store,
                         error,
                         self.settings.watch_interval_s,
                     )
                     last_logged = time.monotonic()
                 self.last_error = error
+                self.not_ready_reason = self._not_ready_reason(exc)
                 await asyncio.sleep(self.settings.watch_interval_s)
                 continue
             self.alias = self.selector if self.selector in aliases else None

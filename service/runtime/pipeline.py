@@ -26,7 +26,6 @@ import numpy as np
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from clipcore.models.bundle import BASE_ENCODER, DenseLayout
-from clipcore.models.clip_model import tokenizer_for
 from service.config import Settings
 from service.images import ByteBudget, decode_base64, decode_image, fetch_url
 from service.runtime.assembly import ModelRuntime
@@ -128,7 +127,7 @@ class Pipeline:
         self.http: httpx.AsyncClient | None = None
         if settings.allow_url_images:
             self.http = httpx.AsyncClient(timeout=settings.url_timeout_s, trust_env=False)
-        self._truncation: OrderedDict[tuple[int, str], bool] = OrderedDict()  # (context, text digest)
+        self._truncation: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (tokenizer key, text digest)
 
     async def close(self) -> None:
         if self.http is not None:
@@ -184,24 +183,24 @@ class Pipeline:
         """Whether each text was cut to the model context. Memoised by digest (a bounded table of
         flags, never the texts themselves); texts not seen before are tokenized in the decode
         pool, off the event loop."""
-        ctx = runtime.bundle.context_length
+        bundle = runtime.bundle
+        ctx, key = bundle.context_length, bundle.tokenizer_key
         out = [False] * len(texts)
         todo: dict[str, tuple[str, list[int]]] = {}  # digest -> (text, its positions)
         for i, text in enumerate(texts):
             # Each BPE token covers at least one byte, so short ASCII texts cannot overflow.
-            if text.isascii() and len(text) + 2 <= ctx:
+            if bundle.hf_tokenizer is None and text.isascii() and len(text) + 2 <= ctx:
                 continue
             digest = text_digest(text)
-            flag = self._truncation.get((ctx, digest))
+            flag = self._truncation.get((key, digest))
             if flag is None:
                 todo.setdefault(digest, (text, []))[1].append(i)
             else:
                 out[i] = flag
         if todo:
-            tok = tokenizer_for(ctx)
-            flags = await self.offload(lambda: {d: tok.truncated(text) for d, (text, _) in todo.items()})
+            flags = await self.offload(lambda: {d: bundle.text_truncated(text) for d, (text, _) in todo.items()})
             for digest, (_, positions) in todo.items():
-                self._truncation[(ctx, digest)] = flags[digest]
+                self._truncation[(key, digest)] = flags[digest]
                 for i in positions:
                     out[i] = flags[digest]
             while len(self._truncation) > _TRUNCATION_MEMO:

@@ -21,9 +21,8 @@ async def readyz(services: ServicesDep) -> ReadyResponse:
     manager = services.manager
     current = manager.current
     if current is None:
-        # Unauthenticated callers (load balancers) get no detail: errors can name internal paths.
-        message = f"model {manager.settings.model} is not loaded yet; the server log says why"
-        raise ApiError(ErrorCode.not_ready, message, headers={"Retry-After": "1"})
+        # Unauthenticated callers (load balancers) get a reason without paths; the log has the detail.
+        raise ApiError(ErrorCode.not_ready, manager.not_ready_message(), headers={"Retry-After": "1"})
     return ReadyResponse(
         ready=True,
         model=current.ref,

@@ -10,7 +10,7 @@ from model_store import ModelStore
 def manifest_fields(**overrides: Any) -> dict[str, Any]:
     """Minimal valid manifest fields for an open_clip ViT-B-32 style model."""
     fields: dict[str, Any] = {
-        "architecture": {"open_clip_name": "ViT-B-32", "pretrained": "openai"},
+        "architecture": {"open_clip_name": "ViT-B-32"},
         "context_length": 77,
         "embed_dim": 512,
         "image_size": 224,

@@ -28,7 +28,8 @@ def populated(store: ModelStore) -> ModelStore:
 
 
 def _run(runner: CliRunner, root: Root, *args: str):  # type: ignore[no-untyped-def]
-    return runner.invoke(app, ["--store", root.location, *args])
+    # The weights here are placeholder bytes: the load check is exercised in tests/unit/test_import_validate.py.
+    return runner.invoke(app, ["--store", root.location, "--no-load-check", *args])
 
 
 def test_list_models_and_versions(runner: CliRunner, root: Root, populated: ModelStore) -> None:
@@ -43,8 +44,17 @@ def test_list_models_and_versions(runner: CliRunner, root: Root, populated: Mode
     assert len(lines) == 2 and "production" in lines[0] and "staging" in lines[1]
 
 
-def test_store_from_environment(runner: CliRunner, root: Root, populated: ModelStore) -> None:
-    result = runner.invoke(app, ["list"], env={"MODEL_STORE": root.location, "COLUMNS": "200"})
+@pytest.mark.parametrize("variable", ["CLIP_STORE", "MODEL_STORE"])  # MODEL_STORE: the deprecated alias
+def test_store_from_environment(runner: CliRunner, root: Root, populated: ModelStore, variable: str) -> None:
+    result = runner.invoke(app, ["list"], env={variable: root.location, "COLUMNS": "200"})
+    assert result.exit_code == 0 and "production=v1" in result.output
+
+
+def test_clip_store_wins_over_the_deprecated_name(
+    runner: CliRunner, root: Root, populated: ModelStore, tmp_path: Path
+) -> None:
+    env = {"CLIP_STORE": root.location, "MODEL_STORE": str(tmp_path / "elsewhere"), "COLUMNS": "200"}
+    result = runner.invoke(app, ["list"], env=env)
     assert result.exit_code == 0 and "production=v1" in result.output
 
 
@@ -142,5 +152,16 @@ def test_errors_exit_non_zero_without_traceback(
 
 
 def test_list_empty_store(runner: CliRunner, root: Root) -> None:
+    if not root.location.startswith("s3://"):
+        Path(root.location).mkdir(parents=True, exist_ok=True)  # an empty directory, not a missing one
     result = runner.invoke(app, ["--store", root.location, "list"])
     assert result.exit_code == 0 and "no models in" in result.output
+
+
+@pytest.mark.parametrize("args", [["list"], ["show", "clip"], ["verify", "clip"], ["gc", "clip"]])
+def test_a_store_that_does_not_exist_is_an_error(runner: CliRunner, tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "nonexistent"
+    result = runner.invoke(app, ["--store", str(missing), *args])
+    assert result.exit_code == 1, result.output
+    assert f"no model store at {missing}" in result.output and "CLIP_STORE" in result.output
+    assert not missing.exists()  # reading never creates it

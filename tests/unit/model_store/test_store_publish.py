@@ -168,7 +168,9 @@ def test_annex_absent_until_written(store: ModelStore) -> None:
 
 
 def test_manifest_version_field_may_repeat_argument(store: ModelStore) -> None:
-    assert store.publish("clip", {"m.bin": b"x"}, manifest_fields(name="clip", version="v7")).version == "v7"
+    assert (
+        store.publish("clip", {"model.safetensors": b"x"}, manifest_fields(name="clip", version="v7")).version == "v7"
+    )
     with pytest.raises(InvalidManifest):
         store.publish("clip", {"m.bin": b"x"}, manifest_fields(version="v8"), version="v9")
 

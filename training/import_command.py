@@ -1,0 +1,143 @@
+"""``clip-train import``: publish a user's open_clip model (checkpoint, hub folder or cached
+pretrained tag) as a validated store version.
+
+It lives in the training job's command line because it builds and runs the model (the store's
+own ``model-store`` command stays free of model code); the work is in
+``clipcore.models.importing`` and the load check in ``clipcore.models.validate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
+from clipcore.models.importing import ModelImportError, load_planned_model, plan_import, sha256_file
+from clipcore.models.preprocess import PreprocessConfig
+from clipcore.models.publish import publish_bundle
+from clipcore.models.validate import validate_version
+from model_store import ModelStore, StoreError
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def _floats(text: str | None, option: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes three comma-separated numbers, e.g. 0.5,0.5,0.5") from None
+    if len(values) != 3:
+        raise typer.BadParameter(f"{option} takes three comma-separated numbers, got {len(values)}")
+    return values
+
+
+def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
+    """``publish_bundle`` arguments that carry a Hugging Face tokenizer into the version."""
+    if not files:
+        return {}
+    return {
+        "extra_files": {f"{TOKENIZER_DIR}/{name}": path.read_bytes() for name, path in files.items()},
+        "tokenizer": f"{HF_TOKENIZER_PREFIX}{TOKENIZER_DIR}",
+    }
+
+
+def import_cmd(
+    name: Annotated[str, typer.Argument(help="Model name in the store.")],
+    store: Annotated[
+        Path,
+        typer.Option("--store", envvar=["CLIP_STORE", "MODEL_STORE"], help="Model store root (env CLIP_STORE)."),
+    ] = Path("models"),
+    arch: Annotated[
+        str | None,
+        typer.Option(
+            help="open_clip model name (ViT-B-32, MobileCLIP-S1, ...) or path to a model config JSON. "
+            "Optional with --hf-dir (the folder's config is used)."
+        ),
+    ] = None,  # fmt: skip
+    weights: Annotated[
+        Path | None, typer.Option(help="State dict: .pt, .pth, .bin or .safetensors (state_dict / module. unwrapped).")
+    ] = None,
+    hf_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="open_clip hub-style folder: open_clip_config.json + open_clip_model.safetensors or "
+            "open_clip_pytorch_model.bin."
+        ),
+    ] = None,  # fmt: skip
+    pretrained: Annotated[
+        str | None, typer.Option(help="open_clip pretrained tag, read from the local open_clip / HF caches only.")
+    ] = None,
+    allow_download: Annotated[
+        bool, typer.Option(help="With --pretrained: download the weights when no cache holds them.")
+    ] = False,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder to look in instead of the defaults.")] = None,
+    tokenizer_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Saved Hugging Face tokenizer folder, for architectures whose text config names hf_tokenizer_name "
+            "(default: the --hf-dir folder, then the local Hugging Face cache)."
+        ),
+    ] = None,  # fmt: skip
+    preprocess_tag: Annotated[
+        str | None,
+        typer.Option(
+            help="Take mean, std, interpolation and resize mode from this open_clip pretrained tag's "
+            "config (no download)."
+        ),
+    ] = None,  # fmt: skip
+    mean: Annotated[str | None, typer.Option(help="Pixel mean, e.g. 0.5,0.5,0.5 (overrides the config).")] = None,
+    std: Annotated[str | None, typer.Option(help="Pixel std, e.g. 0.5,0.5,0.5 (overrides the config).")] = None,
+    interpolation: Annotated[str | None, typer.Option(help="bicubic or bilinear (overrides the config).")] = None,
+    resize_mode: Annotated[str | None, typer.Option(help="shortest, longest or squash (overrides).")] = None,
+    fp16: Annotated[bool, typer.Option(help="Store the weights as float16 (half the size).")] = False,
+    alias: Annotated[
+        list[str] | None, typer.Option(help="Aliases to point at the new version (none by default).")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="Version name (default: the next vN).")] = None,
+    notes: Annotated[str, typer.Option(help="Free text stored in the manifest.")] = "",
+) -> None:
+    """Import an open_clip model into the store: weights copied into a new version as safetensors,
+    a manifest written from the open_clip and pretrained configs, the model built from that manifest
+    and run on one image and two texts before anything is published."""
+    overrides: dict[str, Any] = {}
+    for key, value in (("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std")),
+                       ("interpolation", interpolation), ("resize_mode", resize_mode)):  # fmt: skip
+        if value is not None:
+            overrides[key] = value
+    try:
+        plan = plan_import(
+            arch, weights=weights, hf_dir=hf_dir, pretrained=pretrained, preprocess_tag=preprocess_tag,
+            preprocess_overrides=overrides, cache_dir=cache_dir, allow_download=allow_download,
+            tokenizer_dir=tokenizer_dir,
+        )  # fmt: skip
+        model = load_planned_model(plan)
+        source = {**plan.source, "sha256": sha256_file(plan.checkpoint)}
+        with torch.no_grad():
+            manifest = publish_bundle(
+                ModelStore(store, validator=validate_version),
+                name,
+                model,  # type: ignore[arg-type]
+                plan.architecture,
+                fp16=fp16,
+                aliases=alias or (),
+                version=version,
+                preprocess=PreprocessConfig.from_manifest(plan.preprocess),
+                training={"imported_from": source},
+                notes=notes,
+                **tokenizer_fields(plan.tokenizer_files),
+            )
+    except (ModelImportError, StoreError) as exc:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(code=1) from None
+    aliases = f" ({', '.join(alias)} -> {manifest.version})" if alias else " (no alias: promote it when ready)"
+    console.print(
+        f"[green]imported[/green] {manifest.ref}{aliases}: {manifest.image_size} px, embed_dim {manifest.embed_dim}, "
+        f"{manifest.total_bytes:,} bytes"
+    )
