@@ -22,7 +22,10 @@ from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
 from model_store.version import print_version
 from training.datasets.cli import data_app
+from training.datasets.dataset import InvalidDataset
 from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
+from training.evaluation.userdata.command import evaluate_on_data, summary_lines
+from training.evaluation.userdata.data import UserEvalConfig
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
@@ -130,10 +133,44 @@ def evaluate_cmd(
     store: StoreOpt = Path("models"),
     device: DeviceOpt = "cpu",
     seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
-    write: Annotated[bool, typer.Option(help="Write eval.json into the version.")] = True,
+    write: Annotated[bool, typer.Option(help="Write eval.json (and report.html) into the version.")] = True,
+    data: Annotated[
+        Path | None, typer.Option(help="A dataset of your own (docs/data.md) instead of the built-in world.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="With --data: train, val, test or all (a held-out file).")] = "test",
+    dataset_name: Annotated[
+        str | None, typer.Option(help="With --data: the key prefix (default: from the path).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="With --data: also write report.html, PNGs and eval.json here.")
+    ] = None,
+    n_zeroshot: Annotated[int, typer.Option(help="With --data: labelled images per seed.")] = 2000,
+    n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000,
+    n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
-    """Evaluate a stored version on held-out data; print a markdown table, write eval.json."""
+    """Evaluate a stored version on held-out data; print a markdown table, write eval.json.
+
+    With --data: on your own labelled images and captions (zero-shot with and without the
+    version's comparatives, pair ranking, DCSM, SemCLIP, YUKINO where the version has them),
+    written under data.<name>. in eval.json with an HTML report (report.html) beside it."""
+    if threads:
+        torch.set_num_threads(threads)
     model_store = ModelStore(store)
+    if data is not None:
+        if split not in ("train", "val", "test", "all"):
+            raise typer.BadParameter("--split must be train, val, test or all")
+        cfg = UserEvalConfig(seeds=tuple(range(seeds)), split=split, n_zeroshot=n_zeroshot,  # type: ignore[arg-type]
+                             n_pairs=n_pairs, n_captions=n_captions)  # fmt: skip
+        try:
+            report, name = evaluate_on_data(model_store, ref, data, cfg, name=dataset_name, device=device, write=write,
+                                      out=out, log=console.print)  # fmt: skip
+        except (InvalidDataset, ValueError) as exc:
+            console.print(f"[red]{exc}[/red]", soft_wrap=True, highlight=False)
+            raise typer.Exit(1) from exc
+        for line in summary_lines(report, name):
+            console.print(line, markup=False)
+        return
     bundle = ModelBundle.load(model_store, ref, device=device)
     report = evaluate(bundle, EvalConfig(seeds=tuple(range(seeds))), log=console.print)
     if write:
