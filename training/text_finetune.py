@@ -14,6 +14,8 @@ import torch
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from training.distributed import average_gradients, is_main
+
 TRAINABLE_PREFIXES = ("transformer.", "ln_final", "text_projection", "positional_embedding")
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
@@ -59,7 +61,7 @@ def finetune_text_tower(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     ]
-    with Progress(*columns) as bar:
+    with Progress(*columns, disable=not is_main()) as bar:
         task = bar.add_task(label, total=steps, info="")
         for step in range(steps):
             for g in opt.param_groups:
@@ -67,6 +69,7 @@ def finetune_text_tower(
             loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            average_gradients([*params, *extra])  # across torchrun ranks; a no-op in one process
             torch.nn.utils.clip_grad_norm_(params, 1.0)  # the tower only: the head's steps are its own
             opt.step()
             bar.update(task, advance=1, info=info)

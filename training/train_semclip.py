@@ -20,6 +20,7 @@ from open_clip.model import CLIP
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
 from clipcore.models.clip_model import normalize, text_features
+from training.distributed import sharded_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.render import render_batch
@@ -80,9 +81,14 @@ def train_semclip(
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         idx = rng.choice(len(data["original"]), size=cfg.batch_size, replace=False)
-        texts = [data[k][i] for k in ("original", "paraphrase", "negation") for i in idx]
-        feats = normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
-        t, tp, tn = feats.split(cfg.batch_size)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        t, tp, tn = (
+            sharded_features(encode, [data[k][i] for i in idx]) for k in ("original", "paraphrase", "negation")
+        )
         loss, parts = semclip_loss(
             data["images"][idx].to(cfg.device),
             t,
