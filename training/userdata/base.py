@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from training.encode import Tokenize
 from training.generate.differences import article
 from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
 from training.userdata.context import Images, autocast, items_of, progress, seed_everything
-from training.userdata.publishing import data_summary
+from training.userdata.publishing import data_summary, run_settings
 
 Log = Callable[[str], None]
 
@@ -181,6 +181,6 @@ def run_user_base(
         return None
     return publish_bundle(
         store, name, model.cpu(), model_config, aliases=list(aliases),
-        training={"method": "base", "seed": seed, "device": device, "precision": precision, **asdict(cfg)},
+        training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
         data=data_summary(dataset, "user"), notes="CLIP trained from scratch on user data",
     )  # fmt: skip

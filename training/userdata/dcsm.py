@@ -13,7 +13,7 @@ against its image and other images (``dcsm_caption_negatives_loss``).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
 from training.train_dcsm import dcsm_component, dcsm_files
 from training.userdata.context import RunContext, items_of, progress
-from training.userdata.publishing import data_summary
+from training.userdata.publishing import data_summary, run_settings
 
 
 @dataclass
@@ -184,6 +184,6 @@ def run_dcsm(
     return publish_derived(
         ctx.store, ctx.bundle.ref, name=name, files=dcsm_files(state, config, table),
         components={"dcsm": dcsm_component(config)},
-        training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **asdict(cfg)},
+        training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
         data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"DCSM on user data from {ctx.bundle.ref}",
     )  # fmt: skip

@@ -9,7 +9,7 @@ accuracy does not drift. Image features are the frozen, cached pooled features.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from training.encode import Tokenize
 from training.generate.differences import article, pairs_from_labels
 from training.text_finetune import finetune_text_tower
 from training.userdata.context import RunContext, autocast, items_of
-from training.userdata.publishing import data_summary, text_variant_file
+from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
 @dataclass
@@ -141,6 +141,6 @@ def run_pcclip(
         ctx.store, ctx.bundle.ref, name=name, files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
         text_encoders={"pcclip": "text_pcclip.safetensors"}, components=components,
         training={"method": "pcclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **asdict(cfg)},
+                  **run_settings(cfg)},
         data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
     )  # fmt: skip

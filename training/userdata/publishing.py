@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -34,3 +36,8 @@ def data_summary(dataset: Dataset, source: str, **extra: Any) -> dict[str, Any]:
         "labels": len(dataset.labels),
         **extra,
     }
+
+
+def run_settings(cfg: Any) -> dict[str, Any]:
+    """A run configuration as the manifest stores it (JSON types: tuples become lists)."""
+    return dict(json.loads(json.dumps(asdict(cfg))))

@@ -9,7 +9,7 @@ cached pooled features; the loss is ``clipcore.methods.losses.semclip_loss``.
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from training.generate.negatives import paraphrase, toggle_negation
 from training.text_finetune import finetune_text_tower
 from training.userdata.context import RunContext, autocast
 from training.userdata.pcclip import caption_pairs
-from training.userdata.publishing import data_summary, text_variant_file
+from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
 @dataclass
@@ -97,6 +97,6 @@ def run_semclip(
         ctx.store, ctx.bundle.ref, name=name, files={"text_semclip.safetensors": text_variant_file(ctx, state)},
         text_encoders={"semclip": "text_semclip.safetensors"},
         training={"method": "semclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **asdict(cfg)},
+                  **run_settings(cfg)},
         data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"SemCLIP on user data from {ctx.bundle.ref}",
     )  # fmt: skip

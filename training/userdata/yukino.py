@@ -11,7 +11,7 @@ vocabulary of concept words for its regulariser, and the matching loss alone tra
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from model_store import Manifest
 from training.encode import Tokenize, encode_texts
 from training.userdata.context import RunContext, progress
 from training.userdata.pcclip import caption_pairs
-from training.userdata.publishing import data_summary
+from training.userdata.publishing import data_summary, run_settings
 
 
 @dataclass
@@ -93,6 +93,6 @@ def run_yukino(
     files, component = head.to_files()
     return publish_derived(
         ctx.store, ctx.bundle.ref, name=name, files=files, components={"yukino": component},
-        training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **asdict(cfg)},
+        training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
         data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"YUKINO on user data from {ctx.bundle.ref}",
     )  # fmt: skip
