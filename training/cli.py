@@ -30,11 +30,16 @@ from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
 from training.train_pcclip import PCClipConfig, train_pcclip
+from training.userdata.cli import register as register_userdata_commands
 from training.world.render import render_batch
 from training.world.scene import Split, sample_scene
 
-app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", no_args_is_help=True)
+app = typer.Typer(
+    help="Train, evaluate and publish CLIP models: on your own images and texts (docs/data.md) or the shapes world.",
+    no_args_is_help=True,
+)
 app.add_typer(data_app, name="data")
+register_userdata_commands(app)
 
 
 @app.callback()
@@ -77,14 +82,35 @@ def base_cmd(
     out: Annotated[Path, typer.Option(help="Run directory (checkpoints, resume).")] = Path("runs/base"),
     config: ConfigOpt = "shapes-vit-tiny",
     steps: Annotated[int, typer.Option(help="Training steps.")] = 2200,
-    batch_size: Annotated[int, typer.Option(help="Scenes per step.")] = 128,
+    batch_size: Annotated[int, typer.Option(help="Scenes (or your images) per step.")] = 128,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
+    data: Annotated[
+        Path | None, typer.Option(help="Train on your captions / labelled images instead (docs/data.md).")
+    ] = None,
+    labels: Annotated[Path | None, typer.Option(help="With --data: the label set (default labels.json).")] = None,
+    store: StoreOpt = Path("models"),
+    name: Annotated[str, typer.Option(help="With --data: the model name to publish under.")] = "user",
+    alias: Annotated[list[str] | None, typer.Option(help="With --data: aliases to point at the version.")] = None,
+    precision: Annotated[str, typer.Option(help="With --data: bf16 (default), fp16 or fp32 autocast.")] = "bf16",
+    lr: Annotated[float, typer.Option(help="With --data: peak learning rate.")] = 1e-3,
+    text_freeze_steps: Annotated[int, typer.Option(help="With --data: steps with the text tower frozen.")] = 300,
+    stop_after: Annotated[
+        int | None, typer.Option(help="With --data: end after N steps in all (resume later).")
+    ] = None,
 ) -> None:
-    """Train the base CLIP from scratch (resumes from OUT/checkpoint.pt)."""
+    """Train a base CLIP from scratch: on the shapes world (resumes from OUT/checkpoint.pt), or with --data on
+    your captions at the config's own image size, publishing a version (resumes from OUT/base.checkpoint.pt)."""
     if threads:
         torch.set_num_threads(threads)
+    if data is not None:
+        from training.userdata.cli import train_base_on_data
+
+        train_base_on_data(data, labels, model_config(config), out, store, name, tuple(alias or ()), steps=steps,
+                           batch_size=batch_size, lr=lr, text_freeze_steps=text_freeze_steps, seed=seed,
+                           device=device, precision=precision, stop_after=stop_after)  # fmt: skip
+        return
     cfg = BaseTrainConfig(
         model_config=model_config(config),
         steps=steps,

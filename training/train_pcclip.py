@@ -49,8 +49,8 @@ def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
         sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction) for i in range(cfg.pairs)
     ]
     rng = np.random.default_rng([cfg.seed, 5])
-    firsts = render_batch([p.first for p in pairs], 64, seed=int(rng.integers(2**31)))
-    seconds = render_batch([p.second for p in pairs], 64, seed=int(rng.integers(2**31)))
+    firsts = render_batch([p.first for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
+    seconds = render_batch([p.second for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
     g1 = encode_images(model, firsts, device=cfg.device)
     g2 = encode_images(model, seconds, device=cfg.device)
     captions = [random_caption(p.first, rng) for p in pairs]

@@ -51,7 +51,7 @@ class SemClipConfig:
 
 def triplet_dataset(cfg: SemClipConfig, model: CLIP) -> dict:
     triplets = triplet_set(Split.TRAIN, cfg.seed + 300, cfg.scenes)
-    images = render_batch([t.scene for t in triplets], 64, seed=cfg.seed + 17)
+    images = render_batch([t.scene for t in triplets], model.visual.image_size[0], seed=cfg.seed + 17)
     return {
         "images": encode_images(model, images, device=cfg.device),
         "original": [t.original for t in triplets],
