@@ -102,13 +102,32 @@ def sharded_features(encode: Callable[[list[T]], torch.Tensor], batch: Sequence[
     return gather_with_grad(encode(list(batch[local_slice(len(batch))])))
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sums each part's gradient over the ranks (a reduce-scatter):
+    ``torch.distributed.nn.functional.all_gather``, which newer torch marks deprecated."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        w = world()
+        parts = [torch.empty_like(x) for _ in range(w.size)]
+        dist.all_gather(parts, x.contiguous())
+        ctx.rows = (w.rank * x.shape[0], (w.rank + 1) * x.shape[0])  # type: ignore[attr-defined]
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        total = grad.contiguous().clone()
+        dist.all_reduce(total)
+        start, end = ctx.rows  # type: ignore[attr-defined]
+        return total[start:end]
+
+
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``x`` concatenated in rank order; gradients flow back to each rank's part."""
+    """Every rank's ``x`` concatenated in rank order (all the same shape); gradients flow back to
+    each rank's part, summed over the ranks' losses."""
     if world().size == 1:
         return x
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(x.contiguous()), dim=0)
+    return _GatherWithGrad.apply(x)  # type: ignore[no-any-return]
 
 
 @torch.no_grad()

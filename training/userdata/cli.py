@@ -17,6 +17,7 @@ from rich.console import Console
 
 from model_store import Manifest, ModelStore
 from model_store.errors import StoreError
+from training import distributed
 from training.datasets.dataset import InvalidDataset
 from training.userdata.comparatives import ComparativesRun, run_comparatives
 from training.userdata.context import RunContext
@@ -79,6 +80,7 @@ def open_context(
         for old in directory.glob(f"{command}.checkpoint.pt"):
             old.unlink()
     try:
+        _, device = distributed.setup(device)  # under torchrun: join the ranks (gloo / NCCL)
         return RunContext.open(
             ModelStore(store), model, data, labels=labels, run_dir=directory, cache_dir=cache, device=device,
             precision=precision, seed=seed, log=console.print,  # type: ignore[arg-type]
@@ -104,6 +106,11 @@ def finish(run: Callable[[], Manifest | None], aliases: tuple[str, ...]) -> None
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]", markup=False)
         raise typer.Exit(1) from None
+    finally:
+        main = distributed.is_main()
+        distributed.shutdown()
+    if not main:  # another torchrun rank: rank 0 published
+        return
     if manifest is None:
         console.print("stopped early: rerun the same command to resume and publish")
         return

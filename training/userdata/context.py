@@ -25,9 +25,10 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import image_features, normalize
 from clipcore.models.preprocess import fit_square, normalize_uint8
 from model_store import ModelStore
+from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
 from training.datasets.source import ImageRef, Item
-from training.userdata.feature_cache import FeatureCache, Kind, default_cache_dir
+from training.userdata.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
 
 Log = Callable[[str], None]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -170,6 +171,8 @@ class RunContext:
         digests = self.images.digests(refs)
         store = self.cache.store(kind)
         todo = store.missing(digests)
+        if todo and distributed.world().size > 1:
+            return self._features_across_ranks(kind, digests, todo, batch_size)
         if todo:
             with progress(f"{kind} image features") as bar:
                 task = bar.add_task(kind, total=len(todo), info=f"{len(digests) - len(todo)} cached")
@@ -183,6 +186,31 @@ class RunContext:
                 )
         self.log(f"{kind} features: {len(set(digests))} images, {len(todo)} computed, the rest from {store.directory}")
         return store.get(digests)
+
+    def _features_across_ranks(self, kind: Kind, digests: list[str], todo: list[str], batch_size: int) -> np.ndarray:
+        """Under torchrun: each rank encodes its shard of the missing images, every rank gets all
+        of them, rank 0 adds them to the cache (the others wait for it before reading)."""
+        store = self.cache.store(kind)
+
+        def encode(part: list[str]) -> torch.Tensor:
+            rows = [self._encode(kind, self.images.pixels(part[i : i + batch_size]))
+                    for i in range(0, len(part), batch_size)]  # fmt: skip
+            return torch.from_numpy(np.concatenate(rows))
+
+        if len(todo) < distributed.world().size:  # too few to share: every rank encodes them all
+            computed = encode(todo).numpy()
+        else:
+            computed = distributed.map_sharded(encode, todo).numpy()
+        computed = computed.astype(DTYPES[kind])
+        if distributed.is_main():
+            store.add(todo, computed)
+        torch.distributed.barrier()
+        store.refresh()  # every rank now sees what rank 0 added, so later calls agree on what is missing
+        row = {d: i for i, d in enumerate(todo)}
+        cached = [d for d in dict.fromkeys(digests) if d not in row]
+        known = dict(zip(cached, store.get(cached), strict=True)) if cached else {}
+        self.log(f"{kind} features: {len(set(digests))} images, {len(todo)} computed across ranks")
+        return np.stack([computed[row[d]] if d in row else known[d] for d in digests])
 
     def checkpoint(self, name: str) -> Path:
         return self.run_dir / f"{name}.checkpoint.pt"

@@ -81,6 +81,10 @@ class FeatureStore:
         store._reload()
         return store
 
+    def refresh(self) -> None:
+        """Read the index again (another process, e.g. torchrun's rank 0, may have added features)."""
+        self._reload()
+
     def _reload(self) -> None:
         path = self.directory / "index.json"
         if path.exists():

@@ -20,6 +20,7 @@ from clipcore.models.clip_model import normalize, text_features
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
 from training.datasets.source import ImageRef
+from training.distributed import is_main, sharded_features
 from training.encode import Tokenize
 from training.generate.differences import article, pairs_from_labels
 from training.text_finetune import finetune_text_tower
@@ -101,7 +102,12 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         rng = np.random.default_rng([ctx.seed, step, 11])  # from the step: a resumed run sees the same batches
         idx = rng.choice(n, size=batch, replace=False)
-        f_t = normalize(text_features(model, tokenize([pairs.texts[i] for i in idx]).to(device))[0].float())
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        f_t = sharded_features(encode, [pairs.texts[i] for i in idx])
         loss = pcclip_difference_loss(
             g1[idx].to(device),
             g2[idx].to(device),
@@ -111,7 +117,7 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
         )
         if cfg.caption_weight > 0 and g_cap is not None and len(cap_texts) >= 2:
             cidx = rng.choice(len(cap_texts), size=min(batch, len(cap_texts)), replace=False)
-            f_c = normalize(text_features(model, tokenize([cap_texts[i] for i in cidx]).to(device))[0].float())
+            f_c = sharded_features(encode, [cap_texts[i] for i in cidx])
             loss = loss + cfg.caption_weight * clip_contrastive_loss(g_cap[cidx].to(device), f_c, scale)
         return loss, f"loss {loss.item():.3f}"
 
@@ -134,8 +140,8 @@ def run_pcclip(
     from training.derive import publish_derived
 
     state = train_user_pcclip(ctx, cfg)
-    if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
-        return None
+    if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
+        return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     components = {"default_text_encoder": "pcclip"} if cfg.make_default else {}
     return publish_derived(
         ctx.store, ctx.bundle.ref, name=name, files={"text_pcclip.safetensors": text_variant_file(ctx, state)},

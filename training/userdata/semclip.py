@@ -19,6 +19,7 @@ from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
 from clipcore.models.clip_model import normalize, text_features
 from model_store import Manifest
+from training.distributed import is_main, sharded_features
 from training.encode import Tokenize
 from training.generate.negatives import paraphrase, toggle_negation
 from training.text_finetune import finetune_text_tower
@@ -70,9 +71,12 @@ def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tens
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         idx = np.random.default_rng([ctx.seed, step, 31]).choice(len(keep), size=batch, replace=False)
-        texts = [t[i] for t in (orig, para, neg) for i in idx]
-        feats = normalize(text_features(model, tokenize(texts).to(ctx.device))[0].float())
-        t, tp, tn = feats.split(batch)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(ctx.device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        t, tp, tn = (sharded_features(encode, [texts[i] for i in idx]) for texts in (orig, para, neg))
         loss, parts = semclip_loss(images[idx].to(ctx.device), t, tp, tn, directions, scale, cfg.weights, True, True)
         return loss, " ".join(f"{k} {v:.3f}" for k, v in parts.items())
 
@@ -91,8 +95,8 @@ def run_semclip(
     from training.derive import publish_derived
 
     state = train_user_semclip(ctx, cfg)
-    if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
-        return None
+    if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
+        return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     return publish_derived(
         ctx.store, ctx.bundle.ref, name=name, files={"text_semclip.safetensors": text_variant_file(ctx, state)},
         text_encoders={"semclip": "text_semclip.safetensors"},
