@@ -60,7 +60,7 @@ def main() -> None:
         data = write_user_dataset(root / "data", per_label=args.images // 4, scenes=0, size=image_size(config))
         ctx = RunContext.open(ModelStore(root / "store"), "bench@production", data, run_dir=root / "run",
                               cache_dir=root / "features", device=args.device, precision="auto")  # fmt: skip
-        refs = [item.images[0] for item in ctx.dataset.items]
+        refs = [item.images[0] for item in ctx.dataset.of_kind("label")]
         for kind in ("pooled", "dense"):
             t0 = time.perf_counter()
             ctx.features(kind, refs)  # type: ignore[arg-type]
