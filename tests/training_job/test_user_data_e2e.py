@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from model_store import ModelStore
 from tests.training_job.fake_llm import fake_llm_server
-from tests.training_job.user_data import LABELS, write_user_dataset
 from training.cli import app
 from training.generate.llm import MIN_CHARS, clean_comparative
+from training.userdata.demo_data import LABELS, write_user_dataset
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import image_features, normalize
 from clipcore.models.preprocess import fit_square, normalize_uint8
 from model_store import ModelStore
-from tests.training_job.user_data import write_user_dataset
 from training.cli import app
 from training.derive import publish_derived
 from training.userdata.context import RunContext
+from training.userdata.demo_data import write_user_dataset
 from training.userdata.feature_cache import tower_key
 from training.userdata.pcclip import PCClipRun, run_pcclip
 from training.userdata.semclip import SemClipRun, run_semclip

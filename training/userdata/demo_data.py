@@ -1,5 +1,8 @@
-"""A small dataset of a user's own: pictures drawn with PIL (fruit-like blobs on plain backgrounds),
-as JPEG and PNG files in a folder, with JSONL records of every kind and a label set with attributes.
+"""A small dataset in the user-data format to try the commands on: pictures drawn with PIL
+(fruit-like blobs on textured backgrounds) as JPEG and PNG files, JSONL records of every kind and a
+label set with attributes. The tests and the training benchmark use it.
+
+    python -m training.userdata.demo_data OUT_DIR [--per-label N] [--scenes N] [--size PX]
 
 Nothing here comes from the shapes-world renderer: other colours, sizes, backgrounds and a
 different drawing, as a user's photos would be.
@@ -47,7 +50,7 @@ def draw(objects: list[tuple[str, float, float]], rng: random.Random, size: int 
     return img
 
 
-def write_user_dataset(root: Path, per_label: int = 24, scenes: int = 40, seed: int = 0) -> Path:
+def write_user_dataset(root: Path, per_label: int = 24, scenes: int = 40, seed: int = 0, size: int = 80) -> Path:
     """Images under ``root/images``, records in ``root/*.jsonl``, ``root/labels.json``; returns ``root``."""
     rng = random.Random(seed)
     images = root / "images"
@@ -56,13 +59,15 @@ def write_user_dataset(root: Path, per_label: int = 24, scenes: int = 40, seed: 
     for label in FRUITS:
         for i in range(per_label):
             name = f"images/{label}_{i:03d}.{'jpg' if i % 2 else 'png'}"
-            draw([(label, rng.uniform(0.35, 0.65), rng.uniform(0.35, 0.65))], rng).save(root / name)
+            draw([(label, rng.uniform(0.35, 0.65), rng.uniform(0.35, 0.65))], rng, size).save(root / name)
             labelled.append({"image": name, "label": label})
     names = list(FRUITS)
     for i in range(scenes):
         a, b = rng.sample(names, 2)
         name = f"images/scene_{i:03d}.jpg"
-        draw([(a, 0.27, rng.uniform(0.4, 0.6)), (b, 0.73, rng.uniform(0.4, 0.6))], rng).save(root / name, quality=92)
+        draw([(a, 0.27, rng.uniform(0.4, 0.6)), (b, 0.73, rng.uniform(0.4, 0.6))], rng, size).save(
+            root / name, quality=92
+        )
         ca, cb = LABELS[a]["colour"], LABELS[b]["colour"]
         captions.append({"image": name, "caption": f"a {ca} {a} left of a {cb} {b}"})
     for i in range(0, len(labelled) - per_label, 7):
@@ -75,3 +80,15 @@ def write_user_dataset(root: Path, per_label: int = 24, scenes: int = 40, seed: 
     (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
     (root / "labels.json").write_text(json.dumps(LABELS, indent=2))
     return root
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a small drawn dataset in the user-data format.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--per-label", type=int, default=24, help="labelled images per label")
+    parser.add_argument("--scenes", type=int, default=40, help="two-object captioned images")
+    parser.add_argument("--size", type=int, default=80, help="image side in pixels")
+    args = parser.parse_args()
+    print(write_user_dataset(args.out, args.per_label, args.scenes, size=args.size))
