@@ -81,7 +81,7 @@ def test_pcclip_on_user_data_under_torchrun(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     from model_store import ModelStore
-    from tests.training_job.user_data import write_user_dataset
+    from training.userdata.demo_data import write_user_dataset
 
     data = write_user_dataset(tmp_path / "data", per_label=8, scenes=4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
