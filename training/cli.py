@@ -309,5 +309,41 @@ def init_random(
     console.print(f"published {manifest.ref}")
 
 
+@app.command("import-open-clip")
+def import_open_clip(
+    name: str,
+    arch: Annotated[str, typer.Option(help="open_clip architecture name (ViT-B-32, ...) or a JSON config file.")],
+    pretrained: Annotated[
+        str, typer.Option(help="A local checkpoint file, or an open_clip pretrained tag (downloaded by open_clip).")
+    ],
+    store: StoreOpt = Path("models"),
+    alias: Annotated[list[str] | None, typer.Option(help="Aliases to point at it (default: production).")] = None,
+) -> None:
+    """Publish a pretrained open_clip model as a version: the base the per-method commands start from."""
+    import open_clip
+
+    config_file = Path(arch)
+    if config_file.suffix == ".json" and config_file.is_file():
+        open_clip.add_model_config(config_file)  # a config of your own, registered under its file's stem
+        arch = config_file.stem
+    if open_clip.get_model_config(arch) is None:
+        console.print(f"[red]unknown open_clip architecture {arch!r}[/red]", highlight=False)
+        raise typer.Exit(1)
+    try:
+        model = open_clip.create_model(arch, pretrained=pretrained)
+    except (RuntimeError, ValueError, OSError) as exc:  # no such tag or file, or weights of another shape
+        console.print(f"[red]cannot load {arch} weights {pretrained!r}: {exc}[/red]", markup=False)
+        raise typer.Exit(1) from None
+    config = dict(model_config(arch))
+    if pretrained == "openai":  # open_clip builds OpenAI's weights with QuickGELU
+        config["quick_gelu"] = True
+    manifest = publish_bundle(
+        ModelStore(store), name, model, config, aliases=alias if alias is not None else ["production"],
+        training={"method": "import", "open_clip": arch, "pretrained": pretrained},
+        notes=f"open_clip {arch} with pretrained weights {pretrained}",
+    )  # fmt: skip
+    console.print(f"published {manifest.ref}")
+
+
 if __name__ == "__main__":
     app()
