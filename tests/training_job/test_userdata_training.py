@@ -130,3 +130,21 @@ def test_semclip_and_yukino_publish_versions_that_keep_the_base(user_data: Path,
     assert loaded.yukino is not None and loaded.yukino.text_encoder == "semclip"
     pixels = np.zeros((2, loaded.image_size, loaded.image_size, 3), dtype=np.uint8)
     assert loaded.yukino_prompts(pixels).shape == (2, 2, loaded.embed_dim)
+
+
+def test_dcsm_contrasts_a_labelled_image_with_another_label_and_its_own_negation(user_data: Path) -> None:
+    """Label records alone still teach DCSM what "no" does: each labelled image gets another
+    label's caption and its caption's rule-based edits (the negation) as hard negatives."""
+    from types import SimpleNamespace
+
+    from training.datasets.dataset import load_dataset
+    from training.userdata.dcsm import negative_items
+
+    dataset = load_dataset(user_data / "labelled.jsonl")
+    items = negative_items(SimpleNamespace(dataset=dataset, seed=0))  # type: ignore[arg-type]
+    assert items.images and len(items.captions) == len(items.negatives) == items.generated
+    for caption, negatives in zip(items.captions, items.negatives, strict=True):
+        label = caption.removeprefix("a photo of ").split(" ", 1)[1].rstrip(".")
+        other = negatives[0].removeprefix("a photo of ").split(" ", 1)[1].rstrip(".")
+        assert other != label and other in dataset.labels
+        assert any(n.startswith("no ") or " not " in n or " no " in n for n in negatives[1:]), negatives

@@ -3,7 +3,8 @@
 Each training item is an image, its caption and hard negatives of that caption: the user's
 ``negatives`` records as written; for ``caption`` records, rule-based edits
 (``training.generate.negatives``: swapped attributes, flipped relations, toggled negation); for
-labelled images, "a photo of a {label}" against the same caption with another label. The
+labelled images, "a photo of a {label}" against the same caption with another label and its
+rule-based edits. The
 functional-word table is extended by the relation words the captions use. Dense image features
 come from the on-disk cache; the distinct texts are encoded once per run. Each step scores every
 image against its caption, one of its negatives and other items' captions, and every caption
@@ -78,9 +79,12 @@ def negative_items(ctx: RunContext) -> NegativeItems:
         others = [lab for lab in labels if lab != item.record.label]
         if others:
             other = others[int(rng.integers(len(others)))]
+            caption = f"a photo of {article(item.record.label)} {item.record.label}."
             out.images.append(item.images[0])
-            out.captions.append(f"a photo of {article(item.record.label)} {item.record.label}.")
-            out.negatives.append([f"a photo of {article(other)} {other}."])
+            out.captions.append(caption)
+            # Another label, and the caption's own edits (its negation): a scorer that only ever
+            # saw other labels learns nothing about "no" and may prefer the negated caption.
+            out.negatives.append([f"a photo of {article(other)} {other}.", *hard_negatives(caption, words).values()])
             out.generated += 1
     if len(out.images) < 2:
         raise ValueError("DCSM needs at least two items with a caption and a hard negative (docs/data.md)")

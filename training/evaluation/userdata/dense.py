@@ -2,7 +2,8 @@
 
 Each caption is scored against a caption that is false of its image and differs by one edit
 (``training.generate.negatives``: swapped attributes, a flipped relation, a toggled negation), plus
-the user's own negatives where the data has them. 2-way accuracy: the true caption must score
+the user's own negatives where the data has them, and for labelled images (data without
+captions) the caption of another label (kind ``label``). 2-way accuracy: the true caption must score
 higher (chance 0.5). Cosine uses the base encoder's pooled embeddings; DCSM uses the version's
 scorer over token x patch maps (``ModelBundle.score_dense``), what ``POST /score/dense`` answers.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.evaluation.userdata.data import EvalSet, UserEvalConfig, sample
+from training.evaluation.userdata.data import EvalSet, UserEvalConfig, label_caption, sample
 from training.generate.negatives import attribute_words, hard_negatives
 
 Triple = tuple[int, str, str, str]  # index of the image in the sample, caption, negative, kind
@@ -21,10 +22,17 @@ def negative_triples(es: EvalSet, cfg: UserEvalConfig, seed: int) -> tuple[list,
     picked = sample(es.captioned(), cfg.n_captions, seed, salt=4)
     words = attribute_words(es.dataset.labels)
     triples: list[Triple] = []
-    for index, (_, caption, own) in enumerate(picked):
+    labels = sorted(es.dataset.labels)
+    rng = np.random.default_rng([seed, 4])
+    for index, (item, caption, own) in enumerate(picked):
         for kind, negative in hard_negatives(caption, words).items():
             triples.append((index, caption, negative, kind))
         triples.extend((index, caption, negative, "user") for negative in own)
+        own_label = getattr(item.record, "label", None)
+        if own_label is not None and caption == label_caption(own_label):  # a labelled image: another label
+            others = [label for label in labels if label != own_label]
+            if others:
+                triples.append((index, caption, label_caption(others[int(rng.integers(len(others)))]), "label"))
     return picked, triples
 
 
