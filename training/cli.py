@@ -20,6 +20,7 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
 from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
+from model_store.errors import StoreError
 from model_store.version import print_version
 from training.datasets.cli import data_app
 from training.datasets.dataset import InvalidDataset
@@ -191,9 +192,9 @@ def evaluate_cmd(
         try:
             report, name = evaluate_on_data(model_store, ref, data, cfg, name=dataset_name, device=device, write=write,
                                       out=out, log=console.print)  # fmt: skip
-        except (InvalidDataset, ValueError) as exc:
-            console.print(f"[red]{exc}[/red]", soft_wrap=True, highlight=False)
-            raise typer.Exit(1) from exc
+        except (InvalidDataset, ValueError, StoreError) as exc:  # bad data, or no such model / version
+            console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
+            raise typer.Exit(1) from None
         for line in summary_lines(report, name):
             console.print(line, markup=False)
         return

@@ -72,7 +72,8 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
     report = json.loads(store.file_path(name, version, "eval.json").read_text())
     m = report["metrics"]
     for key in ("zeroshot.acc", "zeroshot_comparative.acc", "zeroshot.confused_acc", "rank_pair.label.base",
-                "hard_negatives.cosine.all", "semclip.orig_over_neg.base", "winoground.group.cosine"):  # fmt: skip
+                "hard_negatives.cosine.all", "hard_negatives.cosine.label",
+                "semclip.orig_over_neg.base", "winoground.group.cosine"):  # fmt: skip
         assert 0.0 <= m[f"data.fmnist.{key}"] <= 1.0, key
         assert f"data.fmnist.{key}.stderr" in m
     section = report["datasets"]["fmnist"]
@@ -116,3 +117,8 @@ def test_bad_data_stops_the_evaluation_with_its_line(data: Path, root: Path, tmp
     result = runner.invoke(app, ["evaluate", "fm@plain", "--store", str(root), "--data", str(bad), "--split", "all"])
     assert result.exit_code == 1
     assert "bad.jsonl:2" in result.output
+
+
+def test_an_unknown_version_is_named_without_a_traceback(data: Path, root: Path) -> None:
+    result = runner.invoke(app, ["evaluate", "fm@nowhere", "--store", str(root), "--data", str(data / "test.jsonl")])
+    assert result.exit_code == 1 and "nowhere" in result.output and "Traceback" not in result.output
