@@ -21,7 +21,7 @@ from model_store.naming import MANIFEST_FILE, validate_filename, validate_name
 
 SCHEMA_VERSION = 1
 # Files that may be added or replaced after publish; they are never checksummed.
-ANNEX_FILES: frozenset[str] = frozenset({"eval.json"})
+ANNEX_FILES: frozenset[str] = frozenset({"eval.json", "report.html"})
 
 
 def utc_now_iso() -> str:

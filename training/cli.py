@@ -21,20 +21,30 @@ from clipcore.models.clip_model import build_model
 from clipcore.models.publish import publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore
+from model_store.errors import StoreError
 from model_store.version import print_version
 from training.datasets.cli import data_app
+from training.datasets.dataset import InvalidDataset
 from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
+from training.evaluation.userdata.command import evaluate_on_data, summary_lines
+from training.evaluation.userdata.data import UserEvalConfig
 from training.import_command import import_cmd
+from training.options import StoreOpt
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
 from training.train_pcclip import PCClipConfig, train_pcclip
+from training.userdata.cli import register as register_userdata_commands
 from training.world.render import render_batch
 from training.world.scene import Split, sample_scene
 
-app = typer.Typer(help="Train, evaluate and publish shapes-world CLIP models.", no_args_is_help=True)
+app = typer.Typer(
+    help="Train, evaluate and publish CLIP models: on your own images and texts (docs/data.md) or the shapes world.",
+    no_args_is_help=True,
+)
 app.add_typer(data_app, name="data")
 app.command("import")(import_cmd)
+register_userdata_commands(app)
 
 
 @app.callback()
@@ -49,16 +59,6 @@ def _main(
 console = Console()
 
 
-# A string, not a Path: pathlib would turn s3://bucket/prefix into s3:/bucket/prefix. CLIP_STORE is
-# the one name the service and both command lines read; MODEL_STORE is a deprecated alias.
-StoreOpt = Annotated[
-    str,
-    typer.Option(
-        "--store",
-        envvar=["CLIP_STORE", "MODEL_STORE"],
-        help="Model store: a directory or s3://bucket/prefix (env CLIP_STORE).",
-    ),
-]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
@@ -86,14 +86,35 @@ def base_cmd(
     out: Annotated[Path, typer.Option(help="Run directory (checkpoints, resume).")] = Path("runs/base"),
     config: ConfigOpt = "shapes-vit-tiny",
     steps: Annotated[int, typer.Option(help="Training steps.")] = 2200,
-    batch_size: Annotated[int, typer.Option(help="Scenes per step.")] = 128,
+    batch_size: Annotated[int, typer.Option(help="Scenes (or your images) per step.")] = 128,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
     threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
+    data: Annotated[
+        Path | None, typer.Option(help="Train on your captions / labelled images instead (docs/data.md).")
+    ] = None,
+    labels: Annotated[Path | None, typer.Option(help="With --data: the label set (default labels.json).")] = None,
+    store: StoreOpt = "models",
+    name: Annotated[str, typer.Option(help="With --data: the model name to publish under.")] = "user",
+    alias: Annotated[list[str] | None, typer.Option(help="With --data: aliases to point at the version.")] = None,
+    precision: Annotated[str, typer.Option(help="With --data: bf16 (default), fp16 or fp32 autocast.")] = "bf16",
+    lr: Annotated[float, typer.Option(help="With --data: peak learning rate.")] = 1e-3,
+    text_freeze_steps: Annotated[int, typer.Option(help="With --data: steps with the text tower frozen.")] = 300,
+    stop_after: Annotated[
+        int | None, typer.Option(help="With --data: end after N steps in all (resume later).")
+    ] = None,
 ) -> None:
-    """Train the base CLIP from scratch (resumes from OUT/checkpoint.pt)."""
+    """Train a base CLIP from scratch: on the shapes world (resumes from OUT/checkpoint.pt), or with --data on
+    your captions at the config's own image size, publishing a version (resumes from OUT/base.checkpoint.pt)."""
     if threads:
         torch.set_num_threads(threads)
+    if data is not None:
+        from training.userdata.cli import train_base_on_data
+
+        train_base_on_data(data, labels, model_config(config), out, store, name, tuple(alias or ()), steps=steps,
+                           batch_size=batch_size, lr=lr, text_freeze_steps=text_freeze_steps, seed=seed,
+                           device=device, precision=precision, stop_after=stop_after)  # fmt: skip
+        return
     cfg = BaseTrainConfig(
         model_config=model_config(config),
         steps=steps,
@@ -144,10 +165,44 @@ def evaluate_cmd(
     store: StoreOpt = "models",
     device: DeviceOpt = "cpu",
     seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
-    write: Annotated[bool, typer.Option(help="Write eval.json into the version.")] = True,
+    write: Annotated[bool, typer.Option(help="Write eval.json (and report.html) into the version.")] = True,
+    data: Annotated[
+        Path | None, typer.Option(help="A dataset of your own (docs/data.md) instead of the built-in world.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="With --data: train, val, test or all (a held-out file).")] = "test",
+    dataset_name: Annotated[
+        str | None, typer.Option(help="With --data: the key prefix (default: from the path).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="With --data: also write report.html, PNGs and eval.json here.")
+    ] = None,
+    n_zeroshot: Annotated[int, typer.Option(help="With --data: labelled images per seed.")] = 2000,
+    n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000,
+    n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
-    """Evaluate a stored version on held-out data; print a markdown table, write eval.json."""
+    """Evaluate a stored version on held-out data; print a markdown table, write eval.json.
+
+    With --data: on your own labelled images and captions (zero-shot with and without the
+    version's comparatives, pair ranking, DCSM, SemCLIP, YUKINO where the version has them),
+    written under data.<name>. in eval.json with an HTML report (report.html) beside it."""
+    if threads:
+        torch.set_num_threads(threads)
     model_store = ModelStore(store)
+    if data is not None:
+        if split not in ("train", "val", "test", "all"):
+            raise typer.BadParameter("--split must be train, val, test or all")
+        cfg = UserEvalConfig(seeds=tuple(range(seeds)), split=split, n_zeroshot=n_zeroshot,  # type: ignore[arg-type]
+                             n_pairs=n_pairs, n_captions=n_captions)  # fmt: skip
+        try:
+            report, name = evaluate_on_data(model_store, ref, data, cfg, name=dataset_name, device=device, write=write,
+                                      out=out, log=console.print)  # fmt: skip
+        except (InvalidDataset, ValueError, StoreError) as exc:  # bad data, or no such model / version
+            console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
+            raise typer.Exit(1) from None
+        for line in summary_lines(report, name):
+            console.print(line, markup=False)
+        return
     bundle = ModelBundle.load(model_store, ref, device=device)
     report = evaluate(bundle, EvalConfig(seeds=tuple(range(seeds))), log=console.print)
     if write:

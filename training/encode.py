@@ -10,6 +10,7 @@ from open_clip.model import CLIP
 
 from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
 from clipcore.models.preprocess import normalize_uint8
+from training.distributed import map_sharded
 
 
 class Tokenize:
@@ -29,13 +30,18 @@ class Tokenize:
 
 @torch.no_grad()
 def encode_images(model: CLIP, images: np.ndarray, batch_size: int = 256, device: str = "cpu") -> torch.Tensor:
-    """(N, H, W, 3) uint8 -> (N, D) L2-normalised float32 on CPU."""
+    """(N, H, W, 3) uint8 -> (N, D) L2-normalised float32 on CPU. Under torchrun each rank encodes
+    its shard of the images and every rank gets all of them (``training.distributed``)."""
     model.eval()
-    out = []
-    for i in range(0, len(images), batch_size):
-        x = normalize_uint8(images[i : i + batch_size]).to(device)
-        out.append(normalize(image_features(model, x)[0]).float().cpu())
-    return torch.cat(out)
+
+    def encode(part: np.ndarray) -> torch.Tensor:
+        out = [torch.zeros(0, int(model.text_projection.shape[1]))]
+        for i in range(0, len(part), batch_size):
+            x = normalize_uint8(part[i : i + batch_size]).to(device)
+            out.append(normalize(image_features(model, x)[0]).float().cpu())
+        return torch.cat(out)
+
+    return map_sharded(encode, images)
 
 
 @torch.no_grad()

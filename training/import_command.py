@@ -22,6 +22,7 @@ from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.publish import publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore, StoreError
+from training.options import StoreOpt
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -50,10 +51,7 @@ def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
 
 def import_cmd(
     name: Annotated[str, typer.Argument(help="Model name in the store.")],
-    store: Annotated[
-        Path,
-        typer.Option("--store", envvar=["CLIP_STORE", "MODEL_STORE"], help="Model store root (env CLIP_STORE)."),
-    ] = Path("models"),
+    store: StoreOpt = "models",
     arch: Annotated[
         str | None,
         typer.Option(

@@ -28,10 +28,10 @@ class ProbeSet:
     images: np.ndarray
 
 
-def probe_set(split: Split, seed: int, n: int) -> ProbeSet:
-    """``n`` single-object scenes of ``split``, rendered without jitter."""
+def probe_set(split: Split, seed: int, n: int, size: int = 64) -> ProbeSet:
+    """``n`` single-object scenes of ``split``, rendered at ``size`` px without jitter."""
     scenes = [sample_scene(split, seed, i, n_objects=1) for i in range(n)]
-    return ProbeSet(scenes, render_batch(scenes, 64, seed=None))
+    return ProbeSet(scenes, render_batch(scenes, size, seed=None))
 
 
 def attribute_classifier(model: CLIP, tokenize: Tokenize, attribute: str, device: str = "cpu") -> np.ndarray:

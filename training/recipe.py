@@ -73,9 +73,19 @@ class DefaultRecipe:
 
 
 def model_config(name_or_path: str) -> dict:
+    """A JSON file, a config of training/configs, or an open_clip architecture name (``ViT-B-32``)."""
     path = Path(name_or_path)
     if not path.exists():
         path = CONFIG_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        import open_clip
+
+        config = open_clip.get_model_config(name_or_path)
+        if config is None:
+            raise ValueError(
+                f"no model config {name_or_path!r}: not a file, not in {CONFIG_DIR}, not an open_clip name"
+            )
+        return dict(config)
     return json.loads(path.read_text())
 
 

@@ -7,8 +7,11 @@ token-embedding table stays shared with the base, which keeps a variant's file s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +19,7 @@ from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.clip_model import is_trainable_text_param
+from training.distributed import average_gradients, is_main
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
 StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
@@ -32,12 +36,22 @@ def finetune_text_tower(
     label: str,
     extra: Sequence[torch.nn.Parameter] = (),
     extra_lr: float | None = None,
+    checkpoint: Path | None = None,
+    checkpoint_every: int = 50,
+    stop_after: int | None = None,
+    amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps.
 
     ``extra``: parameters outside the model that ``step_loss`` uses (an auxiliary head), trained
     alongside at ``extra_lr`` (default ``lr``): a head that starts from scratch needs a far larger
     step than a pretrained tower that must not drift.
+
+    ``checkpoint``: the trainable tensors, the optimiser and the step are saved there every
+    ``checkpoint_every`` steps and at the end, and a run finding it resumes from it (the same
+    result as an uninterrupted run when ``step_loss`` draws its batch from the step number).
+    ``stop_after``: end this run after that many steps in all (resume later). ``amp``: the
+    autocast context of the forward passes.
     """
     torch.manual_seed(seed)
     model = copy.deepcopy(base).to(device)
@@ -52,6 +66,33 @@ def finetune_text_tower(
         groups.append({"params": list(extra), "base_lr": lr if extra_lr is None else extra_lr})
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01)
     history: list[dict[str, float]] = []
+    start = 0
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        named = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in saved["params"].items():
+                named[name].copy_(value)
+            for p, value in zip(extra, saved["extra"], strict=True):
+                p.copy_(value)
+        opt.load_state_dict(saved["optimizer"])
+        start, history = int(saved["step"]), list(saved["history"])
+
+    def save(step: int) -> None:
+        if checkpoint is None or not is_main():  # ranks hold the same weights: one writes
+            return
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "params": {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad},
+            "extra": [p.detach().cpu() for p in extra],
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "history": history,
+        }
+        torch.save(state, checkpoint.with_suffix(".tmp"))
+        checkpoint.with_suffix(".tmp").replace(checkpoint)
+
+    end = steps if stop_after is None else min(steps, stop_after)
     columns = [
         TextColumn(f"[bold]{label}"),
         BarColumn(),
@@ -60,17 +101,21 @@ def finetune_text_tower(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     ]
-    with Progress(*columns) as bar:
-        task = bar.add_task(label, total=steps, info="")
-        for step in range(steps):
+    with Progress(*columns, disable=not is_main()) as bar:
+        task = bar.add_task(label, total=steps, completed=start, info="")
+        for step in range(start, end):
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
-            loss, info = step_loss(model, step)
+            with amp():
+                loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            average_gradients([*params, *extra])  # across torchrun ranks; a no-op in one process
             torch.nn.utils.clip_grad_norm_(params, 1.0)  # the tower only: the head's steps are its own
             opt.step()
             bar.update(task, advance=1, info=info)
             if (step + 1) % 100 == 0:
                 history.append({"step": step + 1, "loss": loss.item()})
+            if (step + 1) % checkpoint_every == 0 or step + 1 == end:
+                save(step + 1)
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}, history

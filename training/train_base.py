@@ -70,11 +70,17 @@ def word_token_mask(tokens: torch.Tensor) -> torch.Tensor:
     return (pos > 0) & (pos < tokens.argmax(dim=-1, keepdim=True))
 
 
+def image_size(model_config: dict[str, Any]) -> int:
+    """The square input size of a config's image tower (open_clip's default 224 when unset)."""
+    size = model_config.get("vision_cfg", {}).get("image_size", 224)
+    return int(size[0] if isinstance(size, list | tuple) else size)
+
+
 def make_batch(cfg: BaseTrainConfig, step: int, tokenize: Tokenize) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
     base = step * cfg.batch_size
     scenes = [sample_scene(Split.TRAIN, cfg.seed, base + i, p_two=cfg.p_two_objects) for i in range(cfg.batch_size)]
     rng = np.random.default_rng([cfg.seed, step, 7])
-    images = normalize_uint8(render_batch(scenes, 64, seed=int(rng.integers(2**31))))
+    images = normalize_uint8(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
     captions = [random_caption(s, rng) for s in scenes]
     return scenes, images, tokenize(captions)
 
@@ -119,7 +125,7 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
         opt.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
         log(f"resumed from step {start}")
-    probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes)
+    probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes, image_size(cfg.model_config))
     autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
     t0 = time.time()
     columns = [

@@ -19,6 +19,7 @@ from open_clip.model import CLIP
 
 from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
 from clipcore.models.clip_model import normalize, text_features
+from training.distributed import sharded_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.captions import random_caption
@@ -48,8 +49,8 @@ def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
         sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction) for i in range(cfg.pairs)
     ]
     rng = np.random.default_rng([cfg.seed, 5])
-    firsts = render_batch([p.first for p in pairs], 64, seed=int(rng.integers(2**31)))
-    seconds = render_batch([p.second for p in pairs], 64, seed=int(rng.integers(2**31)))
+    firsts = render_batch([p.first for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
+    seconds = render_batch([p.second for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
     g1 = encode_images(model, firsts, device=cfg.device)
     g2 = encode_images(model, seconds, device=cfg.device)
     captions = [random_caption(p.first, rng) for p in pairs]
@@ -68,13 +69,16 @@ def train_pcclip(base: CLIP, cfg: PCClipConfig, out_dir: Path | None = None, log
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         idx = rng.choice(cfg.pairs, size=cfg.batch_size, replace=False)
-        texts = [data["texts"][i] for i in idx]
-        f_t = normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        f_t = sharded_features(encode, [data["texts"][i] for i in idx])
         g1, g2 = data["g1"][idx].to(cfg.device), data["g2"][idx].to(cfg.device)
         loss = pcclip_difference_loss(g1, g2, f_t, temperature=cfg.temperature, kind=cfg.loss)  # type: ignore[arg-type]
         if cfg.caption_weight > 0:
-            caps = [data["captions"][i] for i in idx]
-            f_c = normalize(text_features(model, tokenize(caps).to(cfg.device))[0].float())
+            f_c = sharded_features(encode, [data["captions"][i] for i in idx])
             loss = loss + cfg.caption_weight * clip_contrastive_loss(g1, f_c, scale)
         return loss, f"loss {loss.item():.3f}"
 

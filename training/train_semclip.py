@@ -20,6 +20,7 @@ from open_clip.model import CLIP
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
 from clipcore.models.clip_model import embed_width, normalize, text_features
+from training.distributed import sharded_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
 from training.world.render import render_batch
@@ -50,7 +51,7 @@ class SemClipConfig:
 
 def triplet_dataset(cfg: SemClipConfig, model: CLIP) -> dict:
     triplets = triplet_set(Split.TRAIN, cfg.seed + 300, cfg.scenes)
-    images = render_batch([t.scene for t in triplets], 64, seed=cfg.seed + 17)
+    images = render_batch([t.scene for t in triplets], model.visual.image_size[0], seed=cfg.seed + 17)
     return {
         "images": encode_images(model, images, device=cfg.device),
         "original": [t.original for t in triplets],
@@ -80,9 +81,14 @@ def train_semclip(
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         idx = rng.choice(len(data["original"]), size=cfg.batch_size, replace=False)
-        texts = [data[k][i] for k in ("original", "paraphrase", "negation") for i in idx]
-        feats = normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
-        t, tp, tn = feats.split(cfg.batch_size)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        t, tp, tn = (
+            sharded_features(encode, [data[k][i] for i in idx]) for k in ("original", "paraphrase", "negation")
+        )
         loss, parts = semclip_loss(
             data["images"][idx].to(cfg.device),
             t,

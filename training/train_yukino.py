@@ -86,7 +86,11 @@ def train_yukino_text(
     items = hard_negative_set(Split.TRAIN, cfg.seed + 700, cfg.items)
     scenes = [h.scene for h in items] + [h.negative_scene for h in items]
     captions = [h.positive for h in items] + [h.negative for h in items]
-    images = encode_images(base.to(cfg.device).eval(), render_batch(scenes, 64, seed=cfg.seed + 29), device=cfg.device)
+    images = encode_images(
+        base.to(cfg.device).eval(),
+        render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 29),
+        device=cfg.device,
+    )
     targets = torch.from_numpy(np.stack([scene_features(s) for s in scenes]))
     tokens = Tokenize(start.context_length)(captions)
     log(f"yukino text: {len(scenes)} images and captions prepared in {time.time() - t0:.1f}s")
@@ -186,7 +190,7 @@ def train_inverter(
     scenes = [h.scene for h in items] + [h.negative_scene for h in items]
     captions = [h.positive for h in items] + [h.negative for h in items]
     base = base.to(cfg.device).eval()
-    pixels = render_batch(scenes, 64, seed=cfg.seed + 23)
+    pixels = render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 23)
     tokens = image_tokens(base, pixels, cfg.device)
     text_model = text_model.to(cfg.device).eval()
     for p in text_model.parameters():

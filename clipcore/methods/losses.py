@@ -18,6 +18,7 @@ from clipcore.methods.dcsm import DCSMScorer, _cosines, candidate_pairs, finish_
 __all__ = [
     "clip_contrastive_loss",
     "dcsm_batch_loss",
+    "dcsm_caption_negatives_loss",
     "dcsm_loss",
     "filip_loss",
     "mask_alignment_loss",
@@ -341,4 +342,37 @@ def dcsm_batch_loss(
         maps = finish_maps(side.reshape(n2 * k, length, n_img), valid[t], row_index[t], table)
         text_scores = torch.cat([text_scores, scorer(maps).reshape(n2, k)], dim=1)
     accuracy = (pos > cross).float().mean()
+    return dcsm_loss(image_scores, text_scores), accuracy
+
+
+def dcsm_caption_negatives_loss(
+    scorer: DCSMScorer,
+    img_tok: torch.Tensor,
+    cand_tok: torch.Tensor,
+    cand_valid: torch.Tensor,
+    cand_rows: torch.Tensor,
+    image_cand: torch.Tensor,
+    table: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DCSM loss when hard negatives are captions only (a user's data has no negative images).
+
+    ``img_tok`` (B, 1+P, D) images; ``cand_tok`` (B, C, L, D) each image's candidate texts with
+    ``cand_valid`` / ``cand_rows`` (B, C, L): column 0 its caption, column 1 a hard negative of
+    it, then any other texts (other items' captions). ``image_cand`` (B, K) indices into the batch:
+    column 0 the item itself, then other images its caption is contrasted with. Features must be
+    L2-normalised. Returns the symmetric loss and the share of images that score their caption
+    above its hard negative.
+    """
+    b, c, length, d = cand_tok.shape
+    n_img = img_tok.shape[1]
+    sim = _cosines(img_tok[:, None], cand_tok, True).reshape(b * c, length, n_img)
+    image_scores = scorer(finish_maps(sim, cand_valid.reshape(b * c, length), cand_rows.reshape(b * c, length),
+                                      table)).reshape(b, c)  # fmt: skip
+    k = image_cand.shape[1]
+    images = img_tok[image_cand]  # (B, K, 1+P, D)
+    side = _cosines(images, cand_tok[:, :1], True).reshape(b * k, length, n_img)
+    valid = cand_valid[:, :1].expand(b, k, length).reshape(b * k, length)
+    rows = cand_rows[:, :1].expand(b, k, length).reshape(b * k, length)
+    text_scores = scorer(finish_maps(side, valid, rows, table)).reshape(b, k)
+    accuracy = (image_scores[:, 0] > image_scores[:, 1]).float().mean()
     return dcsm_loss(image_scores, text_scores), accuracy

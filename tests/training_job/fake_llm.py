@@ -3,6 +3,10 @@
 It fails the first request with 503 (clients must retry) and then cycles through scripted answers:
 a clean comparative, one followed by a next "Q:", code, markup, non-ASCII text, a too-short one,
 and a note after the sentence. Every request is counted, so tests can check what was sent.
+
+Run on its own (docs/tutorial.md) to try ``clip-train comparatives --generator llm`` without a model:
+
+    .venv/bin/python -m tests.training_job.fake_llm --port 8001
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class FakeLLM:
 
 
 @contextmanager
-def fake_llm_server() -> Iterator[tuple[str, FakeLLM]]:
+def fake_llm_server(port: int = 0) -> Iterator[tuple[str, FakeLLM]]:
     fake = FakeLLM()
 
     class Handler(BaseHTTPRequestHandler):
@@ -71,7 +75,7 @@ def fake_llm_server() -> Iterator[tuple[str, FakeLLM]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -79,3 +83,19 @@ def fake_llm_server() -> Iterator[tuple[str, FakeLLM]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+if __name__ == "__main__":
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description="A stand-in OpenAI-compatible chat server on 127.0.0.1.")
+    parser.add_argument("--port", type=int, default=8001)
+    port = parser.parse_args().port
+    with fake_llm_server(port) as (url, served):
+        print(f"serving {url} (Ctrl-C to stop)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print(f"{len(served.requests)} request(s) answered")

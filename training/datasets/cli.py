@@ -34,3 +34,23 @@ def validate(
     if dataset.problems:
         console.print(f"[red]{len(dataset.problems)} problem(s): fix them before training[/red]")
         raise typer.Exit(1)
+
+
+@data_app.command("fashion-mnist")
+def fashion_mnist(
+    out: Annotated[Path, typer.Argument(help="Folder to write labels.json, train.jsonl, test.jsonl and images/ into.")],
+    source: Annotated[Path, typer.Option(help="Folder of the four raw *-ubyte.gz files.")] = Path(
+        "/usr/share/datasets/fashion-mnist"
+    ),
+    limit: Annotated[int | None, typer.Option(help="Keep the first N training images.")] = None,
+    test_limit: Annotated[int | None, typer.Option(help="Keep the first N test images.")] = None,
+) -> None:
+    """Convert Fashion-MNIST's raw IDX files into PNGs and label records (docs/tutorial.md)."""
+    from training.datasets.fashion_mnist import convert
+
+    missing = [p for p in ("train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz") if not (source / p).exists()]
+    if missing:
+        console.print(f"[red]{source} lacks {', '.join(missing)} (apt-get install dataset-fashion-mnist)[/red]")
+        raise typer.Exit(1)
+    counts = convert(source, out, limit, test_limit)
+    console.print(f"wrote {counts['train']} training and {counts['test']} test records under {out}")

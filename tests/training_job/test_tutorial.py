@@ -1,0 +1,116 @@
+"""Every command of docs/tutorial.md, run as written on a small slice of Fashion-MNIST.
+
+The shell blocks are read from the tutorial itself, so a command that changes there is tested as
+changed. Sizes are cut down (a few hundred images, a few steps: this checks that the commands
+work and chain, not the tutorial's figures); everything else is passed as written. The LLM
+stand-in and the service run in-process on free ports of 127.0.0.1, and the tutorial's curl and
+SDK calls are sent to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from model_store import ModelStore
+from tests.training_job.fake_llm import fake_llm_server
+from training.cli import app
+
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
+SOURCE = Path("/usr/share/datasets/fashion-mnist")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SOURCE.exists(), reason="apt-get install dataset-fashion-mnist")]
+
+# The small slice: option -> value, applied wherever the tutorial passes the option.
+SMALL = {
+    "--limit": "300", "--test-limit": "120", "--steps": "4", "--batch-size": "16", "--text-freeze-steps": "2",
+    "--generated-pairs": "40", "--seeds": "2", "--n-zeroshot": "60", "--n-pairs": "40", "--n-captions": "10",
+    "--channels": "8", "--hidden": "32", "--llm-samples": "1",
+}  # fmt: skip
+
+
+def blocks(kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", TUTORIAL.read_text(), flags=re.S)
+
+
+def commands(block: str) -> list[str]:
+    """Logical lines: continuations joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def shrink(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in SMALL:
+            out[i + 1] = SMALL[arg]
+    return out
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN401
+    torch.set_num_threads(1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CLIP_FEATURE_CACHE", str(tmp_path / "features"))
+    runner = CliRunner()
+    outputs: list[str] = []
+    shell: list[str] = []  # curl lines, run once the service is up
+    with contextlib.ExitStack() as stack:
+        server = llm = None
+        for line in (c for block in blocks("bash") for c in commands(block)):
+            argv = shlex.split(line.rstrip("&").strip())
+            if argv[0] == ".venv/bin/clip-train":
+                small = shrink(argv[1:])
+                if "--llm-base-url" in small:
+                    assert llm is not None, "the tutorial uses the LLM stand-in before starting it"
+                    small[small.index("--llm-base-url") + 1] = llm[0]
+                result = runner.invoke(app, small, catch_exceptions=False)
+                assert result.exit_code == 0, f"{line}\n{result.output}"
+                outputs.append(result.output)
+            elif argv[:3] == [".venv/bin/python", "-m", "tests.training_job.fake_llm"]:
+                llm = stack.enter_context(fake_llm_server())
+            elif argv[0] == "export":
+                name, _, value = argv[1].partition("=")
+                monkeypatch.setenv(name, value)
+            elif argv[:3] == [".venv/bin/python", "-m", "service"]:
+                server = stack.enter_context(serve_app(store=option(argv, "--store"), model=option(argv, "--model")))
+            elif argv[0] == "kill":
+                continue  # the stand-in's process: here a thread, stopped with the test
+            elif argv[0] == "curl" or re.match(r"^[A-Z_]+=", line):
+                shell.append(line + ("\necho" if argv[0] == "curl" else ""))  # one answer per line
+            else:
+                pytest.fail(f"the test does not know how to run this tutorial command: {line}")
+        assert server is not None and llm is not None and shell
+        port = server.url.rsplit(":", 1)[1]
+        lines = [line.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for line in shell]
+        script = "set -euo pipefail\n" + "\n".join(lines)
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert answers, proc.stdout
+        store = ModelStore(tmp_path / "models")
+        name, version = store.resolve("fashion@production")
+        assert all(a["model"] == f"{name}@{version}" for a in answers), answers
+        classified = [a for a in answers if "comparative" in a]
+        assert classified and classified[0]["comparative"]["source"] == "library"
+        for code in blocks("python"):  # the SDK calls
+            exec(code.replace("http://127.0.0.1:8000", server.url), {})  # noqa: S102
+
+    manifest = store.manifest(name, version)
+    assert manifest.training["method"] == "comparatives"
+    assert {"dcsm"} <= set(manifest.components) and manifest.components["default_text_encoder"] == "pcclip"
+    annex = store.annex_files(name, version)
+    assert "eval.json" in annex and "report.html" in annex
+    assert any("published fashion-llm@v1" in out for out in outputs), "the LLM library was not published"
+    assert (tmp_path / "reports").is_dir()

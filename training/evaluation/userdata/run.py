@@ -1,0 +1,104 @@
+"""Every family the version and the data allow, per seed, as the mean and standard error over seeds.
+
+Keys are flat and carry the dataset's name, e.g. ``data.fashion-mnist_test.zeroshot.acc`` or
+``data.<name>.rank_pair.label.pcclip``; what could not be evaluated is listed under ``skipped``
+with the reason (the version lacks the component, or the data lacks the records).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clipcore.models.bundle import ModelBundle
+from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
+from training.evaluation.userdata.dense import dense_vs_cosine
+from training.evaluation.userdata.pairs import pair_ranking
+from training.evaluation.userdata.semclip import semclip_negation
+from training.evaluation.userdata.yukino import yukino_2x2
+from training.evaluation.userdata.zero_shot import ZeroShot
+
+
+def skipped_families(bundle: ModelBundle, zero_shot: ZeroShot | None, has_captions: bool) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if zero_shot is None:
+        out["zeroshot"] = "the evaluated records have fewer than two labels"
+    elif not zero_shot.comps:
+        out["comparative"] = f"{bundle.ref} has no comparatives for these labels (run `clip-train comparatives`)"
+    if "pcclip" not in bundle.text_models:
+        out["pcclip"] = f"{bundle.ref} has no PC-CLIP text encoder (pair ranking is reported for the base only)"
+    if bundle.dcsm is None:
+        out["dcsm"] = f"{bundle.ref} has no DCSM scorer (hard negatives are scored by cosine only)"
+    if not any(k.startswith("semclip") for k in bundle.text_models):
+        out["semclip"] = f"{bundle.ref} has no SemCLIP text encoder (negation is reported for the other encoders)"
+    if bundle.yukino is None:
+        out["yukino"] = f"{bundle.ref} has no YUKINO head (2x2 items are scored by cosine only)"
+    if not has_captions:
+        out["captions"] = "no caption records: hard negatives and negations are made from label captions"
+    return out
+
+
+def evaluate_user_data(
+    bundle: ModelBundle, path: Path, cfg: UserEvalConfig, name: str, log: Callable[[str], None] = print
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """(flat metrics with their ``.stderr``, the dataset's section of eval.json)."""
+    es = load_eval_set(path, bundle, cfg.split)
+    es.batch_size = cfg.batch_size
+    encoders = list(bundle.text_models)
+    labels = {i.record.label for i in es.labelled}  # type: ignore[union-attr]
+    zero_shot = ZeroShot(es, cfg, bundle.default_text_encoder) if len(labels) >= 2 else None
+    has_captions = any(i.record.kind in ("caption", "negatives") for i in es.items)
+    runs: list[dict[str, float]] = []
+    details: dict[str, Any] = {}
+    for seed in cfg.seeds:
+        flat: dict[str, float] = {}
+        if zero_shot is not None:
+            figures, zs_details = zero_shot.run(seed)
+            flat.update(figures)
+            details.setdefault("zeroshot", zs_details)  # the first seed's confusion matrices
+        flat.update(pair_ranking(es, cfg, encoders, seed))
+        flat.update(dense_vs_cosine(es, cfg, seed))
+        flat.update(semclip_negation(es, cfg, encoders, seed))
+        flat.update(yukino_2x2(es, cfg, seed))
+        runs.append(flat)
+        log(f"{name}: seed {seed}: {len(flat)} figures")
+    prefix = f"data.{name}."
+    metrics: dict[str, float] = {}
+    for key in runs[0]:
+        values = np.array([r.get(key, math.nan) for r in runs], dtype=float)
+        metrics[prefix + key] = float(np.mean(values))
+        stderr = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
+        metrics[prefix + key + ".stderr"] = stderr
+    section = {
+        "path": str(path),
+        "split": cfg.split,
+        "records": len(es.items),
+        "seeds": list(cfg.seeds),
+        "encoders": encoders,
+        "config": {
+            "alpha": cfg.alpha,
+            "symmetric": cfg.symmetric,
+            "gate_margin": cfg.gate_margin,
+            "n_zeroshot": cfg.n_zeroshot,
+            "n_pairs": cfg.n_pairs,
+            "n_captions": cfg.n_captions,
+            "n_yukino": cfg.n_yukino,
+        },  # fmt: skip
+        "skipped": skipped_families(bundle, zero_shot, has_captions),
+        "details": details,
+    }
+    return metrics, section
+
+
+def merge_into_eval(existing: dict[str, Any] | None, ref: str, name: str, metrics: dict, section: dict) -> dict:
+    """eval.json with this dataset's figures replaced (other datasets and the built-in world kept)."""
+    report = dict(existing or {"model": ref, "metrics": {}})
+    prefix = f"data.{name}."
+    kept = {k: v for k, v in report.get("metrics", {}).items() if not k.startswith(prefix)}
+    report["metrics"] = {**kept, **metrics}
+    report["datasets"] = {**report.get("datasets", {}), name: section}
+    return report

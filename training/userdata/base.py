@@ -1,0 +1,186 @@
+"""A CLIP trained from scratch on a user's captioned images, at its config's own image size.
+
+Captions are the user's ``caption`` and ``negatives`` records as written and "a photo of a
+{label}" for labelled images (training split only). Images are decoded and resized once into a
+uint8 memory map in the run directory (``pixels-<size>.npy``), so an epoch reads no JPEG. The
+recipe is the shapes-world one (``training.train_base``: AdamW with warm-up and cosine, the
+text tower frozen at its random initialisation for the first steps, an optional FILIP term for
+usable dense features, bf16 autocast), with checkpoints every ``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from clipcore.methods.losses import clip_contrastive_loss, filip_loss
+from clipcore.models.clip_model import build_model, image_features, text_features
+from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.publish import publish_bundle
+from model_store import Manifest, ModelStore
+from training.datasets.dataset import Dataset
+from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
+from training.datasets.source import ImageRef
+from training.encode import Tokenize
+from training.generate.differences import article
+from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
+from training.userdata.context import Images, autocast, items_of, progress, seed_everything
+from training.userdata.publishing import data_summary, run_settings
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class BaseRun:
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 60
+    text_freeze_steps: int = 300
+    filip_weight: float = 0.5  # 0: no token-level term (DCSM then has little to read)
+    grad_clip: float = 1.0
+    checkpoint_every: int = 100
+    stop_after: int | None = None
+
+
+def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
+    refs, texts = [], []
+    for item in items_of(dataset, "caption") + items_of(dataset, "negatives") + items_of(dataset, "label"):
+        record = item.record
+        if isinstance(record, CaptionRecord | NegativesRecord):
+            texts.append(record.caption)
+        elif isinstance(record, LabelRecord):
+            texts.append(f"a photo of {article(record.label)} {record.label}.")
+        refs.append(item.images[0])
+    if len(refs) < 2:
+        raise ValueError("base training needs at least two captioned or labelled images (docs/data.md)")
+    return refs, texts
+
+
+def pixel_map(images: Images, digests: list[str], run_dir: Path, log: Log) -> np.ndarray:
+    """The images as one (N, S, S, 3) uint8 memory map, rebuilt only when the image list changed."""
+    path = run_dir / f"pixels-{images.size}.npy"
+    stamp = run_dir / f"pixels-{images.size}.json"
+    key = hashlib.sha256("\n".join(digests).encode()).hexdigest()
+    if path.exists() and stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
+        return np.load(path, mmap_mode="r")
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(len(digests), images.size, images.size, 3))
+    with progress("decode images") as bar:
+        task = bar.add_task("decode", total=len(digests), info=f"{images.size} px")
+        for i in range(0, len(digests), 256):
+            out[i : i + 256] = images.pixels(digests[i : i + 256])
+            bar.update(task, advance=len(digests[i : i + 256]))
+    out.flush()
+    stamp.write_text(json.dumps({"key": key, "images": len(digests)}))
+    log(f"base: {len(digests)} images decoded to {path}")
+    return np.load(path, mmap_mode="r")
+
+
+def lr_at(cfg: BaseRun, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress_ = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + np.cos(np.pi * progress_))
+
+
+def train_user_base(
+    dataset: Dataset,
+    model_config: dict[str, Any],
+    cfg: BaseRun,
+    run_dir: Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    precision: str = "bf16",
+    log: Log = print,
+) -> torch.nn.Module:
+    """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(seed)
+    model = build_model(model_config).to(device)
+    images = Images(image_size(model_config))
+    refs, texts = captioned(dataset)
+    pixels = pixel_map(images, images.digests(refs), run_dir, log)
+    tokenize = Tokenize(model.context_length)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
+    ckpt, start, history = run_dir / "base.checkpoint.pt", 0, []
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        start, history = int(saved["step"]), list(saved["history"])
+        log(f"base: resumed at step {start}")
+    n, batch = len(refs), min(cfg.batch_size, len(refs))
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    t0 = time.time()
+    with progress("base") as bar:
+        task = bar.add_task("base", total=cfg.steps, completed=start, info="")
+        for step in range(start, end):
+            rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
+            torch.manual_seed(int(rng.integers(2**31)))
+            model.train()
+            set_text_trainable(model, step >= cfg.text_freeze_steps)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(cfg, step)
+            idx = np.sort(rng.choice(n, size=batch, replace=False))
+            x = normalize_uint8(pixels[idx]).to(device)
+            tokens = tokenize([texts[i] for i in idx]).to(device)
+            use_filip = cfg.filip_weight > 0 and step >= cfg.text_freeze_steps
+            with autocast(device, precision):
+                img_pooled, img_tok = image_features(model, x, dense=use_filip)
+                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip)
+                scale = model.logit_scale.exp().clamp(max=100)
+                loss = clip_contrastive_loss(
+                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                )
+                if use_filip and img_tok is not None and txt_tok is not None:
+                    loss = loss + cfg.filip_weight * filip_loss(
+                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
+                    )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            history.append({"step": step + 1, "loss": loss.item(), "seconds": time.time() - t0})
+            bar.update(task, advance=1, info=f"loss {loss.item():.3f}")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                         "history": history}  # fmt: skip
+                torch.save(state, ckpt.with_suffix(".tmp"))
+                ckpt.with_suffix(".tmp").replace(ckpt)
+    return model.eval()
+
+
+def run_user_base(
+    store: ModelStore,
+    name: str,
+    dataset: Dataset,
+    model_config: dict[str, Any],
+    cfg: BaseRun,
+    run_dir: Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    precision: str = "bf16",
+    aliases: tuple[str, ...] = (),
+    log: Log = print,
+) -> Manifest | None:
+    """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early)."""
+    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision, log=log)
+    if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
+        return None
+    return publish_bundle(
+        store, name, model.cpu(), model_config, aliases=list(aliases),
+        training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
+        data=data_summary(dataset, "user"), notes="CLIP trained from scratch on user data",
+    )  # fmt: skip

@@ -1,0 +1,193 @@
+"""DCSM on a user's data: a scorer over the frozen dense token x patch maps of the base version.
+
+Each training item is an image, its caption and hard negatives of that caption: the user's
+``negatives`` records as written; for ``caption`` records, rule-based edits
+(``training.generate.negatives``: swapped attributes, flipped relations, toggled negation); for
+labelled images, "a photo of a {label}" against the same caption with another label and its
+rule-based edits. The
+functional-word table is extended by the relation words the captions use. Dense image features
+come from the on-disk cache; the distinct texts are encoded once per run. Each step scores every
+image against its caption, one of its negatives and other items' captions, and every caption
+against its image and other images (``dcsm_caption_negatives_loss``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
+from clipcore.methods.losses import dcsm_caption_negatives_loss
+from clipcore.models.dense import DenseEncoder
+from model_store import Manifest
+from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
+from training.datasets.source import ImageRef
+from training.generate.differences import article
+from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
+from training.train_dcsm import dcsm_component, dcsm_files
+from training.userdata.context import RunContext, items_of, progress
+from training.userdata.publishing import data_summary, run_settings
+
+
+@dataclass
+class DCSMRun:
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 30
+    k_random: int = 2  # other items' captions per image and other images per caption
+    channels: int = 32
+    hidden: int = 128
+    table_seed: int = 0
+    checkpoint_every: int = 100
+    stop_after: int | None = None
+
+
+@dataclass
+class NegativeItems:
+    images: list[ImageRef]
+    captions: list[str]
+    negatives: list[list[str]]
+    generated: int  # items whose negatives were generated
+
+
+def negative_items(ctx: RunContext) -> NegativeItems:
+    out = NegativeItems([], [], [], 0)
+    words = attribute_words(ctx.dataset.labels)
+    labels = sorted(ctx.dataset.labels)
+    rng = np.random.default_rng([ctx.seed, 3])
+    for item in items_of(ctx.dataset, "negatives"):
+        assert isinstance(item.record, NegativesRecord)
+        out.images.append(item.images[0])
+        out.captions.append(item.record.caption)
+        out.negatives.append(list(item.record.negatives))
+    for item in items_of(ctx.dataset, "caption"):
+        assert isinstance(item.record, CaptionRecord)
+        edits = list(hard_negatives(item.record.caption, words).values())
+        if edits:
+            out.images.append(item.images[0])
+            out.captions.append(item.record.caption)
+            out.negatives.append(edits)
+            out.generated += 1
+    for item in items_of(ctx.dataset, "label"):
+        assert isinstance(item.record, LabelRecord)
+        others = [lab for lab in labels if lab != item.record.label]
+        if others:
+            other = others[int(rng.integers(len(others)))]
+            caption = f"a photo of {article(item.record.label)} {item.record.label}."
+            out.images.append(item.images[0])
+            out.captions.append(caption)
+            # Another label, and the caption's own edits (its negation): a scorer that only ever
+            # saw other labels learns nothing about "no" and may prefer the negated caption.
+            out.negatives.append([f"a photo of {article(other)} {other}.", *hard_negatives(caption, words).values()])
+            out.generated += 1
+    if len(out.images) < 2:
+        raise ValueError("DCSM needs at least two items with a caption and a hard negative (docs/data.md)")
+    return out
+
+
+def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
+    """(scorer state, scorer config, functional-row table)."""
+    data = negative_items(ctx)
+    ctx.log(f"dcsm: {len(data.images)} items ({data.generated} with generated hard negatives)")
+    images = torch.from_numpy(ctx.features("dense", data.images))  # (N, 1+P, D) float16
+    n_positions = images.shape[1]
+    grid = math.isqrt(n_positions - 1)
+    if grid * grid != n_positions - 1:
+        raise ValueError(f"DCSM needs a square patch grid; this tower gives {n_positions - 1} patches")
+    groups = functional_groups_for(data.captions + [n for ns in data.negatives for n in ns])
+    config = {**DEFAULT_SCORER_CONFIG, "channels": cfg.channels, "hidden": cfg.hidden, "grid": grid,
+              "functional_groups": {g: list(w) for g, w in groups.items()}, "table_seed": cfg.table_seed}  # fmt: skip
+    table = functional_row_table(config["functional_groups"], n_positions, cfg.table_seed)
+    encoder = DenseEncoder(ctx.bundle.model, ctx.bundle.context_length, groups, int(config["length"]),
+                           ctx.bundle.mean, ctx.bundle.std, device=ctx.device)  # fmt: skip
+    texts = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
+    where = {t: i for i, t in enumerate(texts)}
+    tok_parts, valid_parts, row_parts = [], [], []
+    with progress("dcsm texts") as bar:
+        task = bar.add_task("texts", total=len(texts), info="")
+        for i in range(0, len(texts), 128):
+            tok, valid, rows = encoder.text_tokens(texts[i : i + 128])
+            tok_parts.append(tok.half())
+            valid_parts.append(valid)
+            row_parts.append(rows)
+            bar.update(task, advance=len(tok))
+    txt, txt_valid, txt_rows = torch.cat(tok_parts), torch.cat(valid_parts), torch.cat(row_parts)
+    caption_row = torch.tensor([where[c] for c in data.captions])
+    negative_rows = [[where[n] for n in ns] for ns in data.negatives]
+
+    torch.manual_seed(ctx.seed)
+    scorer = DCSMScorer(config).to(ctx.device)
+    opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start, history = 0, []
+    path = ctx.checkpoint("dcsm")
+    if path.exists():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        if saved["config"] == config:
+            scorer.load_state_dict(saved["scorer"])
+            opt.load_state_dict(saved["optimizer"])
+            start, history = int(saved["step"]), list(saved["history"])
+            ctx.log(f"dcsm: resumed at step {start}")
+    n = len(data.images)
+    batch = min(cfg.batch_size, n)
+    k = min(cfg.k_random, batch - 1)
+    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    scorer.train()
+    with progress("dcsm") as bar:
+        task = bar.add_task("dcsm", total=cfg.steps, completed=start, info="")
+        for step in range(start, end):
+            rng = np.random.default_rng([ctx.seed, step, 13])  # from the step: resumable
+            torch.manual_seed(int(rng.integers(2**31)))  # dropout masks too
+            idx = rng.choice(n, size=batch, replace=False)
+            # k other batch positions per position j (never j itself).
+            picks = [rng.permutation(batch - 1)[:k] for _ in range(batch)]
+            others = np.stack([o + (o >= j) for j, o in enumerate(picks)]).astype(np.int64)
+            cand = [[int(caption_row[i]), negative_rows[i][int(rng.integers(len(negative_rows[i])))]] for i in idx]
+            for j in range(batch):
+                cand[j] += [int(caption_row[idx[o]]) for o in others[j]]
+            cand_t = torch.tensor(cand)
+            image_cand = torch.cat([torch.arange(batch)[:, None], torch.from_numpy(others).long()], dim=1)
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, acc = dcsm_caption_negatives_loss(
+                scorer, images[idx].float().to(ctx.device), txt[cand_t].float().to(ctx.device),
+                txt_valid[cand_t].to(ctx.device), txt_rows[cand_t].to(ctx.device), image_cand.to(ctx.device),
+                table.to(ctx.device),
+            )  # fmt: skip
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
+            opt.step()
+            history.append({"step": step + 1, "loss": loss.item(), "fit": acc.item()})
+            bar.update(task, advance=1, info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+                state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                         "history": history, "config": config}  # fmt: skip
+                torch.save(state, path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)
+    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+    return state, config, table
+
+
+def run_dcsm(
+    ctx: RunContext, cfg: DCSMRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
+) -> Manifest | None:
+    """Train and publish a version with the base's parts and a DCSM scorer (None when
+    ``stop_after`` ended the run early)."""
+    from training.derive import publish_derived
+
+    state, config, table = train_user_dcsm(ctx, cfg)
+    if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
+        return None
+    return publish_derived(
+        ctx.store, ctx.bundle.ref, name=name, files=dcsm_files(state, config, table),
+        components={"dcsm": dcsm_component(config)},
+        training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
+        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"DCSM on user data from {ctx.bundle.ref}",
+    )  # fmt: skip

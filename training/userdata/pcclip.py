@@ -1,0 +1,152 @@
+"""PC-CLIP on a user's data: finetune the text tower so f(T12) aligns with g(I1) - g(I2).
+
+Pairs come from the user's ``pair`` records and, where the dataset has labelled images, from
+generated difference texts (``training.generate.differences``: "The first image shows a coat,
+while the second shows a shirt.", both orders). The ordinary image-caption loss is kept at a small
+weight on the user's captions (and "a photo of a {label}" for labelled images), so zero-shot
+accuracy does not drift. Image features are the frozen, cached pooled features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+
+from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
+from clipcore.models.clip_model import normalize, text_features
+from model_store import Manifest
+from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
+from training.datasets.source import ImageRef
+from training.distributed import is_main, sharded_features
+from training.encode import Tokenize
+from training.generate.differences import article, pairs_from_labels
+from training.text_finetune import finetune_text_tower
+from training.userdata.context import RunContext, autocast, items_of
+from training.userdata.publishing import data_summary, run_settings, text_variant_file
+
+
+@dataclass
+class PCClipRun:
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 1e-4
+    temperature: float = 0.1
+    loss: str = "contrastive"  # or "mse"
+    caption_weight: float = 0.3
+    generated_pairs: int = 2000  # pairs drawn from labelled images (each in both orders)
+    ensemble_weight: float = 1.0  # w * finetuned + (1 - w) * base
+    make_default: bool = True  # the new variant answers requests that name no encoder
+    checkpoint_every: int = 50
+    stop_after: int | None = None
+
+
+@dataclass
+class PairData:
+    first: list[ImageRef]
+    second: list[ImageRef]
+    texts: list[str]
+    generated: int
+
+
+def difference_pairs(ctx: RunContext, cfg: PCClipRun) -> PairData:
+    """The training split's pair records, plus pairs generated from its labelled images."""
+    data = PairData([], [], [], 0)
+    for item in items_of(ctx.dataset, "pair"):
+        assert isinstance(item.record, PairRecord)
+        data.first.append(item.images[0])
+        data.second.append(item.images[1])
+        data.texts.append(item.record.difference)
+    labelled = items_of(ctx.dataset, "label")
+    if cfg.generated_pairs > 0 and len({i.record.label for i in labelled}) >= 2:  # type: ignore[union-attr]
+        for pair in pairs_from_labels(labelled, ctx.dataset.labels, cfg.generated_pairs // 2, ctx.seed):
+            data.first.append(pair.first.images[0])
+            data.second.append(pair.second.images[0])
+            data.texts.append(pair.difference)
+            data.generated += 1
+    if not data.texts:
+        raise ValueError("PC-CLIP needs pair records or labelled images of at least two labels (docs/data.md)")
+    return data
+
+
+def caption_pairs(ctx: RunContext) -> tuple[list[ImageRef], list[str]]:
+    """(image, caption) of the training split: captions as written, labels as "a photo of a {label}"."""
+    refs, texts = [], []
+    for item in items_of(ctx.dataset, "caption") + items_of(ctx.dataset, "negatives"):
+        assert isinstance(item.record, CaptionRecord | NegativesRecord)
+        refs.append(item.images[0])
+        texts.append(item.record.caption)
+    for item in items_of(ctx.dataset, "label"):
+        assert isinstance(item.record, LabelRecord)
+        refs.append(item.images[0])
+        texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
+    return refs, texts
+
+
+def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor]:
+    """The finetuned model's state dict (text tower changed, image tower untouched)."""
+    pairs = difference_pairs(ctx, cfg)
+    ctx.log(f"pcclip: {len(pairs.texts)} pairs ({pairs.generated} with generated difference texts)")
+    g1 = torch.from_numpy(ctx.features("pooled", pairs.first))
+    g2 = torch.from_numpy(ctx.features("pooled", pairs.second))
+    cap_refs, cap_texts = caption_pairs(ctx)
+    g_cap = torch.from_numpy(ctx.features("pooled", cap_refs)) if cap_refs else None
+    base = ctx.bundle.model
+    tokenize = Tokenize(base.context_length)
+    scale = ctx.bundle.logit_scale
+    n, batch = len(pairs.texts), min(cfg.batch_size, len(pairs.texts))
+    device = ctx.device
+
+    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
+        rng = np.random.default_rng([ctx.seed, step, 11])  # from the step: a resumed run sees the same batches
+        idx = rng.choice(n, size=batch, replace=False)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        f_t = sharded_features(encode, [pairs.texts[i] for i in idx])
+        loss = pcclip_difference_loss(
+            g1[idx].to(device),
+            g2[idx].to(device),
+            f_t,
+            temperature=cfg.temperature,
+            kind=cfg.loss,  # type: ignore[arg-type]
+        )
+        if cfg.caption_weight > 0 and g_cap is not None and len(cap_texts) >= 2:
+            cidx = rng.choice(len(cap_texts), size=min(batch, len(cap_texts)), replace=False)
+            f_c = sharded_features(encode, [cap_texts[i] for i in cidx])
+            loss = loss + cfg.caption_weight * clip_contrastive_loss(g_cap[cidx].to(device), f_c, scale)
+        return loss, f"loss {loss.item():.3f}"
+
+    state, _ = finetune_text_tower(
+        base, step_loss, steps=cfg.steps, lr=cfg.lr, seed=ctx.seed, device=device, label="pcclip",
+        checkpoint=ctx.checkpoint("pcclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
+        amp=lambda: autocast(device, ctx.precision),
+    )  # fmt: skip
+    if cfg.ensemble_weight < 1.0:
+        base_state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
+        state = weight_ensemble(base_state, state, cfg.ensemble_weight)
+    return state
+
+
+def run_pcclip(
+    ctx: RunContext, cfg: PCClipRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
+) -> Manifest | None:
+    """Train and publish a version with the base's parts and a ``pcclip`` text encoder (None when
+    ``stop_after`` ended the run early: resume it to publish)."""
+    from training.derive import publish_derived
+
+    state = train_user_pcclip(ctx, cfg)
+    if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
+        return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
+    components = {"default_text_encoder": "pcclip"} if cfg.make_default else {}
+    return publish_derived(
+        ctx.store, ctx.bundle.ref, name=name, files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
+        text_encoders={"pcclip": "text_pcclip.safetensors"}, components=components,
+        training={"method": "pcclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
+                  **run_settings(cfg)},
+        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
+    )  # fmt: skip

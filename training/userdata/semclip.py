@@ -1,0 +1,106 @@
+"""SemCLIP on a user's data: paraphrases pulled together, negations pushed apart, in a projection.
+
+Every caption of the training split (``caption`` and ``negatives`` records, "a photo of a
+{label}" for labelled images) gets a paraphrase by template and a negation: by rule
+(``toggle_negation``: "with" <-> "without", "a dog" -> "no dog"). Image features are the frozen,
+cached pooled features; the loss is ``clipcore.methods.losses.semclip_loss``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from open_clip.model import CLIP
+
+from clipcore.methods.losses import semclip_loss
+from clipcore.methods.semclip import projection_directions
+from clipcore.models.clip_model import normalize, text_features
+from model_store import Manifest
+from training.distributed import is_main, sharded_features
+from training.encode import Tokenize
+from training.generate.negatives import paraphrase, toggle_negation
+from training.text_finetune import finetune_text_tower
+from training.userdata.context import RunContext, autocast
+from training.userdata.pcclip import caption_pairs
+from training.userdata.publishing import data_summary, run_settings, text_variant_file
+
+
+@dataclass
+class SemClipRun:
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 1e-4
+    weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # clip, paraphrase, negation
+    directions: int = 2
+    checkpoint_every: int = 50
+    stop_after: int | None = None
+
+
+def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str]]:
+    """(caption index into ``caption_pairs``, original, paraphrase, negation) of every caption that negates."""
+    _, captions = caption_pairs(ctx)
+    rng = random.Random(ctx.seed)
+    keep, orig, para, neg = [], [], [], []
+    for i, caption in enumerate(captions):
+        negated = toggle_negation(caption)
+        if negated is None or negated == caption:
+            continue
+        keep.append(i)
+        orig.append(caption)
+        para.append(paraphrase(caption, rng))
+        neg.append(negated)
+    if len(keep) < 2:
+        raise ValueError("SemCLIP needs at least two captions (docs/data.md)")
+    return keep, orig, para, neg
+
+
+def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tensor]:
+    refs, _ = caption_pairs(ctx)
+    keep, orig, para, neg = triplets(ctx)
+    ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
+    images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))
+    base = ctx.bundle.model
+    tokenize = Tokenize(base.context_length)
+    dim = int(base.text_projection.shape[1])
+    directions = torch.from_numpy(projection_directions(dim, cfg.directions, ctx.seed)).to(ctx.device)
+    scale = ctx.bundle.logit_scale
+    batch = min(cfg.batch_size, len(keep))
+
+    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
+        idx = np.random.default_rng([ctx.seed, step, 31]).choice(len(keep), size=batch, replace=False)
+
+        def encode(texts: list[str]) -> torch.Tensor:
+            return normalize(text_features(model, tokenize(texts).to(ctx.device))[0].float())
+
+        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
+        t, tp, tn = (sharded_features(encode, [texts[i] for i in idx]) for texts in (orig, para, neg))
+        loss, parts = semclip_loss(images[idx].to(ctx.device), t, tp, tn, directions, scale, cfg.weights, True, True)
+        return loss, " ".join(f"{k} {v:.3f}" for k, v in parts.items())
+
+    state, _ = finetune_text_tower(
+        base, step_loss, steps=cfg.steps, lr=cfg.lr, seed=ctx.seed, device=ctx.device, label="semclip",
+        checkpoint=ctx.checkpoint("semclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
+        amp=lambda: autocast(ctx.device, ctx.precision),
+    )  # fmt: skip
+    return state
+
+
+def run_semclip(
+    ctx: RunContext, cfg: SemClipRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
+) -> Manifest | None:
+    """Train and publish a version with the base's parts and a ``semclip`` text encoder."""
+    from training.derive import publish_derived
+
+    state = train_user_semclip(ctx, cfg)
+    if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
+        return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
+    return publish_derived(
+        ctx.store, ctx.bundle.ref, name=name, files={"text_semclip.safetensors": text_variant_file(ctx, state)},
+        text_encoders={"semclip": "text_semclip.safetensors"},
+        training={"method": "semclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
+                  **run_settings(cfg)},
+        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"SemCLIP on user data from {ctx.bundle.ref}",
+    )  # fmt: skip
