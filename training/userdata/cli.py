@@ -63,7 +63,7 @@ CacheOpt = Annotated[
 
 def open_context(
     command: str,
-    store: Path,
+    store: str,
     model: str,
     data: Path,
     labels: Path | None,
@@ -223,7 +223,7 @@ def train_base_on_data(
     labels: Path | None,
     model_config: dict[str, Any],
     run_dir: Path,
-    store: Path,
+    store: str,
     name: str,
     aliases: tuple[str, ...],
     **settings: Any,
