@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.clip_model import embed_width, image_features, normalize, text_features, tokenizer_for, trimmed
 from clipcore.models.preprocess import normalize_uint8
 from training.distributed import map_sharded
 
@@ -33,9 +33,10 @@ def encode_images(model: CLIP, images: np.ndarray, batch_size: int = 256, device
     """(N, H, W, 3) uint8 -> (N, D) L2-normalised float32 on CPU. Under torchrun each rank encodes
     its shard of the images and every rank gets all of them (``training.distributed``)."""
     model.eval()
+    width = embed_width(model)  # an empty shard still has the embedding's width
 
     def encode(part: np.ndarray) -> torch.Tensor:
-        out = [torch.zeros(0, int(model.text_projection.shape[1]))]
+        out = [torch.zeros(0, width)]
         for i in range(0, len(part), batch_size):
             x = normalize_uint8(part[i : i + batch_size]).to(device)
             out.append(normalize(image_features(model, x)[0]).float().cpu())

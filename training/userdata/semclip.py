@@ -17,7 +17,7 @@ from open_clip.model import CLIP
 
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
-from clipcore.models.clip_model import normalize, text_features
+from clipcore.models.clip_model import embed_width, normalize, text_features
 from model_store import Manifest
 from training.distributed import is_main, sharded_features
 from training.encode import Tokenize
@@ -64,7 +64,7 @@ def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tens
     images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))
     base = ctx.bundle.model
     tokenize = Tokenize(base.context_length)
-    dim = int(base.text_projection.shape[1])
+    dim = embed_width(base)
     directions = torch.from_numpy(projection_directions(dim, cfg.directions, ctx.seed)).to(ctx.device)
     scale = ctx.bundle.logit_scale
     batch = min(cfg.batch_size, len(keep))
