@@ -117,3 +117,34 @@ def test_the_peer_model_folder_gets_open_clips_exact_vocabulary() -> None:
         512,
         49408,
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "env_extra"),
+    [
+        ("loadtests.bench_cuda", ["--arch", "ViT-B-32"], {}),
+        ("loadtests.benchmark", ["--store", "models", "--duration", "1"], {"CLIP_DEVICE": "cuda"}),
+        ("loadtests.peer.benchmark", ["--device", "cuda:0"], {}),
+    ],
+)
+def test_gpu_benchmarks_say_clearly_that_there_is_no_gpu(
+    module: str, args: list[str], env_extra: dict[str, str]
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the benchmark would measure it (run it by hand)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_extra}
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=240,
+                          cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA GPU here" in proc.stderr and "nothing measured" in proc.stderr
+    assert "Traceback" not in proc.stderr and "|" not in proc.stdout  # no table: nothing was measured
+
+
+def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "loadtests.bench_cuda", "--device", "cpu"], capture_output=True,
+                          text=True, timeout=240, cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 1 and "on a CPU use bench_backends" in proc.stderr
+    assert "Traceback" not in proc.stderr
