@@ -112,8 +112,11 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, 
 
 
 @contextmanager
-def server(cmd: list[str], threads: int | None = None, cwd: Path = ROOT) -> Iterator[str]:
-    """A server started from ``cwd`` (``python -m service`` there imports that checkout's code)."""
+def server(
+    cmd: list[str], threads: int | None = None, cwd: Path = ROOT, onnx_cache: Path | None = None
+) -> Iterator[str]:
+    """A server started from ``cwd`` (``python -m service`` there imports that checkout's code);
+    ``onnx_cache``: its ONNX exports and ``precision=auto`` decisions (default: a new folder)."""
     port = free_port()
     env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
     if threads is not None:  # torch reads these at start: both servers get the same setting
@@ -124,7 +127,7 @@ def server(cmd: list[str], threads: int | None = None, cwd: Path = ROOT) -> Iter
     # than the default 2 s, which the service would answer with 429 by design.
     env.setdefault("CLIP_BATCHING__MAX_QUEUE_DELAY_S", "600")
     exports = tempfile.TemporaryDirectory(prefix="bench-service-onnx-")  # a backend=onnx export per run
-    env["CLIP_ONNX_CACHE_DIR"] = exports.name
+    env["CLIP_ONNX_CACHE_DIR"] = str(onnx_cache or exports.name)
     proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -148,3 +148,13 @@ def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
                           text=True, timeout=240, cwd=REPO, env=env)  # fmt: skip
     assert proc.returncode == 1 and "on a CPU use bench_backends" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling(tiny_store: Path) -> None:
+    out = run_script("bench_single.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
+                     "--rounds", "1", "--threads", "1")  # fmt: skip
+    (row,) = table(out)
+    label, per_round, ceiling, share, p50, model, outside, direct = row
+    assert label == "this tree" and float(per_round) > 0 and float(ceiling) > 0
+    assert 0 < float(share.strip("*%")) and 0 < float(model) <= float(p50) and float(outside) >= 0 < float(direct)
+    assert "backend torch fp32" in out
