@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +43,7 @@ from clipcore.models.bundle import ModelBundle
 
 log = logging.getLogger(__name__)
 
+REFERENCE = ("torch", "fp32")
 TIMED_BATCHES = (1, 8)
 MIN_GAIN = 1.1  # how much faster than the best so far a candidate must be to replace it
 DECISION_FORMAT = 2
@@ -70,7 +72,7 @@ class Trial:
 
 def candidates(device: str) -> list[tuple[str, str]]:
     """(backend, precision) pairs worth trying on ``device``, torch fp32 first."""
-    out = [("torch", "fp32")]
+    out = [REFERENCE]
     cuda = device.startswith("cuda")
     if cuda:
         out.append(("torch", "fp16"))
@@ -145,7 +147,7 @@ def fastest_towers(
         torch.set_num_threads(threads)  # time torch with the model thread's count (per-thread in OpenMP)
     path = decision_path(cache_root, bundle, device, threads)
     remembered = _read_decision(path)
-    if remembered is not None:
+    if remembered is not None and remembered in candidates(device):
         backend, precision = remembered
         try:
             towers, described = build(backend, precision)
@@ -160,6 +162,12 @@ def fastest_towers(
             towers, described = build(backend, precision)
         except BackendError as exc:
             trials.append(Trial(backend, precision, refused=str(exc)))
+            continue
+        except Exception as exc:  # an export that crashes refuses that candidate, not the version
+            if (backend, precision) == REFERENCE:
+                raise
+            log.exception("auto: %s %s failed to build for %s", backend, precision, bundle.ref)
+            trials.append(Trial(backend, precision, refused=f"{type(exc).__name__}: {exc}"))
             continue
         trial = Trial(backend, precision, time_images(towers.encode_images, bundle.image_size, seconds))
         trials.append(trial)
@@ -194,7 +202,7 @@ def _write_decision(path: Path, bundle: ModelBundle, winner: Trial, trials: list
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # pods sharing the cache never write one file
         tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)
     except OSError as exc:  # a read-only cache costs a measurement per start, nothing more

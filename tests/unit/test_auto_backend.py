@@ -191,3 +191,26 @@ def test_the_key_and_the_bf16_candidate_follow_the_cpu_that_runs(tmp_path: Path)
     features = set(json.loads(features_line))
     assert "AVX2" in features and "AVX512F" not in features and cpu.NATIVE_BF16 not in features
     assert (identity == cpu.cpu_identity()) == (features == set(cpu.cpu_features()))
+
+
+def test_a_crashing_candidate_or_a_garbled_decision_costs_only_that_candidate(
+    bundle: ModelBundle, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    path = auto.decision_path(cache, bundle, "cpu", 1)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"chosen": {"backend": "torch", "precision": "int8"}}))  # no such candidate
+    build = real_build(bundle, cache)
+
+    def onnx_fp32_crashes(backend: str, precision: str) -> tuple[ServingTowers, str]:
+        if (backend, precision) == ("onnx", "fp32"):
+            raise RuntimeError("exporter crashed")
+        return build(backend, precision)
+
+    towers, described = auto.fastest_towers(bundle, onnx_fp32_crashes, device="cpu", cache_root=cache, threads=1,
+                                            seconds=0.1)  # fmt: skip
+    assert "auto: remembered in" not in described
+    record = json.loads(path.read_text())
+    (crashed,) = [t for t in record["trials"] if (t["backend"], t["precision"]) == ("onnx", "fp32")]
+    assert crashed["refused"] == "RuntimeError: exporter crashed"
+    assert check_parity(bundle, towers.pooled) >= PARITY_THRESHOLD
