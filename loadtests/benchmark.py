@@ -172,6 +172,7 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-store-") if args.arch else None
+    onnx_dir = tempfile.TemporaryDirectory(prefix="bench-onnx-")
     try:
         if tmp is not None:
             store_root = Path(tmp.name)
@@ -190,16 +191,16 @@ def main() -> None:
         if device.startswith("cuda"):  # both servers inherit CLIP_DEVICE (the naive server reads it too)
             cuda_or_exit(device, "benchmark")
         bundle = ModelBundle.load(ModelStore(store_root), ref, device)
-        with tempfile.TemporaryDirectory(prefix="bench-onnx-") as onnx_dir:
-            update = {"onnx_cache_dir": Path(onnx_dir), "torch_threads": args.torch_threads or 0}
-            towers, backend = serving_towers(bundle, served.model_copy(update=update), device)
-            min_s = 2.0 if args.arch is None else 4.0
-            ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
-            reference = (
-                model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)
-                if backend != "torch fp32"
-                else ceiling
-            )
+        # Kept for the run: the service reuses the exports and the precision=auto decision made here.
+        update = {"onnx_cache_dir": Path(onnx_dir.name), "torch_threads": args.torch_threads or 0}
+        towers, backend = serving_towers(bundle, served.model_copy(update=update), device)
+        min_s = 2.0 if args.arch is None else 4.0
+        ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
+        reference = (
+            model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)
+            if backend != "torch fp32"
+            else ceiling
+        )
         best_bs = max(ceiling, key=lambda bs: ceiling[bs][0])
         best = ceiling[best_bs][0]
         image_size = bundle.image_size
@@ -227,7 +228,7 @@ def main() -> None:
             ("service", svc_cmd, args.duration),
             ("naive", naive_cmd, args.naive_duration or args.duration),
         ):
-            with server(cmd, args.torch_threads) as url:
+            with server(cmd, args.torch_threads, onnx_cache=Path(onnx_dir.name)) as url:
                 for scenario in args.scenarios:
                     for c in args.concurrency:
                         res = measure(url, scenario, c, duration, pool, args.warmup)
@@ -261,6 +262,7 @@ def main() -> None:
                     f"{sv['p99'] / sv['p50']:.2f} | {nv['p50']:.1f} | {sv['errors']:.0f}/{nv['errors']:.0f} |"
                 )
     finally:
+        onnx_dir.cleanup()
         if tmp is not None:
             tmp.cleanup()
 
