@@ -39,11 +39,12 @@ import numpy as np
 import torch
 
 from clipcore.models.bundle import ModelBundle
+from loadtests.bench_cuda import cuda_or_exit
 from loadtests.bench_latency import free_port
 from loadtests.run import ImagePool, RunResult, run_load
 from model_store import ModelStore
 from service.config import Settings
-from service.runtime.assembly import serving_towers
+from service.runtime.assembly import resolve_device, serving_towers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +112,11 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, 
 
 
 @contextmanager
-def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
+def server(
+    cmd: list[str], threads: int | None = None, cwd: Path = ROOT, onnx_cache: Path | None = None
+) -> Iterator[str]:
+    """A server started from ``cwd`` (``python -m service`` there imports that checkout's code);
+    ``onnx_cache``: its ONNX exports and ``precision=auto`` decisions (default: a new folder)."""
     port = free_port()
     env = {**os.environ, "CLIP_LOG_LEVEL": "warning"}
     if threads is not None:  # torch reads these at start: both servers get the same setting
@@ -122,8 +127,8 @@ def server(cmd: list[str], threads: int | None = None) -> Iterator[str]:
     # than the default 2 s, which the service would answer with 429 by design.
     env.setdefault("CLIP_BATCHING__MAX_QUEUE_DELAY_S", "600")
     exports = tempfile.TemporaryDirectory(prefix="bench-service-onnx-")  # a backend=onnx export per run
-    env["CLIP_ONNX_CACHE_DIR"] = exports.name
-    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT, env=env)
+    env["CLIP_ONNX_CACHE_DIR"] = str(onnx_cache or exports.name)
+    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -167,6 +172,7 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-store-") if args.arch else None
+    onnx_dir = tempfile.TemporaryDirectory(prefix="bench-onnx-")
     try:
         if tmp is not None:
             store_root = Path(tmp.name)
@@ -178,26 +184,29 @@ def main() -> None:
             name, version = ModelStore(store_root).resolve(args.model)
             ref = f"{name}@{version}"  # pin the version: both servers must serve the same one
 
-        bundle = ModelBundle.load(ModelStore(store_root), ref)
-        # The ceiling is the service's own image tower (its backend and precision, behind the same
-        # parity gate), so "% of ceiling" says what the serving path costs on top of the model.
-        served = Settings()  # CLIP_BACKEND / CLIP_PRECISION from the environment, as the service reads them
-        with tempfile.TemporaryDirectory(prefix="bench-onnx-") as onnx_dir:
-            update = {"onnx_cache_dir": Path(onnx_dir), "torch_threads": args.torch_threads or 0}
-            towers, backend = serving_towers(bundle, served.model_copy(update=update), "cpu")
-            min_s = 2.0 if args.arch is None else 4.0
-            ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
-            reference = (
-                model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)
-                if backend != "torch fp32"
-                else ceiling
-            )
+        # The ceiling is the service's own image tower (its device, backend and precision, behind the
+        # same parity gate), so "% of ceiling" says what the serving path costs on top of the model.
+        served = Settings()  # CLIP_DEVICE, CLIP_BACKEND, CLIP_PRECISION from the environment, as the service reads them
+        device = resolve_device(served.device)
+        if device.startswith("cuda"):  # both servers inherit CLIP_DEVICE (the naive server reads it too)
+            cuda_or_exit(device, "benchmark")
+        bundle = ModelBundle.load(ModelStore(store_root), ref, device)
+        # Kept for the run: the service reuses the exports and the precision=auto decision made here.
+        update = {"onnx_cache_dir": Path(onnx_dir.name), "torch_threads": args.torch_threads or 0}
+        towers, backend = serving_towers(bundle, served.model_copy(update=update), device)
+        min_s = 2.0 if args.arch is None else 4.0
+        ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
+        reference = (
+            model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)
+            if backend != "torch fp32"
+            else ceiling
+        )
         best_bs = max(ceiling, key=lambda bs: ceiling[bs][0])
         best = ceiling[best_bs][0]
         image_size = bundle.image_size
         del bundle, towers  # free their memory before two servers load the same weights
         print(
-            f"\nmodel {ref}, image size {image_size}, service backend {backend.split(' (')[0]}, "
+            f"\nmodel {ref}, image size {image_size}, device {device}, service backend {backend.split(' (')[0]}, "
             f"torch intra-op threads per process: {args.torch_threads or f'default ({torch.get_num_threads()})'}\n"
         )
         print(
@@ -219,7 +228,7 @@ def main() -> None:
             ("service", svc_cmd, args.duration),
             ("naive", naive_cmd, args.naive_duration or args.duration),
         ):
-            with server(cmd, args.torch_threads) as url:
+            with server(cmd, args.torch_threads, onnx_cache=Path(onnx_dir.name)) as url:
                 for scenario in args.scenarios:
                     for c in args.concurrency:
                         res = measure(url, scenario, c, duration, pool, args.warmup)
@@ -253,6 +262,7 @@ def main() -> None:
                     f"{sv['p99'] / sv['p50']:.2f} | {nv['p50']:.1f} | {sv['errors']:.0f}/{nv['errors']:.0f} |"
                 )
     finally:
+        onnx_dir.cleanup()
         if tmp is not None:
             tmp.cleanup()
 

@@ -15,6 +15,7 @@ import argparse
 import base64
 import hashlib
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from fastapi import FastAPI, HTTPException
 from PIL import Image
 from pydantic import BaseModel
 
+from clipcore.backends.torch_towers import resolve_device
 from clipcore.methods.pairwise_rank import pair_decision, pair_scores
 from clipcore.models.bundle import ModelBundle
 from clipcore.tasks import flat_prompts, label_embeddings, label_prompts, label_scores, top_labels
@@ -119,11 +121,12 @@ def main() -> None:
     parser.add_argument("--model", default="default@production")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--device", default=os.environ.get("CLIP_DEVICE", "cpu"), help="default: $CLIP_DEVICE or cpu")
     args = parser.parse_args()
     if args.host not in ("127.0.0.1", "localhost"):
         raise SystemExit("the naive server is a local benchmark baseline: bind 127.0.0.1 only")
     store = Path(args.store) if Path(args.store).is_absolute() else ROOT / args.store
-    bundle = ModelBundle.load(ModelStore(store), args.model)
+    bundle = ModelBundle.load(ModelStore(store), args.model, resolve_device(args.device))
     uvicorn.run(create_naive_app(bundle), host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

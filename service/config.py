@@ -102,15 +102,19 @@ class Settings(BaseSettings):
     onnx_cache_dir: Path | None = Field(
         default=None,
         description="Where `backend=onnx` keeps its exports, one folder per `name/version`, reused across "
-        "restarts. Unset: `$XDG_CACHE_HOME/clip-service/onnx` (`~/.cache/clip-service/onnx`). Must be writable; "
-        "the model store may stay read-only.",
+        "restarts, and `precision=auto` its decisions. Unset: `$XDG_CACHE_HOME/clip-service/onnx` "
+        "(`~/.cache/clip-service/onnx`). Must be writable; the model store may stay read-only.",
     )
-    precision: Literal["fp32", "bf16", "fp16", "int8"] = Field(
+    precision: Literal["fp32", "bf16", "fp16", "int8", "auto"] = Field(
         default="fp32",
         description="Arithmetic of the pooled towers. torch backend: `bf16` autocasts on CPU or CUDA, `fp16` on "
         "CUDA only. onnx backend: `int8` quantises the image tower's matrix weights (dynamic quantisation, "
         "CPU execution provider; text towers stay fp32). A version is refused unless every probe embedding is "
-        "within cosine 0.999 of torch fp32.",
+        "within cosine 0.999 of torch fp32. `auto` (any backend): the fastest candidate that passes that gate on "
+        "this machine, timed briefly at batch 1 and 8 when a version loads, kept only if at least 10% faster "
+        "than torch fp32. CPU candidates: torch fp32, torch bf16 (only on CPUs with AVX-512 BF16), ONNX Runtime "
+        "fp32 and int8; CUDA: torch fp32 and fp16, ONNX Runtime fp32. The decision is kept in `onnx_cache_dir`, "
+        "keyed by version, settings and the CPU's instruction sets (see docs/benchmarks.md for what wins where).",
     )
     torch_threads: int = Field(
         default=0,
@@ -203,7 +207,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _precision_fits(self) -> Settings:
-        if self.precision == "fp32":
+        if self.precision in ("fp32", "auto"):  # auto tries only what fits the device
             return self
         if self.precision == "int8":
             if self.backend != "onnx":

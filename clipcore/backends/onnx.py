@@ -8,7 +8,6 @@ Exporting is ``clipcore.backends.onnx_export``; the gate ``clipcore.backends.par
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from clipcore.backends.base import BackendError
+from clipcore.backends.cpu import cpu_identity
 from clipcore.backends.onnx_export import (
     INT8_SCHEME,
     REFUSAL,
@@ -132,27 +132,6 @@ def _exported(export_dir: Path) -> tuple[set[str], str, bool] | None:
         return set(sidecar.get("variants", {})), precision, bool(sidecar.get("dense"))
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def cpu_identity() -> str:
-    """The CPU model, its instruction-set flags and onnxruntime's version: what decides which
-    kernels a graph runs on (a refusal recorded on one CPU is not trusted on another)."""
-    import platform
-
-    import onnxruntime
-
-    model, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = value.strip()
-    except OSError:
-        pass
-    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
-    return f"{platform.machine()} {model or 'unknown CPU'} (flags {digest}), onnxruntime {onnxruntime.__version__}"
 
 
 def _remembered_refusal(export_dir: Path) -> str | None:

@@ -6,7 +6,7 @@ built by ``hf_clip_folder.py`` (the same tokenizer ids; speed does not depend on
 Infinity runs in its own virtualenv (``--infinity-venv``; created on first use with
 ``infinity-emb[server,torch]==0.0.78``, ``aiohttp`` and ``numpy<2``: its ``vision`` extra would
 downgrade torch), offline (``HF_HUB_OFFLINE=1``, ``DO_NOT_TRACK=1``) on 127.0.0.1, torch engine,
-CPU, no vector disk cache.
+CPU (``--device cuda`` or ``cuda:N``: both servers on that GPU), no vector disk cache.
 
 Load: one closed loop per (server, kind, concurrency), ``loadtests.run``'s runner; every image
 request carries one new 224 px JPEG (never repeated, so no cache helps), every text request one
@@ -108,13 +108,18 @@ def build_peer_model(venv: Path, arch: str, out: Path) -> None:
 
 
 @contextmanager
-def infinity_server(exe: Path, model_dir: Path, threads: int | None, batch_size: int) -> Iterator[str]:
+def infinity_server(
+    exe: Path, model_dir: Path, threads: int | None, batch_size: int, device: str = "cpu"
+) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    kind, _, index = device.partition(":")
+    if index:  # Infinity takes "cuda", not "cuda:N": show it only device N
+        env["CUDA_VISIBLE_DEVICES"] = index
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [str(exe), "v2", "--model-id", str(model_dir), "--served-model-name", SERVED_NAME, "--engine", "torch",
-           "--device", "cpu", "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
+           "--device", kind, "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -145,8 +150,8 @@ def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool
     )
 
 
-def service_ceiling(store: Path, ref: str, threads: int | None) -> float:
-    """This service's image tower, batch 1, in-process (median call): images/s."""
+def service_ceiling(store: Path, ref: str, threads: int | None, device: str = "cpu") -> float:
+    """This service's torch fp32 image tower, batch 1, in-process (median call): images/s."""
     import torch
 
     from clipcore.models.bundle import ModelBundle
@@ -154,7 +159,7 @@ def service_ceiling(store: Path, ref: str, threads: int | None) -> float:
 
     if threads is not None:
         torch.set_num_threads(threads)
-    bundle = ModelBundle.load(ModelStore(store), ref)
+    bundle = ModelBundle.load(ModelStore(store), ref, device)
     return model_ceiling(bundle.encode_images, bundle.image_size, [1], 4.0)[1][0]
 
 
@@ -168,14 +173,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads of both servers")
     parser.add_argument("--infinity-batch-size", type=int, default=32)
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N, for both servers")
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda"):
+        from loadtests.bench_cuda import cuda_or_exit
+
+        cuda_or_exit(args.device, "peer.benchmark")
+    os.environ["CLIP_DEVICE"] = args.device  # the service reads it (CLIP_PRECISION too, e.g. auto)
 
     exe = ensure_infinity(args.infinity_venv)
     with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp:
         store, peer_dir = Path(tmp) / "store", Path(tmp) / "hf-clip"
         ref = publish_random_arch(store, args.arch)
         build_peer_model(args.infinity_venv, args.arch, peer_dir)
-        ceiling = service_ceiling(store, ref, args.threads)
+        ceiling = service_ceiling(store, ref, args.threads, args.device)
         print(
             f"\n{args.arch} (random weights); this service's image tower, batch 1, in-process: {ceiling:.2f} images/s"
         )
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                 if server_kind == "service":
                     context = server(svc_cmd, args.threads)
                 else:
-                    context = infinity_server(exe, peer_dir, args.threads, args.infinity_batch_size)
+                    context = infinity_server(exe, peer_dir, args.threads, args.infinity_batch_size, args.device)
                 with context as url:
                     for kind in args.kinds:
                         for c in args.concurrency:

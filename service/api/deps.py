@@ -31,7 +31,9 @@ class Services:
     auth: ApiKeyAuth
 
 
-def get_services(request: Request) -> Services:
+# Dependencies are coroutines even where they do not await: FastAPI runs a plain function in its
+# thread pool, two thread hand-offs per request for an attribute read.
+async def get_services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
@@ -48,7 +50,7 @@ async def serving_runtime(request: Request, services: ServicesDep) -> AsyncItera
 RuntimeDep = Annotated[ModelRuntime, Depends(serving_runtime)]
 
 
-def get_pipeline(services: ServicesDep) -> Pipeline:
+async def get_pipeline(services: ServicesDep) -> Pipeline:
     return services.pipeline
 
 

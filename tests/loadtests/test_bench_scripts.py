@@ -117,3 +117,44 @@ def test_the_peer_model_folder_gets_open_clips_exact_vocabulary() -> None:
         512,
         49408,
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "env_extra"),
+    [
+        ("loadtests.bench_cuda", ["--arch", "ViT-B-32"], {}),
+        ("loadtests.benchmark", ["--store", "models", "--duration", "1"], {"CLIP_DEVICE": "cuda"}),
+        ("loadtests.peer.benchmark", ["--device", "cuda:0"], {}),
+    ],
+)
+def test_gpu_benchmarks_say_clearly_that_there_is_no_gpu(
+    module: str, args: list[str], env_extra: dict[str, str]
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the benchmark would measure it (run it by hand)")
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_extra}
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=240,
+                          cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA GPU here" in proc.stderr and "nothing measured" in proc.stderr
+    assert "Traceback" not in proc.stderr and "|" not in proc.stdout  # no table: nothing was measured
+
+
+def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "loadtests.bench_cuda", "--device", "cpu"], capture_output=True,
+                          text=True, timeout=240, cwd=REPO, env=env)  # fmt: skip
+    assert proc.returncode == 1 and "on a CPU use bench_backends" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling(tiny_store: Path) -> None:
+    out = run_script("bench_single.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
+                     "--rounds", "1", "--threads", "1")  # fmt: skip
+    (row,) = table(out)
+    label, per_round, ceiling, share, p50, model, outside, direct = row
+    assert label == "this tree" and float(per_round) > 0 and float(ceiling) > 0
+    assert 0 < float(share.strip("*%")) and 0 < float(model) <= float(p50) and float(outside) >= 0 < float(direct)
+    assert "backend torch fp32" in out

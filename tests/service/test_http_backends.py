@@ -178,3 +178,25 @@ def test_cache_lookup_histogram_is_exported(base_url: str) -> None:
     text = httpx.get(f"{base_url}/metrics").text
     assert 'cache_lookup_seconds_bucket{layer="lru",le="5e-05"}' in text
     assert 'cache_lookup_seconds_bucket{layer="redis",le="0.05"}' in text
+
+
+def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decision(
+    tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
+) -> None:
+    images = [make_image("circle", "red"), make_image("square", "blue")]
+    common = {"store": str(tiny_store), "model": "tiny@production"}
+    with serve_app(**common) as running:
+        reference = all_embeddings(running.url, images)
+    cache_dir = tmp_path / "onnx"
+    with serve_app(**common, precision="auto", onnx_cache_dir=str(cache_dir)) as running:
+        backend = running.services.manager.current.backend
+        got = all_embeddings(running.url, images)
+    assert "; auto: torch fp32 " in backend and "onnx int8 " in backend, backend  # every candidate's figure
+    (decision,) = (cache_dir / "auto" / "tiny").glob("v1-*.json")
+    chosen = json.loads(decision.read_text())["chosen"]
+    assert backend.startswith(f"{chosen['backend']} {chosen['precision']}")
+    for kind, vectors in got.items():
+        assert row_cosines(vectors, reference[kind]).min() >= PARITY_THRESHOLD, kind
+    with serve_app(**common, precision="auto", onnx_cache_dir=str(cache_dir)) as running:
+        again = running.services.manager.current.backend
+    assert again.startswith(f"{chosen['backend']} {chosen['precision']}") and f"auto: remembered in {decision}" in again

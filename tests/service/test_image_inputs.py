@@ -18,6 +18,7 @@ from PIL import Image
 
 from clipcore.errors import ClipError, ErrorCode
 from service.images import decode_base64, decode_image, is_public_address
+from service.runtime.pipeline import INLINE_BASE64_CHARS
 
 # ----------------------------------------------------------------------------- unit
 
@@ -39,6 +40,22 @@ def test_decode_base64_strict_and_sized() -> None:
     with pytest.raises(ClipError) as info:
         decode_base64(base64.b64encode(b"x" * 200).decode(), "f", 100)
     assert info.value.code == ErrorCode.payload_too_large
+
+
+def test_decode_base64_takes_wrapped_lines_and_refuses_other_characters() -> None:
+    data = bytes(range(256)) * 4
+    wrapped = base64.encodebytes(data).decode()  # MIME: a line break every 76 characters
+    assert "\n" in wrapped and decode_base64(wrapped, "f", 2000) == data
+    assert decode_base64(wrapped.replace("\n", "\r\n"), "f", 2000) == data
+    for bad, message in (
+        ("  \n\t", "empty"),
+        ("", "empty"),
+        ("QUJD\u00e9", "not valid base64"),
+        ("QU JD!", "not valid"),
+    ):
+        with pytest.raises(ClipError, match=message) as info:
+            decode_base64(bad, "images.0.data", 100)
+        assert info.value.code == ErrorCode.bad_input and info.value.field == "images.0.data"
 
 
 def test_decode_image_checks_pixels_before_loading() -> None:
@@ -175,6 +192,22 @@ def test_allowlisted_url_is_fetched(url_servers: tuple[str, str], image_host: st
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "bad_image"
     big = embed(allowed, {"url": f"{image_host}/big.png"})
     assert big.status_code == 413
+
+
+def test_large_and_wrapped_data_answer_like_the_same_bytes_by_url(
+    url_servers: tuple[str, str], image_host: str
+) -> None:
+    """Long base64 strings are decoded in the decode pool, short ones on the event loop: same answers."""
+    _, allowed = url_servers
+    padded = httpx.get(f"{image_host}/80k.png", timeout=30).content  # a PNG followed by 80 KB of padding
+    plain = base64.b64encode(padded).decode()
+    assert len(plain) > INLINE_BASE64_CHARS
+    by_url = embed(allowed, {"url": f"{image_host}/80k.png"})
+    assert by_url.status_code == 200, by_url.text
+    for data in (plain, base64.encodebytes(padded).decode()):
+        got = embed(allowed, {"data": data})
+        assert got.status_code == 200, got.text
+        assert got.json()["ids"] == by_url.json()["ids"] and got.json()["embeddings"] == by_url.json()["embeddings"]
 
 
 def test_the_urls_of_one_request_share_a_byte_budget(url_servers: tuple[str, str], image_host: str) -> None:

@@ -74,6 +74,13 @@ def test_bad_values_are_rejected_with_a_clear_message(overrides: dict[str, Any],
         Settings(**overrides)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "auto"])
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_precision_auto_is_valid_with_any_backend_and_device(backend: str, device: str) -> None:
+    # auto tries only what fits the device (no int8 on CUDA, no fp16 on a CPU): nothing to refuse here.
+    assert Settings(precision="auto", backend=backend, device=device).precision == "auto"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto resolves to CUDA here, where fp16 is allowed")
 def test_fp16_with_auto_device_and_no_cuda_is_rejected() -> None:
     with pytest.raises(ValidationError, match="fp16 needs a CUDA device"):
