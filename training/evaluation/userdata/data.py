@@ -64,6 +64,13 @@ class EvalSet:
     def labelled(self) -> list[Item]:
         return [i for i in self.items if isinstance(i.record, LabelRecord)]
 
+    def images_by_label(self) -> dict[str, list[ImageRef]]:
+        """The image of each labelled record, grouped by its label (pairs and 2x2 items draw from it)."""
+        grouped: dict[str, list[ImageRef]] = {}
+        for item in self.labelled:
+            grouped.setdefault(item.record.label, []).append(item.images[0])  # type: ignore[union-attr]
+        return grouped
+
     @property
     def pairs(self) -> list[Item]:
         return [i for i in self.items if isinstance(i.record, PairRecord)]

@@ -27,9 +27,7 @@ Pair = tuple[ImageRef, ImageRef, str, str]  # first image, second image, text tr
 def label_pairs(es: EvalSet, n: int, seed: int) -> list[Pair]:
     """``n`` pairs of labelled images with different labels; the text of each is drawn from its
     label text and its attribute texts (kind ``label`` or ``attribute``)."""
-    by_label: dict[str, list[ImageRef]] = {}
-    for item in es.labelled:
-        by_label.setdefault(item.record.label, []).append(item.images[0])  # type: ignore[union-attr]
+    by_label = es.images_by_label()
     names = sorted(by_label)
     if len(names) < 2:
         return []

@@ -18,9 +18,7 @@ from training.evaluation.userdata.data import EvalSet, UserEvalConfig, label_cap
 
 
 def items_2x2(es: EvalSet, n: int, seed: int) -> list[tuple[ImageRef, ImageRef, str, str]]:
-    by_label: dict[str, list[ImageRef]] = {}
-    for item in es.labelled:
-        by_label.setdefault(item.record.label, []).append(item.images[0])  # type: ignore[union-attr]
+    by_label = es.images_by_label()
     names = sorted(by_label)
     if len(names) < 2:
         return []
