@@ -26,28 +26,13 @@ from open_clip_reference import (
     sample_image,
     save_hub,
 )
+from tiny_families import family_configs
 
 from clipcore.models.clip_model import build_model
 from model_store import ModelStore
 
-VISION = {"image_size": 32, "layers": 1, "width": 64, "patch_size": 8}
-TEXT = {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}
-FAMILIES: dict[str, dict[str, Any]] = {
-    "siglip": {
-        "embed_dim": 32,
-        "init_logit_bias": -10,
-        "custom_text": True,
-        "vision_cfg": VISION,
-        "text_cfg": {**TEXT, "no_causal_mask": True, "pool_type": "last", "proj_bias": True},
-    },
-    "coca": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {**VISION, "attentional_pool": True, "attn_pooler_heads": 2, "output_tokens": True},
-        "text_cfg": {**TEXT, "embed_cls": True, "output_tokens": True},
-        "multimodal_cfg": {**TEXT, "attn_pooler_heads": 2},
-    },
-}
+# The families served beside CLIP (CLIP itself: test_imported_models.py).
+FAMILIES = {name: cfg for name, cfg in family_configs(32, 8, 16).items() if name != "clip"}
 # SigLIP as released: a Hugging Face tokenizer (a toy word-level one here, saved with its files in the
 # hub folder as the released folders carry them), canonicalised text, an end token and padding.
 FAMILIES["siglip_hf"] = {

@@ -8,35 +8,16 @@ must stay as they were.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
+from tiny_families import family_configs
 
 from clipcore.models.clip_model import build_model, is_trainable_text_param
 from training.train_pcclip import PCClipConfig, train_pcclip
 from training.train_semclip import SemClipConfig, train_semclip
 
 # The finetunes render the shapes world at 64 px.
-VISION = {"image_size": 64, "layers": 1, "width": 64, "patch_size": 16}
-TEXT = {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}
-CONFIGS: dict[str, dict[str, Any]] = {
-    "clip": {"embed_dim": 32, "vision_cfg": VISION, "text_cfg": TEXT},
-    "siglip": {
-        "embed_dim": 32,
-        "init_logit_bias": -10,
-        "custom_text": True,
-        "vision_cfg": VISION,
-        "text_cfg": {**TEXT, "no_causal_mask": True, "pool_type": "last", "proj_bias": True},
-    },
-    "coca": {
-        "embed_dim": 32,
-        "custom_text": True,
-        "vision_cfg": {**VISION, "attentional_pool": True, "attn_pooler_heads": 2, "output_tokens": True},
-        "text_cfg": {**TEXT, "embed_cls": True, "output_tokens": True},
-        "multimodal_cfg": {**TEXT, "attn_pooler_heads": 2},
-    },
-}
+CONFIGS = family_configs(image_size=64, patch_size=16, context_length=32)
 
 
 @pytest.fixture(autouse=True)
