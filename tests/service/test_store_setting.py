@@ -43,3 +43,32 @@ def test_a_store_without_the_model_says_which_model(tmp_path: Path, serve_app: A
         message = httpx.get(f"{running.url}/readyz").json()["error"]["message"]
         assert "model 'default' not found in the model store set by CLIP_STORE" in message
         assert str(tmp_path) not in message
+
+
+def test_an_unreachable_s3_store_is_a_503_on_every_models_route(
+    tmp_path: Path, serve_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a 127.0.0.1 port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    for key, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+        "AWS_ACCESS_KEY_ID": "unused",
+        "AWS_SECRET_ACCESS_KEY": "unused",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_MAX_ATTEMPTS": "1",
+        "CLIP_STORE_CACHE_DIR": str(tmp_path / "store-cache"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    with serve_app(store="s3://down/models", model="default@production", watch_interval_s=0.1, ready=False) as running:
+        _wait(lambda: running.services.manager.not_ready_reason is not None)
+        for path in ("/models", "/models/default"):
+            response = httpx.get(f"{running.url}{path}", timeout=60)
+            assert response.status_code == 503, (path, response.text)
+            assert response.json()["error"]["code"] == "not_ready"
+            assert str(closed) not in response.text  # the endpoint stays in the log

@@ -93,6 +93,13 @@ def _serving(services: ServicesDep) -> str | None:
     return current.ref if current is not None else None
 
 
+def _store_unreadable(exc: StoreError) -> ApiError:
+    """A store that cannot be read (S3 down, a broken mount) is a 503; its location and the
+    cause go to the log only: response bodies reach unauthenticated callers."""
+    log.warning("cannot read the model store: %s: %s", type(exc).__name__, exc)
+    return ApiError(ErrorCode.not_ready, "model store is not readable; the server log says why")
+
+
 # Plain ``def``: FastAPI runs these in its thread pool, so store reads never block the loop.
 @router.get("/models", response_model=ModelsResponse)
 def list_models(services: ServicesDep) -> ModelsResponse:
@@ -101,8 +108,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
     try:
         models = [describe(store, name, serving) for name in sorted(store.list_models())]
     except StoreError as exc:
-        log.warning("cannot list the model store: %s: %s", type(exc).__name__, exc)
-        raise ApiError(ErrorCode.not_ready, "model store is not readable; the server log says why") from None
+        raise _store_unreadable(exc) from None
     cache = services.cache
     state = cache.redis_state
     info = CacheInfo(redis=state, last_error=cache.last_error if state != "up" else None, lru_items=len(cache))
@@ -115,6 +121,8 @@ def get_model(name: str, services: ServicesDep) -> ModelInfo:
         return describe(services.store, name, _serving(services))
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
+    except StoreError as exc:  # after ModelNotFound, which is a StoreError too
+        raise _store_unreadable(exc) from None
 
 
 @router.get("/limits", response_model=Limits)
