@@ -103,6 +103,11 @@ class ModelStore:
         if not self._version_exists(name, version):
             raise ModelNotFound(f"version {name}@{version} not found")
 
+    @staticmethod
+    def _require_annex(filename: str) -> None:
+        if filename not in ANNEX_FILES:
+            raise InvalidName(f"{filename!r} is not an annex file (allowed: {', '.join(sorted(ANNEX_FILES))})")
+
     def _versions(self, name: str) -> list[str]:
         base = f"{name}/{VERSIONS_DIR}"
         names = self.backend.list_dir(base)
@@ -280,10 +285,19 @@ class ModelStore:
         except Exception as exc:  # any failure to build or run the model is the reason to refuse it
             raise VersionRefused(manifest.ref, str(exc) or type(exc).__name__) from exc
 
+    def read_annex(self, name: str, version: str, filename: str) -> bytes | None:
+        """The contents of an annex file (e.g. ``eval.json``) of ``name@version``, ``None`` when
+        it has none: one read, never a local copy (on S3 the blob cache is for weights)."""
+        self._require_annex(filename)
+        self._require_version(name, version)
+        try:
+            return self.backend.read_bytes(self._vkey(name, version, filename))
+        except FileNotFoundError:
+            return None
+
     def write_annex(self, name: str, version: str, filename: str, data: bytes) -> Path:
         """Add or atomically replace an annex file (e.g. ``eval.json``) of a published version."""
-        if filename not in ANNEX_FILES:
-            raise InvalidName(f"{filename!r} is not an annex file (allowed: {', '.join(sorted(ANNEX_FILES))})")
+        self._require_annex(filename)
         self._require_version(name, version)
         key = self._vkey(name, version, filename)
         self.backend.put_atomic(key, bytes(data))

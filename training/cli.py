@@ -215,10 +215,11 @@ def show_eval(ref: str, store: StoreOpt = "models") -> None:
     """Print the stored evaluation table of a version (no computation)."""
     model_store = ModelStore(store)
     name, version = model_store.resolve(ref)
-    if "eval.json" not in model_store.annex_files(name, version):
+    raw = model_store.read_annex(name, version, "eval.json")
+    if raw is None:
         console.print(f"[red]{name}@{version} has no eval.json; run `clip-train evaluate {ref}`")
         raise typer.Exit(1)
-    print_report(json.loads(model_store.file_path(name, version, "eval.json").read_text()), console.print)
+    print_report(json.loads(raw), console.print)
 
 
 @app.command("pcclip-sweep")

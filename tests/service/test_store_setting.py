@@ -72,3 +72,22 @@ def test_an_unreachable_s3_store_is_a_503_on_every_models_route(
             assert response.status_code == 503, (path, response.text)
             assert response.json()["error"]["code"] == "not_ready"
             assert str(closed) not in response.text  # the endpoint stays in the log
+
+
+def test_models_show_each_versions_evaluation_and_survive_an_unreadable_one(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    from model_store import ModelStore
+
+    root = tmp_path / "store"
+    publish_model(root, "annexed", seed=1)
+    publish_model(root, "annexed", seed=2, aliases=())
+    store = ModelStore(root)
+    store.write_annex("annexed", "v1", "eval.json", b'{"metrics": {"zeroshot.acc": 0.75}}')
+    store.write_annex("annexed", "v2", "eval.json", b"{truncated")
+    with serve_app(store=str(root), model="annexed@production") as running:
+        response = httpx.get(f"{running.url}/models/annexed")
+    assert response.status_code == 200, response.text
+    v1, v2 = response.json()["versions"]
+    assert v1["eval"] == {"metrics": {"zeroshot.acc": 0.75}}
+    assert v2["version"] == "v2" and v2["eval"] is None and v2["error"] is None

@@ -22,10 +22,9 @@ CORE_COMPONENTS = frozenset({"weights", "weights_dtype", "text_encoders", "defau
 
 
 def _eval_annex(store: ModelStore, name: str, version: str) -> dict[str, Any] | None:
-    if "eval.json" not in store.annex_files(name, version):
-        return None
     try:
-        data = json.loads(store.file_path(name, version, "eval.json").read_text())
+        raw = store.read_annex(name, version, "eval.json")
+        data = None if raw is None else json.loads(raw)
     except (OSError, ValueError) as exc:  # an unreadable report must not hide the model list
         log.warning("ignoring unreadable eval.json of %s@%s: %s", name, version, exc)
         return None

@@ -147,8 +147,10 @@ def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Root) ->
     assert "eval.json" not in manifest.files
     assert store.annex_files("clip", "v1") == ["eval.json"]
 
+    assert store.read_annex("clip", "v1", "eval.json") == b'{"acc": 0.1}'
     path = store.write_annex("clip", "v1", "eval.json", b'{"acc": 0.9}')
     assert path == store.file_path("clip", "v1", "eval.json")
+    assert store.read_annex("clip", "v1", "eval.json") == b'{"acc": 0.9}'
     assert json.loads(path.read_text()) == {"acc": 0.9}
     assert root.children("clip/versions/v1") == ["eval.json", "manifest.json", "model.safetensors"]
     assert store.manifest("clip", "v1") == manifest
@@ -156,6 +158,8 @@ def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Root) ->
 
     with pytest.raises(InvalidName):
         store.write_annex("clip", "v1", "model.safetensors", b"overwrite")
+    with pytest.raises(InvalidName):  # weights are read through load_verified, checksummed
+        store.read_annex("clip", "v1", "model.safetensors")
     with pytest.raises(ModelNotFound):
         store.write_annex("clip", "v9", "eval.json", b"{}")
 
@@ -163,8 +167,11 @@ def test_annex_is_atomic_and_outside_checksums(store: ModelStore, root: Root) ->
 def test_annex_absent_until_written(store: ModelStore) -> None:
     publish_simple(store)
     assert store.annex_files("clip", "v1") == []
+    assert store.read_annex("clip", "v1", "eval.json") is None
     with pytest.raises(ModelNotFound):
         store.file_path("clip", "v1", "eval.json")
+    with pytest.raises(ModelNotFound):
+        store.read_annex("clip", "v9", "eval.json")
 
 
 def test_manifest_version_field_may_repeat_argument(store: ModelStore) -> None:

@@ -31,9 +31,8 @@ def evaluate_on_data(
     bundle = ModelBundle.load(store, ref, device=device)
     name = name or dataset_name(data)
     metrics, section = evaluate_user_data(bundle, data, cfg, name, log=log)
-    existing = None
-    if "eval.json" in store.annex_files(bundle.name, bundle.version):
-        existing = json.loads(store.file_path(bundle.name, bundle.version, "eval.json").read_text())
+    raw = store.read_annex(bundle.name, bundle.version, "eval.json")
+    existing = None if raw is None else json.loads(raw)
     report = merge_into_eval(existing, bundle.ref, name, metrics, section)
     report["report"] = REPORT_FILE
     page = render_report(report, png_dir=out)
