@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_store.errors import StoreError
-from model_store.location import check_location
+from model_store.location import missing_directory
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
 from model_store.store import ModelStore
 from model_store.validators import InstalledValidators, installed_validator_names
@@ -66,7 +66,7 @@ def _store(ctx: typer.Context, must_exist: bool = True) -> ModelStore:
     path must not look like an empty store)."""
     store: ModelStore = ctx.obj
     root = ctx.find_root().params.get("store")
-    if must_exist and root is not None and check_location(root) is None and not Path(root).is_dir():
+    if must_exist and root is not None and missing_directory(root):
         raise StoreError(f"no model store at {root} (set by --store or {STORE_ENV}): the directory does not exist")
     return store
 

@@ -69,6 +69,12 @@ def check_location(location: str | os.PathLike[str]) -> tuple[str, str] | None:
     return parse_s3_url(text)
 
 
+def missing_directory(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` is a filesystem path with no directory there (never for ``s3://``):
+    a typo in a path must not look like an empty store."""
+    return check_location(location) is None and not Path(location).is_dir()
+
+
 def open_backend(location: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> StorageBackend:
     """The backend a store location names; ``cache_dir`` is the local blob cache of object stores."""
     parsed = check_location(location)

@@ -20,12 +20,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from model_store import ChecksumMismatch, ModelNotFound, ModelStore, parse_ref
+from model_store.location import missing_directory
 from service.config import Settings
 from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
 from service.runtime.metrics import ServiceMetrics
@@ -126,7 +126,7 @@ class ModelManager:
 
     def store_missing(self) -> bool:
         """Whether the configured store is a local directory that does not exist."""
-        return "://" not in self.settings.store and not Path(self.settings.store).is_dir()
+        return missing_directory(self.settings.store)
 
     def _not_ready_reason(self, exc: BaseException) -> str:
         if self.store_missing():
