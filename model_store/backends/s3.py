@@ -25,7 +25,7 @@ that cache for loaders that need files (safetensors).
 from __future__ import annotations
 
 import functools
-import io
+import hashlib
 import os
 import secrets
 import tempfile
@@ -237,10 +237,8 @@ class S3Backend:
 
     @translated
     def put_atomic(self, key: str, data: bytes) -> None:
-        digest = HashingReader(io.BytesIO(data))
-        digest.read()
         self.client.put_object(
-            Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={SHA256_META: digest.hexdigest()}
+            Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={SHA256_META: hashlib.sha256(data).hexdigest()}
         )
 
     def _copy(self, src_key: str, dst_key: str) -> None:
