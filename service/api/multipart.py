@@ -111,6 +111,8 @@ async def form_body(form: FormData, kinds: dict[str, FieldKind]) -> dict[str, An
                 body[key] = json.loads(texts[0])
             except ValueError as exc:
                 raise FormError(f"{key} must be JSON text in a form: {exc}", key) from None
+            except RecursionError:  # as in a JSON body: malformed input, not a server fault
+                raise FormError(f"{key} is JSON nested too deeply", key) from None
         else:
             body[key] = texts[0]
     return body

@@ -174,3 +174,7 @@ def test_json_fields_in_a_form_must_be_json(default_url: str, make_image: Any) -
              ("descriptions", (None, "{not json"))]  # fmt: skip
     r = httpx.post(f"{default_url}/classify", files=files, timeout=60)
     assert error(r) == (422, "validation_error", "descriptions")
+    # Nested deeper than the JSON parser can go: a 422 like the same text in a JSON body, not a 500.
+    files[-1] = ("descriptions", (None, "[" * 100_000 + "]" * 100_000))
+    r = httpx.post(f"{default_url}/classify", files=files, timeout=60)
+    assert error(r) == (422, "validation_error", "descriptions")
