@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
-from clipcore.models.importing import ModelImportError, load_planned_model, plan_import, sha256_file
-from clipcore.models.preprocess import PreprocessConfig
+from clipcore.models.importing import ModelImportError, load_planned_model, plan_import
 from clipcore.models.publish import publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore, StoreError
+from model_store.digest import sha256_stream
 from training.options import StoreOpt
 
 console = Console(highlight=False, soft_wrap=True)
@@ -116,7 +116,8 @@ def import_cmd(
             tokenizer_dir=tokenizer_dir,
         )  # fmt: skip
         model = load_planned_model(plan)
-        source = {**plan.source, "sha256": sha256_file(plan.checkpoint)}
+        with plan.checkpoint.open("rb") as checkpoint:
+            source = {**plan.source, "sha256": sha256_stream(checkpoint)[0]}
         with torch.no_grad():
             manifest = publish_bundle(
                 ModelStore(store, validator=validate_version),
@@ -126,7 +127,7 @@ def import_cmd(
                 fp16=fp16,
                 aliases=alias or (),
                 version=version,
-                preprocess=PreprocessConfig.from_manifest(plan.preprocess),
+                preprocess=plan.preprocess,
                 training={"imported_from": source},
                 notes=notes,
                 **tokenizer_fields(plan.tokenizer_files),

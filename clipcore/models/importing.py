@@ -18,7 +18,6 @@ validator then builds the model from that manifest and runs it before anything i
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import zipfile
@@ -52,7 +51,7 @@ class ImportPlan:
     architecture: dict[str, Any]
     checkpoint: Path
     source: dict[str, Any]
-    preprocess: dict[str, Any] = field(default_factory=dict)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     tokenizer_files: dict[str, Path] = field(default_factory=dict)  # a Hugging Face tokenizer's, by name
 
 
@@ -191,11 +190,16 @@ def resolve_tokenizer(
     )
 
 
-def _preprocess(*layers: dict[str, Any]) -> dict[str, Any]:
+def _preprocess(*layers: dict[str, Any]) -> PreprocessConfig:
+    """The layers merged, later ones winning, and checked: a value the service could not apply
+    (an unknown interpolation, two std values) is refused here, before anything is built."""
     merged: dict[str, Any] = PreprocessConfig().to_manifest()
     for layer in layers:
-        merged.update({k: list(v) if isinstance(v, tuple) else v for k, v in layer.items() if k in PREPROCESS_KEYS})
-    return merged
+        merged.update({k: v for k, v in layer.items() if k in PREPROCESS_KEYS})
+    try:
+        return PreprocessConfig.from_manifest(merged)
+    except (TypeError, ValueError) as exc:
+        raise ModelImportError(f"preprocessing: {exc}") from None
 
 
 def plan_import(
@@ -250,14 +254,6 @@ def plan_import(
     layers.append(preprocess_overrides or {})
     tokenizer_files = resolve_tokenizer(architecture, tokenizer_dir, hf_dir, cache_dir)
     return ImportPlan(architecture, checkpoint, source, _preprocess(*layers), tokenizer_files)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_planned_model(plan: ImportPlan) -> torch.nn.Module:

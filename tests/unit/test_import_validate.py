@@ -155,6 +155,20 @@ def test_weights_that_do_not_fit_the_architecture_are_refused(runner: CliRunner,
     assert not (tmp_path / "store" / "x" / "versions").exists()
 
 
+def test_preprocessing_the_service_cannot_apply_is_refused_before_import(runner: CliRunner, tmp_path: Path) -> None:
+    hub = tmp_path / "hub"  # a hub folder whose own preprocessing has two std values
+    hub.mkdir()
+    config = {"model_cfg": TINY_CLIP, "preprocess_cfg": {**HUB_PREPROCESS, "std": [0.5, 0.5]}}
+    (hub / "open_clip_config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in _model(TINY_CLIP).state_dict().items()}, hub / "open_clip_model.safetensors")
+    for extra, expected in ((["--interpolation", "lanczos", "--std", "0.5,0.5,0.5"], "unknown interpolation 'lanczos'"),
+                            ([], "three values each")):  # fmt: skip
+        result = _import(runner, tmp_path / "store", "x", "--hf-dir", str(hub), *extra)
+        assert result.exit_code == 1 and "preprocessing" in result.output and expected in result.output, result.output
+        assert isinstance(result.exception, SystemExit)  # an error line, not a traceback
+    assert not (tmp_path / "store" / "x").exists()
+
+
 def test_unknown_architecture_name_suggests_close_ones(runner: CliRunner, tmp_path: Path) -> None:
     result = _import(runner, tmp_path / "store", "x", "--arch", "ViT-B-33", "--weights", str(tmp_path / "w.pt"))
     assert result.exit_code == 1 and "no model config named 'ViT-B-33'" in result.output and "ViT-B-32" in result.output
