@@ -160,7 +160,8 @@ def test_preprocessing_the_service_cannot_apply_is_refused_before_import(runner:
     hub.mkdir()
     config = {"model_cfg": TINY_CLIP, "preprocess_cfg": {**HUB_PREPROCESS, "std": [0.5, 0.5]}}
     (hub / "open_clip_config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in _model(TINY_CLIP).state_dict().items()}, hub / "open_clip_model.safetensors")
+    state = {k: v.contiguous() for k, v in _model(TINY_CLIP).state_dict().items()}
+    save_file(state, hub / "open_clip_model.safetensors")
     for extra, expected in ((["--interpolation", "lanczos", "--std", "0.5,0.5,0.5"], "unknown interpolation 'lanczos'"),
                             ([], "three values each")):  # fmt: skip
         result = _import(runner, tmp_path / "store", "x", "--hf-dir", str(hub), *extra)
