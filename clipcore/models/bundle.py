@@ -239,6 +239,14 @@ class ModelBundle:
             return f"{self.ref}/{self.context_length}"
         return f"bpe/{self.context_length}"
 
+    def token_count(self, text: str) -> int:
+        """Tokens ``text`` is encoded with, special ones included, at most the context: what
+        OpenAI-style usage counts. The version's own tokenizer, BPE or Hugging Face."""
+        if self.hf_tokenizer is not None:
+            return min(self.hf_tokenizer.full_length(text), self.context_length)
+        ids, _ = tokenizer_for(self.context_length).encode_with_cut(text)
+        return min(len(ids) + 2, self.context_length)  # + start and end tokens
+
     def text_truncated(self, text: str) -> bool:
         """Whether ``text`` is cut to the model context."""
         if self.hf_tokenizer is not None:

@@ -84,10 +84,14 @@ class HfTextTokenizer:
         """Ids the tokenizer can produce (its vocabulary with added tokens)."""
         return len(self._tokenizer.tokenizer)
 
+    def full_length(self, text: str) -> int:
+        """Tokens of ``text``, special ones included, before cutting to the context."""
+        clean = self._tokenizer.clean_fn(text)
+        return len(self._tokenizer.tokenizer(clean, truncation=False).input_ids)
+
     def truncated(self, text: str) -> bool:
         """Whether ``text`` has more tokens (special ones included) than the context holds."""
-        clean = self._tokenizer.clean_fn(text)
-        return len(self._tokenizer.tokenizer(clean, truncation=False).input_ids) > self.context_length
+        return self.full_length(text) > self.context_length
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
         """(N, context_length) ids as open_clip's ``HFTokenizer`` makes them, and which texts were cut."""

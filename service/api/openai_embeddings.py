@@ -13,7 +13,6 @@ from datetime import datetime
 import numpy as np
 
 from clipcore.methods.common import truncate_dimensions
-from clipcore.models.clip_model import tokenizer_for
 from service.api.errors import bad_input
 from service.api.openai_schemas import (
     IMAGE_PREFIX,
@@ -110,11 +109,9 @@ async def embeddings(
 
 
 async def token_count(pipeline: Pipeline, rt: ModelRuntime, texts: list[str]) -> int:
-    """BPE tokens the texts were encoded with (start and end tokens included, capped at the
-    context), counted in the decode pool, off the event loop."""
-    ctx = rt.bundle.context_length
-    tokenizer = tokenizer_for(ctx)
-    return await pipeline.offload(lambda: sum(min(len(tokenizer.encode(t)) + 2, ctx) for t in texts))
+    """Tokens the texts were encoded with by the version's tokenizer (special tokens included,
+    capped at the context), counted in the decode pool, off the event loop."""
+    return await pipeline.offload(lambda: sum(rt.bundle.token_count(t) for t in texts))
 
 
 def model_list(rt: ModelRuntime) -> OpenAIModelList:

@@ -75,6 +75,8 @@ def test_import_with_a_tokenizer_folder_serves_its_ids(files: dict[str, Path], t
     words = [HF_VOCAB.index(w) for w in ("a", "red", "circle", "</s>")]  # lower-cased; pad to the context
     assert tokens.shape == (2, 16) and tokens[0].tolist() == words + [0] * 12
     assert bundle.text_truncated(" ".join(["red"] * 16)) and not bundle.text_truncated(" ".join(["red"] * 15))
+    # Usage counts (/v1/embeddings) are this tokenizer's: three words and the end token; capped.
+    assert bundle.token_count(texts[0]) == 4 and bundle.token_count(" ".join(["red"] * 40)) == 16
     # The tokenizer is part of the version: changed bytes fail verification like changed weights.
     path = store.file_path("s", "v1", "tokenizer/tokenizer.json")
     path.write_text(path.read_text().replace('"circle"', '"square"', 1))
