@@ -20,7 +20,7 @@ from model_store import ModelStore, open_backend
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
 from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
-from service.api.multipart import MultipartFormMiddleware
+from service.api.multipart import MultipartFormMiddleware, form_models
 from service.api.routes import classify, dense, embed, health, models, openai, rank
 from service.api.routes.docs import install_docs
 from service.api.routes.playground import install_playground
@@ -95,8 +95,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Keys are enforced by AuthMiddleware; this only documents the scheme in the OpenAPI spec, and
     # only on a server that has keys (the committed contract is that of the default, open server).
     documented = [Depends(HTTPBearer(auto_error=False, description="API key"))] if services.auth.enabled else []
-    for module in (classify, rank, dense, embed, models, openai):
-        app.include_router(module.router, dependencies=documented)
+    routers = [module.router for module in (classify, rank, dense, embed, models, openai)]
+    for router in routers:
+        app.include_router(router, dependencies=documented)
     app.include_router(health.router)
     install_docs(app)
     if settings.playground:
@@ -104,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> multipart
     # forms to JSON -> routes, so metrics and the access log see every answer, CORS preflights need
     # no key and an upload is counted by the cap before it is parsed.
-    app.add_middleware(MultipartFormMiddleware, limits=settings.limits)
+    app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
     if settings.cors_origins:

@@ -1,11 +1,12 @@
 """Multipart form uploads (``curl -F image_a=@a.png``) on the image endpoints.
 
-A ``multipart/form-data`` request to one of ``FORM_MODELS``' paths is turned into the JSON body
-that endpoint takes, before the route sees it: each uploaded file becomes ``{"data": <base64>}``,
-repeated fields (``-F labels=cat -F labels=dog``) become lists, fields that hold objects
-(``descriptions``, ``comparatives``, ``pairs``) are parsed as JSON text, and every other field is
-passed as its text (the schema converts ``"3"`` to 3 and ``"true"`` to true). The route then
-validates, limits and answers exactly as for JSON, so the two forms share every check and error.
+A ``multipart/form-data`` request to a route that documents a form (``openapi_form``, see
+``form_models``) is turned into the JSON body that endpoint takes, before the route sees it: each
+uploaded file becomes ``{"data": <base64>}``, repeated fields (``-F labels=cat -F labels=dog``)
+become lists, fields that hold objects (``descriptions``, ``comparatives``, ``pairs``) are parsed
+as JSON text, and every other field is passed as its text (the schema converts ``"3"`` to 3 and
+``"true"`` to true). The route then validates, limits and answers exactly as for JSON, so the two
+forms share every check and error.
 
 This runs inside the body cap (the raw upload is counted) and after authentication (an
 unauthenticated upload is never parsed). The form parser (python-multipart, through
@@ -18,8 +19,11 @@ import base64
 import enum
 import json
 import types
+from collections.abc import Iterable
 from typing import Any, Union, get_args, get_origin
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
@@ -28,25 +32,10 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import ErrorCode, error_response
-from service.api.schemas import (
-    ClassifyRequest,
-    DenseRequest,
-    EmbedRequest,
-    HeatmapRequest,
-    ImageInput,
-    RankPairRequest,
-    RankRequest,
-)
+from service.api.schemas import ImageInput
 from service.config import Limits
 
-FORM_MODELS: dict[str, type[BaseModel]] = {
-    "/classify": ClassifyRequest,
-    "/rank-pair": RankPairRequest,
-    "/rank": RankRequest,
-    "/score/dense": DenseRequest,
-    "/score/dense/heatmap": HeatmapRequest,
-    "/embed": EmbedRequest,
-}
+FORM = "multipart/form-data"
 
 
 class FieldKind(enum.Enum):
@@ -118,12 +107,31 @@ async def form_body(form: FormData, kinds: dict[str, FieldKind]) -> dict[str, An
     return body
 
 
-class MultipartFormMiddleware:
-    """Rewrites multipart requests to ``FORM_MODELS``' paths into their JSON bodies."""
+def form_models(routers: Iterable[APIRouter]) -> dict[str, type[BaseModel]]:
+    """Path -> JSON body model of every route whose OpenAPI documents a form (``openapi_form``):
+    what the contract promises is what the middleware accepts, with no second list to keep."""
+    forms: dict[str, type[BaseModel]] = {}
+    for router in routers:
+        for route in router.routes:
+            if not isinstance(route, APIRoute) or FORM not in _documented_content(route):
+                continue
+            body = route.body_field.field_info.annotation if route.body_field is not None else None
+            if not (isinstance(body, type) and issubclass(body, BaseModel)):
+                raise TypeError(f"{route.path} documents a form but takes no JSON body model")
+            forms[route.path] = body
+    return forms
 
-    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+
+def _documented_content(route: APIRoute) -> dict[str, Any]:
+    return dict((route.openapi_extra or {}).get("requestBody", {}).get("content", {}))
+
+
+class MultipartFormMiddleware:
+    """Rewrites multipart requests to the paths of ``forms`` into their JSON bodies."""
+
+    def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]]) -> None:
         self.app = app
-        self.kinds = {path: field_kinds(model) for path, model in FORM_MODELS.items()}
+        self.kinds = {path: field_kinds(model) for path, model in forms.items()}
         # Beyond these the parser stops at once; within them the route's own checks (413 with the
         # field) apply, as for JSON.
         self.max_files = limits.max_images + 2
@@ -132,7 +140,7 @@ class MultipartFormMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kinds = self.kinds.get(scope.get("path", "")) if scope["type"] == "http" else None
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
-        if kinds is None or scope.get("method") != "POST" or not content_type.startswith(b"multipart/form-data"):
+        if kinds is None or scope.get("method") != "POST" or not content_type.startswith(FORM.encode()):
             await self.app(scope, receive, send)
             return
         try:
@@ -194,4 +202,4 @@ def openapi_form(model: type[BaseModel]) -> dict[str, Any]:
     form_schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         form_schema["required"] = required
-    return {"requestBody": {"content": {"multipart/form-data": {"schema": form_schema}}}}
+    return {"requestBody": {"content": {FORM: {"schema": form_schema}}}}
