@@ -36,6 +36,7 @@ from service.api.schemas import ImageInput
 from service.config import Limits
 
 FORM = "multipart/form-data"
+_FORM_BYTES = FORM.encode()  # as the content-type header arrives
 
 
 class FieldKind(enum.Enum):
@@ -140,7 +141,7 @@ class MultipartFormMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kinds = self.kinds.get(scope.get("path", "")) if scope["type"] == "http" else None
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
-        if kinds is None or scope.get("method") != "POST" or not content_type.startswith(FORM.encode()):
+        if kinds is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
             await self.app(scope, receive, send)
             return
         try:
