@@ -48,7 +48,7 @@ class ServingTowers:
 
     def encode_texts(self, texts: Sequence[str], encoder: str) -> np.ndarray:
         """Texts -> (N, D) normalised embeddings with the named text encoder."""
-        tokens, _ = self.bundle.tokenize(texts)
+        tokens = self.bundle.tokenize(texts)
         key = None if encoder == self.bundle.default_text_encoder else encoder  # towers take None for the default
         return self.pooled.encode_tokens(tokens, key)
 

@@ -56,7 +56,7 @@ def check_parity(bundle: ModelBundle, towers: PooledTowers) -> float:
     """Min cosine between torch fp32 and ``towers`` over the fixed probe images and texts, for the
     default text encoder and every variant ``towers`` serves."""
     images = probe_images(bundle.image_size)
-    tokens, _ = bundle.tokenize(list(PROBE_TEXTS))
+    tokens = bundle.tokenize(list(PROBE_TEXTS))
     with torch.no_grad():
         cos = [_row_cosines(bundle.encode_images(images), towers.encode_images(images))]
         for variant in (None, *towers.variants):

@@ -206,23 +206,21 @@ class ModelBundle:
         cfg = self.preprocess_config
         return fit_square(image, self.image_size, cfg.interpolation, cfg.resize_mode)
 
-    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
-        """Token ids (trimmed to the batch's longest text) and which texts were truncated.
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        """Token ids, trimmed to the batch's longest text (whether a text was cut: ``text_truncated``).
 
         One bounded BPE pass per text (``BoundedTokenizer``); a text longer than the context keeps
         its first tokens and ends with the end token, as open_clip's tokenizer does. A version with a
-        Hugging Face tokenizer gives its full-context ids instead (``HfTextTokenizer``).
+        Hugging Face tokenizer gives its full-context ids instead (``HfTextTokenizer``), in one pass.
         """
         if self.hf_tokenizer is not None:
             return self.hf_tokenizer.tokenize(texts)
         tok = tokenizer_for(self.context_length)
         sot, eot = tok.sot_token_id, tok.eot_token_id
-        rows, truncated = [], []
+        rows = []
         for text in texts:
-            encoded, cut = tok.encode_with_cut(text)
-            ids = [sot, *encoded, eot]
-            truncated.append(cut or len(ids) > self.context_length)
-            if truncated[-1]:
+            ids = [sot, *tok.encode(text), eot]
+            if len(ids) > self.context_length:
                 ids = ids[: self.context_length]
                 ids[-1] = eot
             rows.append(ids)
@@ -230,7 +228,7 @@ class ModelBundle:
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = torch.tensor(r)
-        return tokens, truncated
+        return tokens
 
     @property
     def tokenizer_key(self) -> str:
@@ -266,8 +264,7 @@ class ModelBundle:
 
     def encode_texts(self, texts: Sequence[str], encoder: str | None = None) -> np.ndarray:
         """Texts -> (N, D) L2-normalised float32 with the chosen text-encoder variant."""
-        tokens, _ = self.tokenize(texts)
-        return self.encode_tokens(tokens, encoder)
+        return self.encode_tokens(self.tokenize(texts), encoder)
 
     # ------------------------------------------------------------------ YUKINO
     @torch.no_grad()

@@ -93,6 +93,7 @@ class HfTextTokenizer:
         """Whether ``text`` has more tokens (special ones included) than the context holds."""
         return self.full_length(text) > self.context_length
 
-    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, list[bool]]:
-        """(N, context_length) ids as open_clip's ``HFTokenizer`` makes them, and which texts were cut."""
-        return self._tokenizer(list(texts)), [self.truncated(t) for t in texts]
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        """(N, context_length) ids as open_clip's ``HFTokenizer`` makes them (one pass per text; a
+        caller that needs to know whether a text was cut asks ``truncated``)."""
+        return self._tokenizer(list(texts))

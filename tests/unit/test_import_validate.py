@@ -127,7 +127,7 @@ def test_import_hub_folder_records_its_preprocessing_and_alias(runner: CliRunner
     bundle = ModelBundle.load(registry, "sig")
     assert bundle.family == "custom_text" and bundle.logit_bias == pytest.approx(-10.0)
     # fp16 weights: the embeddings agree with the fp32 model's closely, not bit for bit.
-    tokens, _ = bundle.tokenize(["a red circle", "a blue square"])
+    tokens = bundle.tokenize(["a red circle", "a blue square"])
     with torch.no_grad():
         full = torch.nn.functional.pad(tokens, (0, 16 - tokens.shape[1]))
         expected = torch.nn.functional.normalize(model.encode_text(full), dim=-1).numpy()

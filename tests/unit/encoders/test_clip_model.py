@@ -73,8 +73,10 @@ def test_publish_and_load_bundle_with_a_text_variant(tmp_path: Path, model) -> N
         expected = torch.nn.functional.normalize(model.encode_text(tokenizer_for(32)(texts)), dim=-1).numpy()
     np.testing.assert_allclose(base, expected, atol=1e-5)
     assert np.abs(bundle.encode_texts(texts, "pcclip") - base).max() > 1e-3
-    _, truncated = bundle.tokenize(["word " * 40, "short"])
-    assert truncated == [True, False]
+    long, short = "word " * 40, "short"
+    tokens = bundle.tokenize([long, short])
+    assert [bundle.text_truncated(t) for t in (long, short)] == [True, False]
+    assert tokens.shape == (2, 32) and tokens[0, -1] == tokenizer_for(32).eot_token_id  # cut, closed by the end token
     with pytest.raises(KeyError):
         bundle.text_model("semclip")
 

@@ -114,7 +114,7 @@ async def test_torch_threads_reach_the_model_thread(bundle: ModelBundle, threads
 # ----------------------------------------------------------------------------- towers behind the gate
 def test_torch_fp32_towers_are_the_bundle_and_bf16_passes_the_gate(bundle: ModelBundle) -> None:
     images = probe_images(bundle.image_size, n=3)
-    tokens, _ = bundle.tokenize(list(PROBE_TEXTS))
+    tokens = bundle.tokenize(list(PROBE_TEXTS))
     fp32 = TorchTowers(bundle)
     np.testing.assert_array_equal(fp32.encode_images(images), bundle.encode_images(images))
     np.testing.assert_array_equal(fp32.encode_tokens(tokens, "pcclip"), bundle.encode_tokens(tokens, "pcclip"))
@@ -132,7 +132,7 @@ def test_onnx_towers_cover_every_text_variant(bundle: ModelBundle, tmp_path: Pat
     towers = ensure_towers(bundle, target, device="cpu", threads=1, variants=True)
     assert json.loads((target / SIDECAR).read_text())["variants"] == {"pcclip": "text-pcclip.onnx"}
     assert set(towers.variants) == {"pcclip"} and check_parity(bundle, towers) >= PARITY_THRESHOLD
-    tokens, _ = bundle.tokenize(["a red circle.", "a blue square to the left of a green cross"])
+    tokens = bundle.tokenize(["a red circle.", "a blue square to the left of a green cross"])
     for variant in ("base", "pcclip"):
         key = None if variant == bundle.default_text_encoder else variant
         np.testing.assert_allclose(towers.encode_tokens(tokens, key), bundle.encode_tokens(tokens, variant), atol=1e-4)
