@@ -91,13 +91,15 @@ class Settings(BaseSettings):
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
         description="`cpu`, `cuda` (the current CUDA device), `cuda:N` (device N) or `auto` (CUDA when available).",
     )
-    backend: Literal["torch", "onnx"] = Field(
+    backend: Literal["torch", "onnx", "auto"] = Field(
         default="torch",
         description="Runtime of the pooled image and text towers. `onnx`: each version is exported once to ONNX "
         "(one text graph per text-encoder variant), loaded in onnxruntime (CUDA provider when `device` is CUDA "
         "and onnxruntime-gpu is installed) and refused unless every probe embedding is within cosine 0.999 of "
         "torch fp32. For a version with a DCSM scorer, its dense token and patch features get their own graphs, "
-        "gated per token.",
+        "gated per token. `auto`: the faster runtime of the set `precision` on this machine, measured as "
+        "`precision=auto` measures (with `fp32`: torch or ONNX Runtime, the same arithmetic; `bf16` and `fp16` "
+        "run on torch, `int8` on ONNX Runtime).",
     )
     onnx_cache_dir: Path | None = Field(
         default=None,
@@ -210,7 +212,7 @@ class Settings(BaseSettings):
         if self.precision in ("fp32", "auto"):  # auto tries only what fits the device
             return self
         if self.precision == "int8":
-            if self.backend != "onnx":
+            if self.backend == "torch":
                 raise ValueError("precision int8 needs backend=onnx (onnxruntime's quantised kernels)")
             if _cuda_device(self.device):
                 # onnxruntime's CUDA provider has no kernels for the dynamically quantised graph and
@@ -227,11 +229,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _onnxruntime_installed(self) -> Settings:
-        if self.backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        needs_onnxruntime = self.backend == "onnx" or (self.backend == "auto" and self.precision == "int8")
+        if needs_onnxruntime and importlib.util.find_spec("onnxruntime") is None:
             extra = "gpu" if _cuda_device(self.device) else "cpu"
             raise ValueError(
-                f"backend=onnx needs onnxruntime: install the project's `{extra}` extra "
-                f"(pip install '.[{extra}]'), or use backend=torch"
+                f"backend={self.backend} with precision={self.precision} needs onnxruntime: install the project's "
+                f"`{extra}` extra (pip install '.[{extra}]'), or use backend=torch"
             )
         return self
 

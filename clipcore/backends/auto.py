@@ -1,4 +1,5 @@
-"""``precision=auto``: the fastest backend and precision that passes the parity gate on this machine.
+"""``precision=auto``: the fastest backend and precision that passes the parity gate on this machine;
+``backend=auto`` with a set precision: the fastest runtime of that precision (torch or ONNX Runtime).
 
 Candidates on a CPU: torch fp32 (the reference, always allowed), torch bf16 autocast only where
 the CPU multiplies bf16 natively (AVX-512 BF16; elsewhere torch emulates it, slower than
@@ -70,8 +71,14 @@ class Trial:
         return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
 
 
-def candidates(device: str) -> list[tuple[str, str]]:
-    """(backend, precision) pairs worth trying on ``device``, torch fp32 first."""
+def candidates(device: str, precision: str = "auto") -> list[tuple[str, str]]:
+    """(backend, precision) pairs worth trying on ``device``, torch fp32 first; only those of
+    ``precision`` unless it is ``auto`` (``backend=auto``: the runtime is chosen, not the arithmetic)."""
+    every = _every_candidate(device)
+    return every if precision == "auto" else [c for c in every if c[1] == precision]
+
+
+def _every_candidate(device: str) -> list[tuple[str, str]]:
     out = [REFERENCE]
     cuda = device.startswith("cuda")
     if cuda:
@@ -99,8 +106,8 @@ def machine_identity(device: str) -> str:
     return identity
 
 
-def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | None) -> Path:
-    """Where the decision for this version, machine and settings is kept."""
+def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | None, precision: str = "auto") -> Path:
+    """Where the decision for this version, machine and settings (and candidate ``precision``) is kept."""
     parts = [
         bundle.manifest.model_dump_json(),
         f"torch {torch.__version__}",
@@ -111,6 +118,8 @@ def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | N
         machine_identity(device),
         f"format {DECISION_FORMAT}",
     ]
+    if precision != "auto":  # only that precision's runtimes competed
+        parts.append(f"precision {precision}")
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return root / "auto" / bundle.name / f"{bundle.version}-{key}.json"
 
@@ -140,14 +149,18 @@ def fastest_towers(
     device: str,
     cache_root: Path,
     threads: int | None,
+    precision: str = "auto",
     seconds: float = 1.0,
 ) -> tuple[ServingTowers, str]:
-    """The towers of the fastest candidate that passes the gate, and a description for the log."""
+    """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
+    gate, and a description for the log. The candidates must include torch fp32, the reference."""
+    contenders = candidates(device, precision)
+    assert contenders[0] == REFERENCE, f"no reference among the {precision} candidates"
     if threads:
         torch.set_num_threads(threads)  # time torch with the model thread's count (per-thread in OpenMP)
-    path = decision_path(cache_root, bundle, device, threads)
+    path = decision_path(cache_root, bundle, device, threads, precision)
     remembered = _read_decision(path)
-    if remembered is not None and remembered in candidates(device):
+    if remembered is not None and remembered in contenders:
         backend, precision = remembered
         try:
             towers, described = build(backend, precision)
@@ -157,19 +170,19 @@ def fastest_towers(
                         backend, precision, bundle.ref, exc)  # fmt: skip
     trials: list[Trial] = []
     best: tuple[Trial, ServingTowers, str] | None = None
-    for backend, precision in candidates(device):
+    for backend, arithmetic in contenders:
         try:
-            towers, described = build(backend, precision)
+            towers, described = build(backend, arithmetic)
         except BackendError as exc:
-            trials.append(Trial(backend, precision, refused=str(exc)))
+            trials.append(Trial(backend, arithmetic, refused=str(exc)))
             continue
         except Exception as exc:  # an export that crashes refuses that candidate, not the version
-            if (backend, precision) == REFERENCE:
+            if (backend, arithmetic) == REFERENCE:
                 raise
-            log.exception("auto: %s %s failed to build for %s", backend, precision, bundle.ref)
-            trials.append(Trial(backend, precision, refused=f"{type(exc).__name__}: {exc}"))
+            log.exception("auto: %s %s failed to build for %s", backend, arithmetic, bundle.ref)
+            trials.append(Trial(backend, arithmetic, refused=f"{type(exc).__name__}: {exc}"))
             continue
-        trial = Trial(backend, precision, time_images(towers.encode_images, bundle.image_size, seconds))
+        trial = Trial(backend, arithmetic, time_images(towers.encode_images, bundle.image_size, seconds))
         trials.append(trial)
         if best is None or trial.score >= MIN_GAIN * best[0].score:
             best = trial, towers, described  # a loser's sessions are freed with its last reference

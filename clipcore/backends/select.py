@@ -1,11 +1,12 @@
 """Which towers encode a version's batches: torch (fp32, bf16, fp16) or ONNX Runtime (fp32, int8),
-or with ``precision="auto"`` the fastest of them that passes the gate here (``clipcore.backends.auto``)."""
+or with ``precision="auto"`` the fastest of them that passes the gate here, with ``backend="auto"``
+the fastest runtime of the set precision (``clipcore.backends.auto``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from clipcore.backends.auto import fastest_towers
+from clipcore.backends.auto import candidates, fastest_towers
 from clipcore.backends.base import ServingTowers
 from clipcore.backends.onnx import ensure_towers
 from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
@@ -19,14 +20,20 @@ def select_towers(
 ) -> tuple[ServingTowers, str]:
     """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
-    ``backend``: every backend is a candidate."""
-    if precision == "auto":
+    ``backend``: every backend is a candidate. ``backend="auto"``: every runtime of ``precision`` is."""
+    if backend == "auto" and precision != "auto":
+        if precision != "fp32":  # one runtime has each lower precision: torch autocast bf16 / fp16, ORT int8
+            backend = "onnx" if precision == "int8" else "torch"
+        elif len(candidates(device, "fp32")) == 1:  # no onnxruntime for this device: torch is the only fp32
+            backend = "torch"
+    if precision == "auto" or backend == "auto":
 
         def build(candidate_backend: str, candidate_precision: str) -> tuple[ServingTowers, str]:
             return select_towers(bundle, backend=candidate_backend, precision=candidate_precision, device=device,
                                  onnx_cache_root=onnx_cache_root, threads=threads)  # fmt: skip
 
-        return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads)
+        return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
+                              precision=precision)  # fmt: skip
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.

@@ -200,3 +200,20 @@ def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decisio
     with serve_app(**common, precision="auto", onnx_cache_dir=str(cache_dir)) as running:
         again = running.services.manager.current.backend
     assert again.startswith(f"{chosen['backend']} {chosen['precision']}") and f"auto: remembered in {decision}" in again
+
+
+def test_backend_auto_serves_the_faster_fp32_runtime_with_fp32_answers(
+    tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
+) -> None:
+    images = [make_image("circle", "red"), make_image("square", "blue")]
+    common = {"store": str(tiny_store), "model": "tiny@production"}
+    with serve_app(**common) as running:
+        reference = all_embeddings(running.url, images)
+    with serve_app(**common, backend="auto", onnx_cache_dir=str(tmp_path / "onnx")) as running:
+        backend = running.services.manager.current.backend
+        got = all_embeddings(running.url, images)
+    # Both fp32 runtimes were timed, no lower precision was.
+    assert "; auto: torch fp32 " in backend and "onnx fp32 " in backend and "int8" not in backend, backend
+    assert backend.startswith(("torch fp32", "onnx fp32")), backend
+    for kind, vectors in got.items():
+        assert row_cosines(vectors, reference[kind]).min() >= 0.99999, kind  # the same arithmetic

@@ -159,11 +159,52 @@ def test_a_remembered_winner_that_no_longer_passes_is_measured_again(
     assert [t["refused"] is not None for t in record["trials"] if t["precision"] == "int8"] == [True]
 
 
+def test_backend_auto_with_fp32_picks_between_the_fp32_runtimes_only(
+    bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backend=auto precision=fp32``: torch and ONNX Runtime fp32 compete, no lower precision does; the
+    decision has its own key (next to ``precision=auto``'s), and a slowed torch loses to ONNX Runtime."""
+    cache = tmp_path / "cache"
+    real = real_build(bundle, cache)
+    built: list[tuple[str, str]] = []
+
+    def build(backend: str, precision: str) -> tuple[ServingTowers, str]:
+        built.append((backend, precision))
+        towers, described = real(backend, precision)
+        if backend == "torch":  # clearly slower than any runtime, whatever this CPU's kernels
+            towers.pooled = Slowed(towers.pooled, 0.05)  # type: ignore[arg-type,assignment]
+        return towers, described
+
+    towers, described = auto.fastest_towers(bundle, build, device="cpu", cache_root=cache, threads=1,
+                                            precision="fp32", seconds=0.2)  # fmt: skip
+    assert built == [("torch", "fp32"), ("onnx", "fp32")] == auto.candidates("cpu", "fp32")
+    assert described.startswith("onnx fp32") and check_parity(bundle, towers.pooled) > 0.99999
+    record = decision(cache, bundle)
+    assert record["chosen"] == {"backend": "onnx", "precision": "fp32"}
+    assert auto.decision_path(cache, bundle, "cpu", 1, "fp32") != auto.decision_path(cache, bundle, "cpu", 1)
+    # Through select_towers, as the service calls it: the remembered fp32 winner is built without timing.
+    towers, described = select_towers(bundle, backend="auto", precision="fp32", device="cpu",
+                                      onnx_cache_root=cache, threads=1)  # fmt: skip
+    assert described.startswith("onnx fp32") and "auto: remembered" in described
+
+
+@pytest.mark.parametrize(("precision", "runtime"), [("int8", "onnx int8"), ("bf16", "torch bf16")])
+def test_backend_auto_with_a_lower_precision_builds_its_one_runtime_untimed(
+    bundle: ModelBundle, tmp_path: Path, precision: str, runtime: str
+) -> None:
+    towers, described = select_towers(bundle, backend="auto", precision=precision, device="cpu",
+                                      onnx_cache_root=tmp_path, threads=1)  # fmt: skip
+    assert described.startswith(runtime) and "auto:" not in described
+    assert not (tmp_path / "auto").exists()  # nothing measured, nothing remembered
+    assert check_parity(bundle, towers.pooled) >= PARITY_THRESHOLD
+
+
 def test_candidates_follow_what_is_installed_and_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(auto, "has_native_bf16", lambda: False)
     assert auto.candidates("cpu") == [("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
     monkeypatch.setattr(auto, "has_native_bf16", lambda: True)
     assert auto.candidates("cpu") == [("torch", "fp32"), ("torch", "bf16"), ("onnx", "fp32"), ("onnx", "int8")]
+    assert auto.candidates("cpu", "fp32") == [("torch", "fp32"), ("onnx", "fp32")]
     # int8 has no CUDA kernels; a CPU-only onnxruntime is no CUDA candidate.
     import onnxruntime
 

@@ -67,6 +67,8 @@ def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         ({"precision": "fp16"}, "fp16 needs a CUDA device"),
         ({"precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
         ({"backend": "onnx", "precision": "bf16"}, "backend=onnx runs fp32 or int8"),
+        ({"backend": "auto", "precision": "int8", "device": "cuda"}, "int8 runs on the CPU execution provider"),
+        ({"backend": "auto", "precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
     ],
 )
 def test_bad_values_are_rejected_with_a_clear_message(overrides: dict[str, Any], message: str) -> None:
@@ -205,6 +207,16 @@ def test_onnx_backend_without_onnxruntime_names_the_extra(monkeypatch: pytest.Mo
     with pytest.raises(ValidationError, match=r"needs onnxruntime: install the project's `cpu` extra"):
         Settings(backend="onnx")
     Settings(backend="torch")  # the torch backend does not need it
+    with pytest.raises(ValidationError, match=r"backend=auto with precision=int8 needs onnxruntime"):
+        Settings(backend="auto", precision="int8")
+    assert Settings(backend="auto").backend == "auto"  # fp32 falls back to torch, the only runtime left
+
+
+@pytest.mark.parametrize(
+    ("precision", "device"), [("fp32", "cpu"), ("bf16", "cpu"), ("int8", "cpu"), ("fp32", "cuda"), ("fp16", "cuda")]
+)
+def test_backend_auto_accepts_every_precision_its_runtimes_serve(precision: str, device: str) -> None:
+    assert (Settings(backend="auto", precision=precision, device=device).backend) == "auto"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:3", "auto"])
