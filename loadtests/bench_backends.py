@@ -7,6 +7,11 @@ service's image batcher calls (``TorchTowers`` / ``OnnxTowers``), after the pari
 backends take turns within each round, and each cell is the best of ``--rounds`` rounds, so a
 busy neighbour slows every backend alike rather than whichever ran during the burst.
 
+On the CPU the run ends with the fp32 bound of this machine: the image tower's multiply-adds
+counted by torch's FLOP counter, against the best fp32 matrix-multiply rate torch reaches here
+with the same threads (large square products, measured in the same run). No fp32 backend can
+encode faster than that quotient, whatever its runtime; only lower precision goes past it.
+
     .venv/bin/python -m loadtests.bench_backends --store models --model default@production --threads 1
     .venv/bin/python -m loadtests.bench_backends --arch ViT-B-32 --threads 1 --min-seconds 4
 """
@@ -78,7 +83,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"parity gate: min cosine >= {PARITY_THRESHOLD}; best of {args.rounds} round(s) of "
               f"{args.min_seconds:g} s per cell\n")  # fmt: skip
 
-        print_table(backends, parity, "min cosine", bundle.image_size, args)
+        best = print_table(backends, parity, "min cosine", bundle.image_size, args)
+        if device == "cpu":
+            print_fp32_bound(bundle, best, args.min_seconds, args.rounds)
         if bundle.dense is not None:
             dense_table(bundle, Path(tmp), args)
 
@@ -89,8 +96,9 @@ def print_table(
     parity_name: str,
     image_size: int,
     args: argparse.Namespace,
-) -> None:
-    """Images/s of each backend per batch size (best of ``args.rounds``, backends taking turns)."""
+) -> dict[tuple[str, int], float]:
+    """Images/s of each backend per batch size (best of ``args.rounds``, backends taking turns),
+    printed as a table and returned by (backend, batch size)."""
     rng = np.random.default_rng(0)
     best: dict[tuple[str, int], float] = {}
     for _ in range(args.rounds):
@@ -104,6 +112,52 @@ def print_table(
         for bs in args.batch_sizes:
             ratio = best[label, bs] / best["torch fp32", bs]
             print(f"| {label} | {parity[label]} | {bs} | {best[label, bs]:.1f} | {ratio:.2f}x |")
+    return best
+
+
+def image_flops(model: torch.nn.Module, image_size: int, device: str = "cpu") -> float:
+    """Floating-point operations of one image through ``model.encode_image`` (2 per multiply-add) in
+    its matrix products and convolutions. torch's counter leaves out the attention score products on
+    the CPU (about 1% of a ViT-B/32), so the bound below errs on the generous side."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    pixels = torch.zeros(1, 3, image_size, image_size, device=device)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    # The fused attention fast path hides its projections from the counter; the math path is the same work.
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model.encode_image(pixels)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return float(counter.get_total_flops())
+
+
+def matmul_peak(min_seconds: float, sizes: Sequence[int] = (1024, 2048)) -> float:
+    """The best fp32 FLOP/s of torch's matrix multiply on this CPU with the current threads."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b  # warm-up
+        calls, start = 0, time.perf_counter()
+        while calls < 2 or time.perf_counter() - start < min_seconds:
+            a @ b
+            calls += 1
+        best = max(best, 2 * n**3 * calls / (time.perf_counter() - start))
+    return best
+
+
+def print_fp32_bound(bundle: ModelBundle, best: dict[tuple[str, int], float], min_seconds: float, rounds: int) -> None:
+    """The fp32 images/s no runtime can pass on this CPU, and how close each fp32 backend comes
+    (the peak is the best of ``rounds``, as the table's cells are)."""
+    flops = image_flops(bundle.model, bundle.image_size, bundle.device)
+    peak = max(matmul_peak(min_seconds) for _ in range(max(rounds, 1)))
+    bound = peak / flops
+    print(f"\nfp32 bound here: {flops / 1e9:.3g} GFLOP per image, fp32 matmul peak {peak / 1e9:.0f} GFLOP/s "
+          f"({torch.get_num_threads()} thread(s)) -> at most {bound:.1f} images/s in fp32")  # fmt: skip
+    for (label, bs), rate in best.items():
+        if label in ("torch fp32", "onnx"):
+            print(f"  {label} batch {bs}: {rate:.1f} images/s = {rate / bound:.0%} of the fp32 bound")
 
 
 def dense_table(bundle: ModelBundle, tmp: Path, args: argparse.Namespace) -> None:

@@ -52,6 +52,34 @@ def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
         if backend != "torch fp32":
             assert float(parity) >= 0.999, backend
     assert "ONNX export of 2 text tower(s)" in out  # base and the pcclip variant
+    bound = re.search(r"fp32 bound here: ([\d.e-]+) GFLOP per image, fp32 matmul peak (\d+) GFLOP/s .* at most "
+                      r"([\d.]+) images/s", out)  # fmt: skip
+    assert bound, out
+    gflop, peak, most = (float(g) for g in bound.groups())
+    assert gflop > 0 and peak > 0 and most == pytest.approx(peak / gflop, rel=0.01)
+    shares = re.findall(r"^  (torch fp32|onnx) batch (\d+): [\d.]+ images/s = (\d+)% of the fp32 bound", out, re.M)
+    assert sorted((b, bs) for b, bs, _ in shares) == [
+        ("onnx", "1"),
+        ("onnx", "4"),
+        ("torch fp32", "1"),
+        ("torch fp32", "4"),
+    ]
+
+
+def test_the_fp32_bound_counts_every_matrix_product_of_a_vit_b_32() -> None:
+    """8.73 GFLOP per image: the twelve blocks' projections and MLPs on 50 tokens, the 32 px patch
+    convolution and the output projection, 2 FLOP per multiply-add (open_clip's table: 4.41 GMACs
+    with the attention scores, which torch's counter leaves out on the CPU)."""
+    import open_clip
+
+    from loadtests.bench_backends import image_flops
+
+    model = open_clip.create_model("ViT-B-32").eval()
+    width, tokens, layers = 768, 50, 12
+    blocks = layers * tokens * (4 * width * width + 2 * width * 4 * width)
+    patches = 49 * (3 * 32 * 32) * width
+    projection = width * 512
+    assert image_flops(model, 224) == 2 * (blocks + patches + projection)
 
 
 def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ceiling(tiny_store: Path) -> None:
