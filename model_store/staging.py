@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from pydantic import ValidationError
@@ -106,10 +107,19 @@ def stage_files(backend: StorageBackend, prefix: str, files: Mapping[str, FileSo
 
 def check_files(backend: StorageBackend, prefix: str, files: Mapping[str, FileEntry]) -> dict[str, str]:
     """Re-read every listed file under ``prefix``; map each bad one to a short reason."""
+    return _check(lambda filename: backend.open_read(f"{prefix}/{filename}"), files)
+
+
+def check_local_files(directory: Path, files: Mapping[str, FileEntry]) -> dict[str, str]:
+    """``check_files`` on a local copy of a version (what a loader is about to read)."""
+    return _check(lambda filename: (directory / filename).open("rb"), files)
+
+
+def _check(opener: Callable[[str], AbstractContextManager[BinaryIO]], files: Mapping[str, FileEntry]) -> dict[str, str]:
     problems: dict[str, str] = {}
     for filename, entry in sorted(files.items()):
         try:
-            with backend.open_read(f"{prefix}/{filename}") as stream:
+            with opener(filename) as stream:
                 digest, size = sha256_stream(stream)
         except FileNotFoundError:
             problems[filename] = "missing"

@@ -52,6 +52,7 @@ from model_store.staging import (
     FileSource,
     build_manifest,
     check_files,
+    check_local_files,
     manifest_error,
     publish_fields,
     stage_files,
@@ -90,7 +91,7 @@ class ModelStore:
         return self.backend.lock(f"{name}/{LOCK_FILE}")
 
     def _version_exists(self, name: str, version: str) -> bool:
-        return self.backend.exists(self._vkey(name, version, MANIFEST_FILE))
+        return self.backend.is_file(self._vkey(name, version, MANIFEST_FILE))
 
     def _require_model(self, name: str) -> None:
         validate_name(name, "model name")
@@ -98,9 +99,10 @@ class ModelStore:
             raise ModelNotFound(f"model {name!r} not found")
 
     def _require_version(self, name: str, version: str) -> None:
-        self._require_model(name)
+        validate_name(name, "model name")
         validate_name(version, "version")
-        if not self._version_exists(name, version):
+        if not self._version_exists(name, version):  # one request when it exists; the model's only when not
+            self._require_model(name)
             raise ModelNotFound(f"version {name}@{version} not found")
 
     @staticmethod
@@ -133,7 +135,7 @@ class ModelStore:
             name
             for name in self.backend.list_dir("")
             if is_valid_name(name)
-            and (self.backend.is_dir(f"{name}/{VERSIONS_DIR}") or self.backend.exists(f"{name}/{ALIASES_FILE}"))
+            and (self.backend.is_dir(f"{name}/{VERSIONS_DIR}") or self.backend.is_file(f"{name}/{ALIASES_FILE}"))
         ]
 
     def list_versions(self, name: str) -> list[str]:
@@ -149,7 +151,10 @@ class ModelStore:
     def manifest(self, name: str, version: str) -> Manifest:
         """Parsed manifest of ``name@version`` (not verified; see ``load_verified``)."""
         self._require_version(name, version)
-        raw = self.backend.read_bytes(self._vkey(name, version, MANIFEST_FILE))
+        return self._parse_manifest(self.backend.read_bytes(self._vkey(name, version, MANIFEST_FILE)), name, version)
+
+    @staticmethod
+    def _parse_manifest(raw: bytes, name: str, version: str) -> Manifest:
         try:
             return Manifest.from_json(raw)
         except ValidationError as exc:
@@ -160,14 +165,14 @@ class ModelStore:
         validate_filename(filename)
         manifest = self.manifest(name, version)
         key = self._vkey(name, version, filename)
-        if filename not in manifest.files and not (filename in ANNEX_FILES and self.backend.exists(key)):
+        if filename not in manifest.files and not (filename in ANNEX_FILES and self.backend.is_file(key)):
             raise ModelNotFound(f"{name}@{version} has no file {filename!r}")
         return self.backend.local_path(key)
 
     def annex_files(self, name: str, version: str) -> list[str]:
         """Annex files currently present for ``name@version``."""
         self._require_version(name, version)
-        return sorted(f for f in ANNEX_FILES if self.backend.exists(self._vkey(name, version, f)))
+        return sorted(f for f in ANNEX_FILES if self.backend.is_file(self._vkey(name, version, f)))
 
     def resolve(self, ref: str) -> tuple[str, str]:
         """Resolve ``name@alias``, ``name@version`` or bare ``name`` (= ``name@production``).
@@ -207,20 +212,37 @@ class ModelStore:
         self._verified_manifest(name, version)
 
     def load_verified(self, name: str, version: str) -> tuple[Manifest, Path]:
-        """Verify ``name@version`` and return its manifest and directory: the entry point for loaders."""
-        manifest = self._verified_manifest(name, version)
-        return manifest, self.backend.local_path(self._vkey(name, version))
+        """Verify ``name@version`` and return its manifest and directory: the entry point for loaders.
+
+        The files verified are the local copies the loader reads (on object storage: downloaded
+        once, or found in the node's cache), so nothing is fetched twice and nothing changes
+        between the check and the load."""
+        self._require_version(name, version)
+        directory = self.backend.local_path(self._vkey(name, version))
+        try:
+            raw = (directory / MANIFEST_FILE).read_bytes()
+        except FileNotFoundError:
+            raise ModelNotFound(f"version {name}@{version} not found") from None  # deleted meanwhile
+        manifest = self._parse_manifest(raw, name, version)
+        self._raise_problems(manifest, name, version, check_local_files(directory, manifest.files))
+        return manifest, directory
 
     def _verified_manifest(self, name: str, version: str) -> Manifest:
         manifest = self.manifest(name, version)
+        self._raise_problems(
+            manifest, name, version, check_files(self.backend, self._vkey(name, version), manifest.files)
+        )
+        return manifest
+
+    @staticmethod
+    def _raise_problems(manifest: Manifest, name: str, version: str, file_problems: dict[str, str]) -> None:
         problems: dict[str, str] = {}
         if (manifest.name, manifest.version) != (name, version):
             problems[MANIFEST_FILE] = f"describes {manifest.ref}"
         problems.update(manifest_problems(manifest))
-        problems.update(check_files(self.backend, self._vkey(name, version), manifest.files))
+        problems.update(file_problems)
         if problems:
             raise ChecksumMismatch(name, version, problems)
-        return manifest
 
     # ------------------------------------------------------------------ writing
     def publish(

@@ -31,8 +31,8 @@ class Readable(Protocol):
 class StorageBackend(Protocol):
     """Minimal storage operations the model store needs."""
 
-    def exists(self, key: str) -> bool:
-        """Whether a blob or prefix exists at ``key``."""
+    def is_file(self, key: str) -> bool:
+        """Whether a blob exists at ``key`` (one request on object storage)."""
         ...
 
     def is_dir(self, key: str) -> bool:

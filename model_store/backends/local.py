@@ -44,8 +44,8 @@ class LocalBackend:
             raise ValueError(f"unsafe storage key {key!r}")
         return self.root.joinpath(*parts)
 
-    def exists(self, key: str) -> bool:
-        return self._path(key).exists()
+    def is_file(self, key: str) -> bool:
+        return self._path(key).is_file()
 
     def is_dir(self, key: str) -> bool:
         return self._path(key).is_dir()

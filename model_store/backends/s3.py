@@ -140,8 +140,8 @@ class S3Backend:
 
     # ------------------------------------------------------------------ reading
     @translated
-    def exists(self, key: str) -> bool:
-        return self._head(key) is not None or self.is_dir(key)
+    def is_file(self, key: str) -> bool:
+        return self._head(key) is not None
 
     @translated
     def is_dir(self, key: str) -> bool:
@@ -317,11 +317,12 @@ class S3Backend:
             self.trees.mkdir(parents=True, exist_ok=True)
             return self.trees
         target = self.trees.joinpath(*PurePosixPath(key).parts)
-        if self._head(key) is not None:
-            self._materialise(key, target)
+        objects = list(self._objects(key))  # a version folder: one listing, no HEAD of the folder's name
+        if not objects and (head := self._head(key)) is not None:
+            self._materialise(key, target, head)
             return target
         wanted: set[Path] = set()
-        for obj in self._objects(key):
+        for obj in objects:
             relative = self._relative(obj["Key"])
             path = self.trees.joinpath(*PurePosixPath(relative).parts)
             self._materialise(relative, path)
@@ -332,8 +333,8 @@ class S3Backend:
                     path.unlink()
         return target
 
-    def _materialise(self, key: str, path: Path) -> None:
-        head = self._head(key)
+    def _materialise(self, key: str, path: Path, head: dict[str, Any] | None = None) -> None:
+        head = head or self._head(key)  # the digest that keys the cache is user metadata: not in a listing
         if head is None:
             raise FileNotFoundError(key)
         source = self.cache.get(head.get("Metadata", {}).get(SHA256_META, ""))

@@ -367,12 +367,17 @@ def test_an_unreadable_manifest_is_listed_with_its_error_not_a_failed_listing(
         one = httpx.get(f"{running.url}/models/listed")
         assert one.status_code == 200 and one.json()["serving"] == "v2"
         (root / "listed" / "versions" / "v1" / "manifest.json").unlink()
-        (root / "listed" / "versions" / "v1" / "manifest.json").mkdir()  # an OSError names its path
-        v1 = httpx.get(f"{running.url}/models/listed").json()["versions"][0]
-        assert v1["error"] == "IsADirectoryError: [Errno 21] Is a directory: 'listed/versions/v1/manifest.json'"
-        (root / "listed" / "aliases.json").write_text("[")  # the alias table too
+        (root / "listed" / "versions" / "v1" / "manifest.json").mkdir()  # no manifest blob: not a version
+        assert [v["version"] for v in httpx.get(f"{running.url}/models/listed").json()["versions"]] == ["v2"]
+        aliases = root / "listed" / "aliases.json"
+        aliases.rename(root / "aliases.kept")
+        aliases.mkdir()  # an OSError names its path, relative to the store
         model = httpx.get(f"{running.url}/models/listed").json()
-        assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 2
+        assert model["error"] == "IsADirectoryError: [Errno 21] Is a directory: 'listed/aliases.json'"
+        aliases.rmdir()
+        aliases.write_text("[")  # a corrupt alias table
+        model = httpx.get(f"{running.url}/models/listed").json()
+        assert model["aliases"] == {} and model["error"] and len(model["versions"]) == 1
         assert str(tmp_path) not in httpx.get(f"{running.url}/models").text
         assert httpx.get(f"{running.url}/models/nothing").status_code == 404
 

@@ -52,6 +52,9 @@ def test_publish_resolve_verify_roundtrip(
         store.file_path("clip", "v1", "other.bin")
     assert _leftovers(root) == []
     assert store.list_models() == ["clip"]
+    # A blob is a file, its folder is not (on object storage one HEAD answers either way).
+    assert store.backend.is_file("clip/versions/v1/manifest.json")
+    assert not store.backend.is_file("clip/versions/v1") and not store.backend.is_file("clip/versions/v9/manifest.json")
 
 
 def test_auto_versions_increment_naturally(store: ModelStore) -> None:
@@ -128,14 +131,19 @@ def test_missing_and_truncated_files_fail_verification(store: ModelStore, root: 
     with pytest.raises(ChecksumMismatch) as info:
         store.verify("clip", "v1")
     assert info.value.problems == {"model.safetensors": "missing", "text.safetensors": "2 bytes, expected 4"}
+    with pytest.raises(ChecksumMismatch) as info:  # the loader's path checks the copies it would read
+        store.load_verified("clip", "v1")
+    assert info.value.problems == {"model.safetensors": "missing", "text.safetensors": "2 bytes, expected 4"}
 
 
 def test_unknown_versions_and_models(store: ModelStore) -> None:
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(ModelNotFound, match="model 'clip' not found"):
         store.verify("clip", "v1")
     publish_simple(store)
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(ModelNotFound, match="version clip@v2 not found"):
         store.manifest("clip", "v2")
+    with pytest.raises(ModelNotFound, match="version clip@v2 not found"):
+        store.load_verified("clip", "v2")
     with pytest.raises(KeyError):  # ModelNotFound is also a KeyError
         store.version_dir("clip", "v2")
     with pytest.raises(InvalidName):

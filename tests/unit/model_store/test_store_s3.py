@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,34 @@ def test_restart_reuses_the_cache_without_downloading_weights(s3_root: S3Root, t
     assert [key for key in gets if key.endswith(".safetensors")] == []
     digests = {entry.sha256 for entry in restarted.manifest("clip", "v1").files.values()}
     assert digests <= {p.name for p in (cache_dir / "blobs").iterdir()}
+
+
+def _count_calls(store: ModelStore) -> Counter[str]:
+    """Every S3 operation the store's client sends from now on, by name."""
+    calls: Counter[str] = Counter()
+    backend = store.backend
+    assert isinstance(backend, S3Backend)
+    backend.client.meta.events.register("before-call.s3", lambda model, **_: calls.update([model.name]))
+    return calls
+
+
+def test_a_load_reads_each_file_once_and_a_warm_node_downloads_nothing(s3_root: S3Root, tmp_path: Path) -> None:
+    files = {"model.safetensors": b"w" * 5000, "text.safetensors": b"t" * 1000, "tokenizer.json": b"{}"}
+    s3_root.store().publish("clip", files, manifest_fields())
+    cache_dir = tmp_path / "pod-cache"
+
+    cold = ModelStore(open_backend(s3_root.location, cache_dir))
+    calls = _count_calls(cold)
+    manifest, directory = cold.load_verified("clip", "v1")
+    assert {name: (directory / name).read_bytes() for name in files} == files
+    # The manifest and the three files: one GET each (verification reads the downloaded copies),
+    # a HEAD each for the digest that keys the node's cache, one for the version, one listing.
+    assert dict(calls) == {"GetObject": 4, "HeadObject": 5, "ListObjectsV2": 1}
+
+    warm = ModelStore(open_backend(s3_root.location, cache_dir))  # a restart on the same node
+    calls = _count_calls(warm)
+    assert warm.load_verified("clip", "v1")[0] == manifest
+    assert "GetObject" not in calls and calls["HeadObject"] == 5  # everything, manifest included, from the cache
 
 
 def test_cache_admits_only_blobs_matching_their_digest(s3_root: S3Root, tmp_path: Path) -> None:
