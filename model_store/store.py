@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from model_store.aliases import ALIASES_FILE, AliasTable
 from model_store.backends import StorageBackend
+from model_store.backends.base import TRASH_PREFIX
 from model_store.errors import (
     ChecksumMismatch,
     InvalidName,
@@ -62,7 +63,6 @@ from model_store.staging import (
 VERSIONS_DIR = "versions"
 LOCK_FILE = ".lock"
 STAGING_PREFIX = ".staging-"
-TRASH_PREFIX = ".trash-"
 STALE_STAGING_SECONDS = 3600.0
 
 
@@ -358,7 +358,9 @@ class ModelStore:
 
         Kept: versions an alias points to or may roll back to, and the newest
         ``keep_latest`` versions in natural order. Staging dirs younger than an hour
-        belong to publishes that may still be running and are left alone.
+        belong to publishes that may still be running and are left alone. Also cleared:
+        what an interrupted delete or commit left (trash folders, and version folders
+        without a manifest, which no reader sees); commits hold the lock gc holds.
         """
         if keep_latest < 0:
             raise StoreError("keep_latest must be >= 0")
@@ -371,11 +373,13 @@ class ModelStore:
             for version in versions:
                 if version not in keep:
                     removed.append(version)
+                    if not dry_run:  # the backend hides the version from readers first
+                        self.backend.delete_tree(self._vkey(name, version))
+            for entry in self.backend.list_dir(f"{name}/{VERSIONS_DIR}"):
+                if entry not in versions and entry not in keep:  # no manifest: never visible to readers
+                    removed.append(f"{VERSIONS_DIR}/{entry}")
                     if not dry_run:
-                        # Rename first so readers never see a half-deleted version.
-                        trash = f"{name}/{TRASH_PREFIX}{version}-{secrets.token_hex(4)}"
-                        self.backend.commit_dir(self._vkey(name, version), trash)
-                        self.backend.delete_tree(trash)
+                        self.backend.delete_tree(self._vkey(name, entry))
             for entry in self.backend.list_dir(name):
                 stale = entry.startswith(STAGING_PREFIX) and self._stale(f"{name}/{entry}")
                 if stale or entry.startswith(TRASH_PREFIX):

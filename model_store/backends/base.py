@@ -10,6 +10,7 @@ object-store backend can be added without touching ``ModelStore``:
 * ``put_atomic`` replaces a small blob so readers see the old or the new content;
 * ``commit_dir`` publishes a fully staged prefix in one step and refuses to
   overwrite an existing one (versions are immutable);
+* ``delete_tree`` hides a committed prefix from readers before removing it;
 * ``lock`` serialises writers of one model (alias updates, version commits).
 """
 
@@ -19,6 +20,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
+
+COMMIT_MARKER = "manifest.json"  # the blob whose presence makes a committed prefix (a version) visible
+TRASH_PREFIX = ".trash-"  # a committed folder being deleted from a local disk is renamed to this first
 
 
 class Readable(Protocol):
@@ -68,7 +72,10 @@ class StorageBackend(Protocol):
         ...
 
     def delete_tree(self, key: str) -> None:
-        """Remove ``key`` and everything under it; missing keys are ignored."""
+        """Remove ``key`` and everything under it; missing keys are ignored. A committed prefix
+        (one holding ``COMMIT_MARKER``) disappears for readers before anything else goes, so
+        nobody loads a half-deleted version; what an interruption leaves is invisible (a
+        ``TRASH_PREFIX`` folder, or files without their marker) and the store's ``gc`` clears it."""
         ...
 
     def lock(self, key: str) -> AbstractContextManager[None]:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from model_store.backends.base import Readable, iter_chunks
+from model_store.backends.base import COMMIT_MARKER, TRASH_PREFIX, Readable, iter_chunks
 
 
 def fsync_dir(path: Path) -> None:
@@ -112,6 +112,11 @@ class LocalBackend:
     def delete_tree(self, key: str) -> None:
         path = self._path(key)
         if path.is_dir() and not path.is_symlink():
+            if (path / COMMIT_MARKER).is_file():  # one rename hides it; rmtree is file by file
+                hidden = path.with_name(f"{TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
+                os.rename(path, hidden)
+                fsync_dir(path.parent)
+                path = hidden
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)

@@ -36,14 +36,13 @@ from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from model_store.backends.base import Readable, iter_chunks
+from model_store.backends.base import COMMIT_MARKER, Readable, iter_chunks
 from model_store.backends.blob_cache import BlobCache
 from model_store.backends.s3_lease import DEFAULT_LEASE_S, MISSING_CODES, ObjectLease, error_code
 from model_store.digest import HashingReader
 from model_store.errors import StoreUnavailable
 
 SHA256_META = "sha256"
-COMMIT_MARKER = "manifest.json"
 SPOOL_IN_MEMORY = 8 << 20  # blobs larger than this are spooled to disk before upload
 DELETE_BATCH = 1000  # DeleteObjects limit
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from conftest import Root
@@ -49,6 +50,42 @@ def test_gc_removes_only_stale_staging(five: ModelStore, root: Root, monkeypatch
     assert root.exists("clip/.staging-old")
     assert five.gc("clip", keep_latest=5) == [".staging-old"]
     assert not root.exists("clip/.staging-old") and root.exists("clip/.staging-new")
+
+
+def test_gc_clears_what_interrupted_deletes_and_commits_left(five: ModelStore, root: Root) -> None:
+    """Files of a version without its manifest (an object-store delete or commit cut short) and a
+    trash folder (a local delete cut short) are invisible to readers; gc removes them, and only them."""
+    root.write("clip/versions/v9/model.safetensors", b"orphan")
+    root.write("clip/versions/.trash-v7-0a1b2c3d/model.safetensors", b"half deleted")
+    assert five.list_versions("clip") == ["v1", "v2", "v3", "v4", "v5"]  # neither is a version
+    assert sorted(five.gc("clip", keep_latest=5, dry_run=True)) == ["versions/.trash-v7-0a1b2c3d", "versions/v9"]
+    assert sorted(five.gc("clip", keep_latest=5)) == ["versions/.trash-v7-0a1b2c3d", "versions/v9"]
+    assert root.children("clip/versions") == ["v1", "v2", "v3", "v4", "v5"]
+    for version in five.list_versions("clip"):
+        five.verify("clip", version)
+
+
+def test_a_local_delete_cut_short_leaves_no_visible_half_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import model_store.backends.local as local
+
+    store = ModelStore(tmp_path)
+    for i in range(2):
+        publish_simple(store, bytes([i]))
+
+    def crash(path: Path, **_: object) -> None:  # the process dies before removing any file
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local.shutil, "rmtree", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.gc("clip", keep_latest=1)
+    assert store.list_versions("clip") == ["v2"]  # v1 vanished in one rename, not file by file
+    (trash,) = (p.name for p in (tmp_path / "clip" / "versions").iterdir() if p.name != "v2")
+    assert trash.startswith(".trash-v1-")
+    monkeypatch.undo()
+    assert store.gc("clip", keep_latest=1) == [f"versions/{trash}"]
+    assert sorted(p.name for p in (tmp_path / "clip" / "versions").iterdir()) == ["v2"]
 
 
 def test_gc_keep_more_than_exist(store: ModelStore) -> None:

@@ -151,6 +151,17 @@ def test_a_load_reads_each_file_once_and_a_warm_node_downloads_nothing(s3_root: 
     assert "GetObject" not in calls and calls["HeadObject"] == 5  # everything, manifest included, from the cache
 
 
+def test_gc_deletes_a_version_without_copying_it(s3_root: S3Root) -> None:
+    store = s3_root.store()
+    for i in range(3):
+        publish_simple(store, bytes([i]) * 1000)
+    calls = _count_calls(store)
+    assert store.gc("clip", keep_latest=1) == ["v1", "v2"]
+    assert "CopyObject" not in calls and "UploadPartCopy" not in calls  # no O(size) server-side copies
+    assert store.list_versions("clip") == ["v3"] and s3_root.children("clip/versions") == ["v3"]
+    store.verify("clip", "v3")
+
+
 def test_cache_admits_only_blobs_matching_their_digest(s3_root: S3Root, tmp_path: Path) -> None:
     s3_root.store().publish("clip", {"model.safetensors": b"good weights"}, manifest_fields())
     store = ModelStore(open_backend(s3_root.location, tmp_path / "cache"))
