@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import base64
 import io
+import json
 import os
 import random
 import subprocess
@@ -39,6 +40,7 @@ from statistics import median
 
 from PIL import Image
 
+from clipcore.backends.auto import TIMED_BATCHES
 from loadtests.bench_latency import free_port
 from loadtests.benchmark import model_ceiling, publish_random_arch, server, wait_ready
 from loadtests.run import RequestSpec, RunResult, run_load
@@ -194,13 +196,17 @@ def main(argv: list[str] | None = None) -> None:
         svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model", ref]
         results: dict[tuple[str, str, int], list[float]] = {}
         order = ["infinity", "service"]
+        # One export and precision=auto / backend=auto decision for every round, as a deployment keeps them.
+        onnx_cache = Path(tmp) / "onnx"
         for r in range(args.rounds):
             for server_kind in order if r % 2 == 0 else order[::-1]:
                 if server_kind == "service":
-                    context = server(svc_cmd, args.threads)
+                    context = server(svc_cmd, args.threads, onnx_cache=onnx_cache)
                 else:
                     context = infinity_server(exe, peer_dir, args.threads, args.infinity_batch_size, args.device)
                 with context as url:
+                    if server_kind == "service":
+                        print_auto_decision(onnx_cache)
                     for kind in args.kinds:
                         for c in args.concurrency:
                             s = measure(url, server_kind, kind, c, args.duration, pool).summary()[kind]
@@ -211,6 +217,19 @@ def main(argv: list[str] | None = None) -> None:
                                 flush=True,
                             )
         print_table(args, results, ceiling)
+
+
+def print_auto_decision(onnx_cache: Path) -> None:
+    """What ``precision=auto`` / ``backend=auto`` chose for the service, and every candidate's figure."""
+    for path in sorted(onnx_cache.glob("auto/*/*.json")):
+        record = json.loads(path.read_text())
+        trials = ", ".join(
+            f"{t['backend']} {t['precision']} "
+            + ("refused" if t["refused"] else " / ".join(f"{v:.1f}" for v in t["images_per_s"].values()))
+            for t in record["trials"]
+        )
+        chosen = f"{record['chosen']['backend']} {record['chosen']['precision']}"
+        print(f"service auto chose {chosen} (images/s at batch {' / '.join(map(str, TIMED_BATCHES))}: {trials})")
 
 
 def print_table(args: argparse.Namespace, results: dict[tuple[str, str, int], list[float]], ceiling: float) -> None:

@@ -186,3 +186,23 @@ def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling
     assert label == "this tree" and float(per_round) > 0 and float(ceiling) > 0
     assert 0 < float(share.strip("*%")) and 0 < float(model) <= float(p50) and float(outside) >= 0 < float(direct)
     assert "backend torch fp32" in out
+
+
+def test_the_peer_benchmark_names_what_auto_chose_for_the_service(
+    tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from clipcore.backends.select import select_towers
+    from clipcore.models.bundle import ModelBundle
+    from loadtests.peer.benchmark import print_auto_decision
+    from model_store import ModelStore
+
+    bundle = ModelBundle.load(ModelStore(tiny_store), "tiny@production")
+    select_towers(bundle, backend="auto", precision="fp32", device="cpu", onnx_cache_root=tmp_path, threads=1)
+    print_auto_decision(tmp_path)
+    (path,) = tmp_path.glob("auto/tiny/*.json")
+    chosen = json.loads(path.read_text())["chosen"]
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"service auto chose {chosen['backend']} {chosen['precision']} (images/s at batch 1 / 8: ")
+    assert re.search(r"torch fp32 [\d.]+ / [\d.]+, onnx fp32 [\d.]+ / [\d.]+\)$", line), line
