@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from model_store.backends.base import COMMIT_MARKER
 from model_store.errors import InvalidName
 
 # Starts with a letter or digit, so ".", "..", ".lock" and ".staging-*" can never be names.
@@ -18,7 +19,7 @@ _AUTO_VERSION_RE = re.compile(r"^v(\d+)$")
 _CHUNK_RE = re.compile(r"(\d+)")
 
 DEFAULT_ALIAS = "production"
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = COMMIT_MARKER  # written last: the backends make a version visible by it
 
 
 def validate_name(value: str, kind: str = "name") -> str:

@@ -161,13 +161,12 @@ def fastest_towers(
     path = decision_path(cache_root, bundle, device, threads, precision)
     remembered = _read_decision(path)
     if remembered is not None and remembered in contenders:
-        backend, precision = remembered
         try:
-            towers, described = build(backend, precision)
+            towers, described = build(*remembered)
             return towers, f"{described}; auto: remembered in {path}"
         except BackendError as exc:
             log.warning("auto: %s %s no longer builds for %s (%s); measuring again",
-                        backend, precision, bundle.ref, exc)  # fmt: skip
+                        *remembered, bundle.ref, exc)  # fmt: skip
     trials: list[Trial] = []
     best: tuple[Trial, ServingTowers, str] | None = None
     for backend, arithmetic in contenders:
