@@ -180,24 +180,37 @@ def test_cache_lookup_histogram_is_exported(base_url: str) -> None:
     assert 'cache_lookup_seconds_bucket{layer="redis",le="0.05"}' in text
 
 
-def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decision(
-    tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
-) -> None:
+def served_against_torch_fp32(
+    tiny_store: Path, serve_app: Any, make_image: Any, **settings: Any
+) -> tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The backend description and embeddings of the tiny model served with ``settings``, and the
+    same embeddings from a torch fp32 server."""
     images = [make_image("circle", "red"), make_image("square", "blue")]
     common = {"store": str(tiny_store), "model": "tiny@production"}
     with serve_app(**common) as running:
         reference = all_embeddings(running.url, images)
-    cache_dir = tmp_path / "onnx"
-    with serve_app(**common, precision="auto", onnx_cache_dir=str(cache_dir)) as running:
+    with serve_app(**common, **settings) as running:
         backend = running.services.manager.current.backend
         got = all_embeddings(running.url, images)
+    return backend, got, reference
+
+
+def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decision(
+    tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
+) -> None:
+    cache_dir = tmp_path / "onnx"
+    backend, got, reference = served_against_torch_fp32(
+        tiny_store, serve_app, make_image, precision="auto", onnx_cache_dir=str(cache_dir)
+    )
     assert "; auto: torch fp32 " in backend and "onnx int8 " in backend, backend  # every candidate's figure
     (decision,) = (cache_dir / "auto" / "tiny").glob("v1-*.json")
     chosen = json.loads(decision.read_text())["chosen"]
     assert backend.startswith(f"{chosen['backend']} {chosen['precision']}")
     for kind, vectors in got.items():
         assert row_cosines(vectors, reference[kind]).min() >= PARITY_THRESHOLD, kind
-    with serve_app(**common, precision="auto", onnx_cache_dir=str(cache_dir)) as running:
+    with serve_app(
+        store=str(tiny_store), model="tiny@production", precision="auto", onnx_cache_dir=str(cache_dir)
+    ) as running:
         again = running.services.manager.current.backend
     assert again.startswith(f"{chosen['backend']} {chosen['precision']}") and f"auto: remembered in {decision}" in again
 
@@ -205,13 +218,9 @@ def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decisio
 def test_backend_auto_serves_the_faster_fp32_runtime_with_fp32_answers(
     tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
 ) -> None:
-    images = [make_image("circle", "red"), make_image("square", "blue")]
-    common = {"store": str(tiny_store), "model": "tiny@production"}
-    with serve_app(**common) as running:
-        reference = all_embeddings(running.url, images)
-    with serve_app(**common, backend="auto", onnx_cache_dir=str(tmp_path / "onnx")) as running:
-        backend = running.services.manager.current.backend
-        got = all_embeddings(running.url, images)
+    backend, got, reference = served_against_torch_fp32(
+        tiny_store, serve_app, make_image, backend="auto", onnx_cache_dir=str(tmp_path / "onnx")
+    )
     # Both fp32 runtimes were timed, no lower precision was.
     assert "; auto: torch fp32 " in backend and "onnx fp32 " in backend and "int8" not in backend, backend
     assert backend.startswith(("torch fp32", "onnx fp32")), backend
