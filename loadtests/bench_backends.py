@@ -1,5 +1,5 @@
-"""Image-encode throughput of the serving backends: torch fp32, torch bf16 (autocast), ONNX Runtime
-fp32 and int8 (the image tower's MatMul weights quantised).
+"""Image-encode throughput of the serving backends: torch fp32, torch bf16 (autocast), torch int8
+(quantised linears), ONNX Runtime fp32 and int8 (the image tower's MatMul weights quantised).
 
 In-process, no HTTP: each backend encodes the same random uint8 batch through exactly what the
 service's image batcher calls (``TorchTowers`` / ``OnnxTowers``), after the parity gate figures
@@ -14,11 +14,18 @@ encode faster than that quotient, whatever its runtime; only lower precision goe
 
     .venv/bin/python -m loadtests.bench_backends --store models --model default@production --threads 1
     .venv/bin/python -m loadtests.bench_backends --arch ViT-B-32 --threads 1 --min-seconds 4
+
+The libraries pick their kernels by CPUID; to time the AVX2 kernels an AVX2-only CPU would run, on
+any x86-64 CPU, hold torch, MKL and fbgemm to them (onnxruntime has no such setting):
+
+    ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2 .venv/bin/python -m loadtests.bench_backends --arch ViT-B-32 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,9 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from clipcore.backends.auto import KERNEL_ENV
 from clipcore.backends.onnx import OnnxTowers, load_towers
 from clipcore.backends.onnx_export import export_bundle
 from clipcore.backends.parity import PARITY_THRESHOLD, check_dense_parity, check_parity
+from clipcore.backends.torch_int8 import Int8TorchTowers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.models.bundle import ModelBundle
 from loadtests.bench_onnx import image_throughput
@@ -69,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         onnx = load_towers(Path(tmp) / "onnx", device=device, threads=args.threads)
         export_s = time.perf_counter() - t0
         lowered = [(f"torch {low}", TorchTowers(bundle, AUTOCAST_DTYPES[low])), ("onnx", onnx)]
-        if device == "cpu":  # int8 is the CPU execution provider's option (the service refuses it on CUDA)
+        if device == "cpu":  # int8 runs on the CPU only (the service refuses it on CUDA)
+            lowered.append(("torch int8", Int8TorchTowers(bundle)))
             export_bundle(bundle, Path(tmp) / "onnx-int8", image_precision="int8")
             lowered.append(("onnx int8", load_towers(Path(tmp) / "onnx-int8", device=device, threads=args.threads)))
         backends: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
@@ -79,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             parity[label] = f"{check_parity(bundle, towers):.6f}"
             backends[label] = towers.encode_images
         print(f"model {name} on {device}, {torch.get_num_threads()} torch thread(s), onnxruntime {onnx.providers}")
+        kernels = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
+        print(f"torch kernels {torch.backends.cpu.get_cpu_capability()}; {', '.join(kernels) or 'no kernel settings'}")
         print(f"ONNX export of {1 + len(onnx.variants)} text tower(s) and the image tower: {export_s:.1f} s")
         print(f"parity gate: min cosine >= {PARITY_THRESHOLD}; best of {args.rounds} round(s) of "
               f"{args.min_seconds:g} s per cell\n")  # fmt: skip

@@ -98,8 +98,8 @@ class Settings(BaseSettings):
         "and onnxruntime-gpu is installed) and refused unless every probe embedding is within cosine 0.999 of "
         "torch fp32. For a version with a DCSM scorer, its dense token and patch features get their own graphs, "
         "gated per token. `auto`: the faster runtime of the set `precision` on this machine, measured as "
-        "`precision=auto` measures (with `fp32`: torch or ONNX Runtime, the same arithmetic; `bf16` and `fp16` "
-        "run on torch, `int8` on ONNX Runtime).",
+        "`precision=auto` measures (with `fp32`: torch or ONNX Runtime, the same arithmetic; with `int8`: torch's "
+        "or ONNX Runtime's quantised tower; `bf16` and `fp16` run on torch).",
     )
     onnx_cache_dir: Path | None = Field(
         default=None,
@@ -110,13 +110,14 @@ class Settings(BaseSettings):
     precision: Literal["fp32", "bf16", "fp16", "int8", "auto"] = Field(
         default="fp32",
         description="Arithmetic of the pooled towers. torch backend: `bf16` autocasts on CPU or CUDA, `fp16` on "
-        "CUDA only. onnx backend: `int8` quantises the image tower's matrix weights (dynamic quantisation, "
-        "CPU execution provider; text towers stay fp32). A version is refused unless every probe embedding is "
-        "within cosine 0.999 of torch fp32. `auto` (any backend): the fastest candidate that passes that gate on "
-        "this machine, timed briefly at batch 1 and 8 when a version loads, kept only if at least 10% faster "
-        "than torch fp32. CPU candidates: torch fp32, torch bf16 (only on CPUs with AVX-512 BF16), ONNX Runtime "
-        "fp32 and int8; CUDA: torch fp32 and fp16, ONNX Runtime fp32. The decision is kept in `onnx_cache_dir`, "
-        "keyed by version, settings and the CPU's instruction sets (see docs/benchmarks.md for what wins where).",
+        "CUDA only. `int8` (CPU, either backend) quantises the image tower's matrix products (dynamic "
+        "quantisation: torch's fbgemm / qnnpack linears, or onnxruntime's; text towers stay fp32). A version is "
+        "refused unless every probe embedding is within cosine 0.999 of torch fp32. `auto` (any backend): the "
+        "fastest candidate that passes that gate on this machine, timed briefly at batch 1 and 8 when a version "
+        "loads, kept only if at least 10% faster than torch fp32. CPU candidates: torch fp32, torch bf16 (only on "
+        "CPUs with AVX-512 BF16), torch int8, ONNX Runtime fp32 and int8; CUDA: torch fp32 and fp16, ONNX Runtime "
+        "fp32. The decision is kept in `onnx_cache_dir`, keyed by version, settings and the CPU's instruction sets "
+        "(see docs/benchmarks.md for what wins where).",
     )
     torch_threads: int = Field(
         default=0,
@@ -212,12 +213,10 @@ class Settings(BaseSettings):
         if self.precision in ("fp32", "auto"):  # auto tries only what fits the device
             return self
         if self.precision == "int8":
-            if self.backend == "torch":
-                raise ValueError("precision int8 needs backend=onnx (onnxruntime's quantised kernels)")
             if _cuda_device(self.device):
-                # onnxruntime's CUDA provider has no kernels for the dynamically quantised graph and
-                # would run it node by node on the CPU: use fp16 there.
-                raise ValueError(f"precision int8 runs on the CPU execution provider (device={self.device})")
+                # Neither torch's quantised linears nor onnxruntime's CUDA provider have CUDA kernels for the
+                # dynamically quantised tower (onnxruntime would run it node by node on the CPU): use fp16 there.
+                raise ValueError(f"precision int8 runs on the CPU (device={self.device}); use fp16 on CUDA")
             return self
         if self.backend == "onnx":
             raise ValueError(f"precision {self.precision} applies to the torch backend; backend=onnx runs fp32 or int8")
@@ -229,8 +228,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _onnxruntime_installed(self) -> Settings:
-        needs_onnxruntime = self.backend == "onnx" or (self.backend == "auto" and self.precision == "int8")
-        if needs_onnxruntime and importlib.util.find_spec("onnxruntime") is None:
+        if self.backend == "onnx" and importlib.util.find_spec("onnxruntime") is None:
             extra = "gpu" if _cuda_device(self.device) else "cpu"
             raise ValueError(
                 f"backend={self.backend} with precision={self.precision} needs onnxruntime: install the project's "

@@ -3,8 +3,9 @@
 
 Candidates on a CPU: torch fp32 (the reference, always allowed), torch bf16 autocast only where
 the CPU multiplies bf16 natively (AVX-512 BF16; elsewhere torch emulates it, slower than
-fp32), ONNX Runtime fp32 (graph optimisations on) and ONNX Runtime with the int8 image tower, the
-ONNX ones only where onnxruntime is installed. On CUDA: torch fp32, torch fp16 autocast and ONNX
+fp32), torch with the int8 image tower (``clipcore.backends.torch_int8``), ONNX Runtime fp32
+(graph optimisations on) and ONNX Runtime with the int8 image tower, the ONNX ones only where
+onnxruntime is installed. On CUDA: torch fp32, torch fp16 autocast and ONNX
 Runtime fp32 on the CUDA provider (int8 has no CUDA kernels). Nothing is assumed about a CPU kind:
 every candidate but torch fp32 is built behind its own gate on this machine (an ONNX export is
 made once and kept; a refusal is recorded in its export folder for this CPU, so it is not
@@ -16,7 +17,8 @@ clearly faster.
 
 The decision is kept as JSON under ``<onnx cache>/auto/<name>/<version>-<key>.json``, keyed by the
 version's manifest, the torch and onnxruntime versions, the export scheme, the device, the thread
-count, the CPU model, its instruction sets and torch's kernel level: a restart (or a retry) with the same key
+count, the CPU model, its instruction sets, torch's kernel level and the kernel settings in the
+environment (``KERNEL_ENV``): a restart (or a retry) with the same key
 builds the winner directly (its gate still runs), without timing or touching the losers; on
 another CPU kind the key differs and the candidates are measured there. A winner that no longer
 builds sends the selection back to measuring.
@@ -40,6 +42,7 @@ import torch
 from clipcore.backends.base import BackendError, ServingTowers
 from clipcore.backends.cpu import cpu_identity, has_native_bf16
 from clipcore.backends.onnx_export import INT8_SCHEME, OPSET
+from clipcore.backends.torch_int8 import has_int8_engine
 from clipcore.models.bundle import ModelBundle
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,9 @@ log = logging.getLogger(__name__)
 REFERENCE = ("torch", "fp32")
 TIMED_BATCHES = (1, 8)
 MIN_GAIN = 1.1  # how much faster than the best so far a candidate must be to replace it
-DECISION_FORMAT = 2
+DECISION_FORMAT = 3  # 3: torch int8 became a candidate
+# Set, these make the libraries pick other kernels than the CPU would get (fbgemm's, MKL's, oneDNN's).
+KERNEL_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 # (backend, precision) -> (towers, description): ``clipcore.backends.select.select_towers``.
 Build = Callable[[str, str], tuple[ServingTowers, str]]
@@ -83,8 +88,11 @@ def _every_candidate(device: str) -> list[tuple[str, str]]:
     cuda = device.startswith("cuda")
     if cuda:
         out.append(("torch", "fp16"))
-    elif has_native_bf16():
-        out.append(("torch", "bf16"))
+    else:
+        if has_native_bf16():
+            out.append(("torch", "bf16"))
+        if has_int8_engine():
+            out.append(("torch", "int8"))
     try:
         import onnxruntime
     except ImportError:
@@ -98,9 +106,10 @@ def _every_candidate(device: str) -> list[tuple[str, str]]:
 
 
 def machine_identity(device: str) -> str:
-    """What decides which kernels run: the CPU (model, instruction sets), torch's kernel level, onnxruntime
-    and, on CUDA, the GPU."""
+    """What decides which kernels run: the CPU (model, instruction sets), torch's kernel level, the
+    libraries' kernel settings in the environment and, on CUDA, the GPU."""
     identity = f"{cpu_identity()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
+    identity += "".join(f", {name}={os.environ[name]}" for name in KERNEL_ENV if os.environ.get(name))
     if device.startswith("cuda") and torch.cuda.is_available():
         identity += f", {torch.cuda.get_device_name(torch.device(device))}"
     return identity
@@ -153,9 +162,10 @@ def fastest_towers(
     seconds: float = 1.0,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
-    gate, and a description for the log. The candidates must include torch fp32, the reference."""
+    gate, and a description for the log. The first candidate is the baseline a later one must beat by
+    ``MIN_GAIN``: torch fp32 for fp32 and ``auto``, torch int8 (no export) for int8. Raises
+    ``BackendError`` when no candidate passes (never for fp32: torch fp32 is the reference)."""
     contenders = candidates(device, precision)
-    assert contenders[0] == REFERENCE, f"no reference among the {precision} candidates"
     if threads:
         torch.set_num_threads(threads)  # time torch with the model thread's count (per-thread in OpenMP)
     path = decision_path(cache_root, bundle, device, threads, precision)
@@ -186,7 +196,9 @@ def fastest_towers(
         if best is None or trial.score >= MIN_GAIN * best[0].score:
             best = trial, towers, described  # a loser's sessions are freed with its last reference
         del towers
-    assert best is not None, "torch fp32 always builds"
+    if best is None:
+        refusals = "; ".join(f"{t.backend} {t.precision}: {t.refused}" for t in trials)
+        raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
     winner, towers, described = best
     _write_decision(path, bundle, winner, trials)
     summary = ", ".join(

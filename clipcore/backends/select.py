@@ -1,4 +1,4 @@
-"""Which towers encode a version's batches: torch (fp32, bf16, fp16) or ONNX Runtime (fp32, int8),
+"""Which towers encode a version's batches: torch (fp32, bf16, fp16, int8) or ONNX Runtime (fp32, int8),
 or with ``precision="auto"`` the fastest of them that passes the gate here, with ``backend="auto"``
 the fastest runtime of the set precision (``clipcore.backends.auto``)."""
 
@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from clipcore.backends.auto import candidates, fastest_towers
 from clipcore.backends.base import ServingTowers
 from clipcore.backends.onnx import ensure_towers
 from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
 from clipcore.backends.parity import require_parity
+from clipcore.backends.torch_int8 import Int8TorchTowers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers
 from clipcore.models.bundle import ModelBundle
 
@@ -22,10 +25,9 @@ def select_towers(
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
     ``backend``: every backend is a candidate. ``backend="auto"``: every runtime of ``precision`` is."""
     if backend == "auto" and precision != "auto":
-        if precision != "fp32":  # one runtime has each lower precision: torch autocast bf16 / fp16, ORT int8
-            backend = "onnx" if precision == "int8" else "torch"
-        elif len(candidates(device, "fp32")) == 1:  # no onnxruntime for this device: torch is the only fp32
-            backend = "torch"
+        runtimes = candidates(device, precision)
+        if len(runtimes) <= 1:  # one runtime of this precision here (bf16 and fp16 are torch's): nothing to time
+            backend = runtimes[0][0] if runtimes else "torch"
     if precision == "auto" or backend == "auto":
 
         def build(candidate_backend: str, candidate_precision: str) -> tuple[ServingTowers, str]:
@@ -55,6 +57,12 @@ def select_towers(
         return serving, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
     if precision == "fp32":
         return ServingTowers(bundle, TorchTowers(bundle)), "torch fp32"
+    if precision == "int8":
+        int8 = Int8TorchTowers(bundle)
+        worst = require_parity(bundle, int8, label="torch int8")
+        engine = torch.backends.quantized.engine
+        described = f"torch int8 ({int8.quantised} int8 linears, {engine} engine; min probe cosine {worst:.6f})"
+        return ServingTowers(bundle, int8), described
     low = TorchTowers(bundle, AUTOCAST_DTYPES[precision])
     worst = require_parity(bundle, low, label=f"torch {precision}")
     return ServingTowers(bundle, low), f"torch {precision} (min probe cosine {worst:.6f})"

@@ -42,16 +42,19 @@ def test_bench_cache_measures_both_layers_against_its_own_redis() -> None:
 
 
 def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
+    # With fbgemm held to its AVX2 kernels (what an AVX2-only CPU runs): the header says so, int8 passes.
     out = run_script("bench_backends.py", "--store", str(tiny_store), "--model", "tiny@production",
-                     "--batch-sizes", "1", "4", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1")  # fmt: skip
+                     "--batch-sizes", "1", "4", "--min-seconds", "0.05", "--rounds", "1", "--threads", "1",
+                     env_extra={"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"})  # fmt: skip
     rows = table(out)
-    backends = ["torch fp32", "torch bf16", "onnx", "onnx int8"]
+    backends = ["torch fp32", "torch bf16", "onnx", "torch int8", "onnx int8"]
     assert [(r[0], r[2]) for r in rows] == [(b, bs) for b in backends for bs in ("1", "4")]
     for backend, parity, _, rate, _ in rows:
         assert float(rate) > 0
         if backend != "torch fp32":
             assert float(parity) >= 0.999, backend
     assert "ONNX export of 2 text tower(s)" in out  # base and the pcclip variant
+    assert re.search(r"^torch kernels \w+; FBGEMM_ENABLE_INSTRUCTIONS=AVX2$", out, re.M), out
     bound = re.search(r"fp32 bound here: ([\d.e-]+) GFLOP per image, fp32 matmul peak (\d+) GFLOP/s .* at most "
                       r"([\d.]+) images/s", out)  # fmt: skip
     assert bound, out

@@ -48,7 +48,7 @@ def wait_refused(url: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def test_onnx_and_bf16_answer_like_torch_fp32(
+def test_onnx_bf16_and_int8_answer_like_torch_fp32(
     tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     images = [
@@ -63,6 +63,7 @@ def test_onnx_and_bf16_answer_like_torch_fp32(
         ({"backend": "onnx", "onnx_cache_dir": str(cache_dir)}, "onnx fp32"),
         ({"backend": "onnx", "precision": "int8", "onnx_cache_dir": str(cache_dir)}, "onnx int8"),
         ({"precision": "bf16"}, "torch bf16"),
+        ({"precision": "int8"}, "torch int8"),
     ):
         with caplog.at_level("INFO", logger="service.lifecycle"), serve_app(**common, **overrides) as running:
             assert running.services.manager.current.backend.startswith(backend)

@@ -156,7 +156,7 @@ def test_a_remembered_winner_that_no_longer_passes_is_measured_again(
     assert "auto: remembered in" not in described
     record = json.loads(path.read_text())
     assert record["chosen"] != {"backend": "onnx", "precision": "int8"}
-    assert [t["refused"] is not None for t in record["trials"] if t["precision"] == "int8"] == [True]
+    assert [t["refused"] is not None for t in record["trials"] if t["backend"] == "onnx"] == [False, True]
 
 
 def test_backend_auto_with_fp32_picks_between_the_fp32_runtimes_only(
@@ -188,23 +188,48 @@ def test_backend_auto_with_fp32_picks_between_the_fp32_runtimes_only(
     assert described.startswith("onnx fp32") and "auto: remembered" in described
 
 
-@pytest.mark.parametrize(("precision", "runtime"), [("int8", "onnx int8"), ("bf16", "torch bf16")])
-def test_backend_auto_with_a_lower_precision_builds_its_one_runtime_untimed(
-    bundle: ModelBundle, tmp_path: Path, precision: str, runtime: str
-) -> None:
-    towers, described = select_towers(bundle, backend="auto", precision=precision, device="cpu",
+def test_backend_auto_with_bf16_builds_its_one_runtime_untimed(bundle: ModelBundle, tmp_path: Path) -> None:
+    towers, described = select_towers(bundle, backend="auto", precision="bf16", device="cpu",
                                       onnx_cache_root=tmp_path, threads=1)  # fmt: skip
-    assert described.startswith(runtime) and "auto:" not in described
+    assert described.startswith("torch bf16") and "auto:" not in described
     assert not (tmp_path / "auto").exists()  # nothing measured, nothing remembered
     assert check_parity(bundle, towers.pooled) >= PARITY_THRESHOLD
 
 
+def test_backend_auto_with_int8_times_both_int8_runtimes_and_without_onnxruntime_builds_torchs(
+    bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    towers, described = select_towers(bundle, backend="auto", precision="int8", device="cpu",
+                                      onnx_cache_root=tmp_path / "a", threads=1)  # fmt: skip
+    record = decision(tmp_path / "a", bundle)
+    assert [(t["backend"], t["precision"]) for t in record["trials"]] == [("torch", "int8"), ("onnx", "int8")]
+    assert described.startswith(f"{record['chosen']['backend']} int8") and "; auto: torch int8 " in described
+    assert check_parity(bundle, towers.pooled) >= PARITY_THRESHOLD
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # a torch-only install: one int8 runtime, untimed
+    towers, described = select_towers(bundle, backend="auto", precision="int8", device="cpu",
+                                      onnx_cache_root=tmp_path / "b", threads=1)  # fmt: skip
+    assert described.startswith("torch int8") and "auto:" not in described and not (tmp_path / "b").exists()
+
+
+def test_backend_auto_with_int8_and_every_runtime_refused_is_a_backend_error(
+    bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parity, "check_parity", lambda bundle, towers: 0.98)
+    with pytest.raises(BackendError, match=r"no int8 runtime passes for tiny@v1 \(torch int8: .*0\.980000 < 0\.999"):
+        select_towers(bundle, backend="auto", precision="int8", device="cpu", onnx_cache_root=tmp_path, threads=1)
+
+
 def test_candidates_follow_what_is_installed_and_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(auto, "has_native_bf16", lambda: False)
-    assert auto.candidates("cpu") == [("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
+    every_runtime = [("torch", "int8"), ("onnx", "fp32"), ("onnx", "int8")]
+    assert auto.candidates("cpu") == [("torch", "fp32"), *every_runtime]
     monkeypatch.setattr(auto, "has_native_bf16", lambda: True)
-    assert auto.candidates("cpu") == [("torch", "fp32"), ("torch", "bf16"), ("onnx", "fp32"), ("onnx", "int8")]
+    assert auto.candidates("cpu") == [("torch", "fp32"), ("torch", "bf16"), *every_runtime]
     assert auto.candidates("cpu", "fp32") == [("torch", "fp32"), ("onnx", "fp32")]
+    assert auto.candidates("cpu", "int8") == [("torch", "int8"), ("onnx", "int8")]  # torch's first: no export
+    monkeypatch.setattr(auto, "has_int8_engine", lambda: False)  # a torch built without fbgemm / qnnpack
+    assert ("torch", "int8") not in auto.candidates("cpu")
+    monkeypatch.setattr(auto, "has_int8_engine", lambda: True)
     # int8 has no CUDA kernels; a CPU-only onnxruntime is no CUDA candidate.
     import onnxruntime
 
@@ -213,7 +238,7 @@ def test_candidates_follow_what_is_installed_and_the_device(monkeypatch: pytest.
         cuda_candidates.append(("onnx", "fp32"))
     assert auto.candidates("cuda:1") == cuda_candidates
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # a torch-only install
-    assert auto.candidates("cpu") == [("torch", "fp32"), ("torch", "bf16")]
+    assert auto.candidates("cpu") == [("torch", "fp32"), ("torch", "bf16"), ("torch", "int8")]
     assert cpu.cpu_identity().endswith("no onnxruntime")
 
 
@@ -240,7 +265,7 @@ def test_a_crashing_candidate_or_a_garbled_decision_costs_only_that_candidate(
     cache = tmp_path / "cache"
     path = auto.decision_path(cache, bundle, "cpu", 1)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"chosen": {"backend": "torch", "precision": "int8"}}))  # no such candidate
+    path.write_text(json.dumps({"chosen": {"backend": "torch", "precision": "int4"}}))  # no such candidate
     build = real_build(bundle, cache)
 
     def onnx_fp32_crashes(backend: str, precision: str) -> tuple[ServingTowers, str]:

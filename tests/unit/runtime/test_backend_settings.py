@@ -61,13 +61,13 @@ def test_defaults_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     [
         ({"backend": "tensorrt"}, "backend"),
         ({"precision": "int4"}, "precision"),
-        ({"precision": "int8"}, "int8 needs backend=onnx"),
-        ({"backend": "onnx", "precision": "int8", "device": "cuda"}, "int8 runs on the CPU execution provider"),
+        ({"precision": "int8", "device": "cuda"}, "int8 runs on the CPU"),
+        ({"backend": "onnx", "precision": "int8", "device": "cuda"}, "int8 runs on the CPU"),
         ({"torch_threads": -1}, "torch_threads"),
         ({"precision": "fp16"}, "fp16 needs a CUDA device"),
         ({"precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
         ({"backend": "onnx", "precision": "bf16"}, "backend=onnx runs fp32 or int8"),
-        ({"backend": "auto", "precision": "int8", "device": "cuda"}, "int8 runs on the CPU execution provider"),
+        ({"backend": "auto", "precision": "int8", "device": "cuda:1"}, "use fp16 on CUDA"),
         ({"backend": "auto", "precision": "fp16", "device": "cpu"}, "use bf16 on CPU"),
     ],
 )
@@ -207,9 +207,8 @@ def test_onnx_backend_without_onnxruntime_names_the_extra(monkeypatch: pytest.Mo
     with pytest.raises(ValidationError, match=r"needs onnxruntime: install the project's `cpu` extra"):
         Settings(backend="onnx")
     Settings(backend="torch")  # the torch backend does not need it
-    with pytest.raises(ValidationError, match=r"backend=auto with precision=int8 needs onnxruntime"):
-        Settings(backend="auto", precision="int8")
-    assert Settings(backend="auto").backend == "auto"  # fp32 falls back to torch, the only runtime left
+    # With auto, torch is the runtime left: fp32, and int8 on torch's quantised linears.
+    assert Settings(backend="auto").backend == Settings(backend="auto", precision="int8").backend == "auto"
 
 
 @pytest.mark.parametrize(
