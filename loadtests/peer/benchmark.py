@@ -14,8 +14,9 @@ new sentence. This service answers images at ``POST /embed`` (``{"images": [{"da
 Infinity at ``POST /embeddings`` (``{"input": ["data:image/jpeg;base64,..."], "modality":
 "image"}``). Servers run one at a time with the same thread count, rounds alternate the order
 (A B, then B A) so drift of a shared machine hits both, and the table prints each round's req/s
-and the ratio of the medians. The model-only batch-1 ceiling of this service's image tower is
-measured in-process first, so "% of ceiling" says what a single request pays outside the model.
+and the ratio of the medians. The model-only batch-1 ceiling of the image tower this service
+serves (its backend and precision, from the environment) is measured in-process first, so
+"% of ceiling" says what a single request pays outside the model.
 
     .venv/bin/python -m loadtests.peer.benchmark --arch ViT-B-32 --concurrency 1 8 32 --duration 15 --rounds 2 \
         --threads 2
@@ -152,17 +153,23 @@ def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool
     )
 
 
-def service_ceiling(store: Path, ref: str, threads: int | None, device: str = "cpu") -> float:
-    """This service's torch fp32 image tower, batch 1, in-process (median call): images/s."""
+def service_ceiling(store: Path, ref: str, threads: int | None, device: str, onnx_cache: Path) -> tuple[float, str]:
+    """Batch-1 images/s (median call, in-process) of the image tower this service serves, and its
+    backend: backend and precision from the environment, behind the parity gate, as the service
+    reads them. The exports and any auto decision made here are those the service then reuses."""
     import torch
 
     from clipcore.models.bundle import ModelBundle
     from model_store import ModelStore
+    from service.config import Settings
+    from service.runtime.assembly import serving_towers
 
     if threads is not None:
         torch.set_num_threads(threads)
     bundle = ModelBundle.load(ModelStore(store), ref, device)
-    return model_ceiling(bundle.encode_images, bundle.image_size, [1], 4.0)[1][0]
+    settings = Settings().model_copy(update={"onnx_cache_dir": onnx_cache, "torch_threads": threads or 0})
+    towers, backend = serving_towers(bundle, settings, device)
+    return model_ceiling(towers.encode_images, bundle.image_size, [1], 4.0)[1][0], backend.split(" (")[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,16 +195,17 @@ def main(argv: list[str] | None = None) -> None:
         store, peer_dir = Path(tmp) / "store", Path(tmp) / "hf-clip"
         ref = publish_random_arch(store, args.arch)
         build_peer_model(args.infinity_venv, args.arch, peer_dir)
-        ceiling = service_ceiling(store, ref, args.threads, args.device)
+        # One export and precision=auto / backend=auto decision for every round, as a deployment keeps them.
+        onnx_cache = Path(tmp) / "onnx"
+        ceiling, backend = service_ceiling(store, ref, args.threads, args.device, onnx_cache)
         print(
-            f"\n{args.arch} (random weights); this service's image tower, batch 1, in-process: {ceiling:.2f} images/s"
+            f"\n{args.arch} (random weights); this service's image tower ({backend}), batch 1, in-process: "
+            f"{ceiling:.2f} images/s"
         )
         pool = JpegPool()
         svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model", ref]
         results: dict[tuple[str, str, int], list[float]] = {}
         order = ["infinity", "service"]
-        # One export and precision=auto / backend=auto decision for every round, as a deployment keeps them.
-        onnx_cache = Path(tmp) / "onnx"
         for r in range(args.rounds):
             for server_kind in order if r % 2 == 0 else order[::-1]:
                 if server_kind == "service":

@@ -209,3 +209,20 @@ def test_the_peer_benchmark_names_what_auto_chose_for_the_service(
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"service auto chose {chosen['backend']} {chosen['precision']} (images/s at batch 1 / 8: ")
     assert re.search(r"torch fp32 [\d.]+ / [\d.]+, onnx fp32 [\d.]+ / [\d.]+\)$", line), line
+
+
+def test_the_peer_benchmark_ceiling_is_the_served_backends(
+    tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "% of ceiling" is against the image tower the service serves (CLIP_BACKEND / CLIP_PRECISION),
+    and an auto decision made for the ceiling lands where the service then finds it."""
+    from loadtests.peer.benchmark import service_ceiling
+
+    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "a")
+    assert backend == "torch fp32" and rate > 0
+    monkeypatch.setenv("CLIP_PRECISION", "int8")
+    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "b")
+    assert backend == "torch int8" and rate > 0
+    monkeypatch.setenv("CLIP_BACKEND", "auto")
+    _, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "c")
+    assert backend.endswith("int8") and len(list((tmp_path / "c").glob("auto/tiny/*.json"))) == 1
