@@ -25,7 +25,6 @@ any x86-64 CPU, hold torch, MKL and fbgemm to them (onnxruntime has no such sett
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clipcore.backends.auto import KERNEL_ENV
+from clipcore.backends.auto import kernel_settings
 from clipcore.backends.onnx import OnnxTowers, load_towers
 from clipcore.backends.onnx_export import export_bundle
 from clipcore.backends.parity import PARITY_THRESHOLD, check_dense_parity, check_parity
@@ -89,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             parity[label] = f"{check_parity(bundle, towers):.6f}"
             backends[label] = towers.encode_images
         print(f"model {name} on {device}, {torch.get_num_threads()} torch thread(s), onnxruntime {onnx.providers}")
-        kernels = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
-        print(f"torch kernels {torch.backends.cpu.get_cpu_capability()}; {', '.join(kernels) or 'no kernel settings'}")
+        kernels = ", ".join(kernel_settings()) or "no kernel settings"
+        print(f"torch kernels {torch.backends.cpu.get_cpu_capability()}; {kernels}")
         print(f"ONNX export of {1 + len(onnx.variants)} text tower(s) and the image tower: {export_s:.1f} s")
         print(f"parity gate: min cosine >= {PARITY_THRESHOLD}; best of {args.rounds} round(s) of "
               f"{args.min_seconds:g} s per cell\n")  # fmt: skip

@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 import torch
 
+from clipcore.backends.base import ServingTowers
 from clipcore.models.bundle import ModelBundle
 from loadtests.bench_cuda import cuda_or_exit
 from loadtests.bench_latency import free_port
@@ -94,6 +95,14 @@ def model_ceiling(
             times.append(time.perf_counter() - t0)
         out[bs] = (bs / float(np.median(times)), bs / min(times))
     return out
+
+
+def served_towers(bundle: ModelBundle, device: str, onnx_cache: Path, threads: int | None) -> tuple[ServingTowers, str]:
+    """The towers the service builds for ``bundle`` (CLIP_BACKEND, CLIP_PRECISION from the
+    environment, behind the parity gate) and their description, with this run's export cache and
+    threads: what a ceiling is measured on. Exports and auto decisions made here are the service's."""
+    settings = Settings().model_copy(update={"onnx_cache_dir": onnx_cache, "torch_threads": threads or 0})
+    return serving_towers(bundle, settings, device)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, probe: str = "/readyz") -> None:
@@ -186,14 +195,12 @@ def main() -> None:
 
         # The ceiling is the service's own image tower (its device, backend and precision, behind the
         # same parity gate), so "% of ceiling" says what the serving path costs on top of the model.
-        served = Settings()  # CLIP_DEVICE, CLIP_BACKEND, CLIP_PRECISION from the environment, as the service reads them
-        device = resolve_device(served.device)
+        device = resolve_device(Settings().device)  # CLIP_DEVICE from the environment, as the service reads it
         if device.startswith("cuda"):  # both servers inherit CLIP_DEVICE (the naive server reads it too)
             cuda_or_exit(device, "benchmark")
         bundle = ModelBundle.load(ModelStore(store_root), ref, device)
         # Kept for the run: the service reuses the exports and the precision=auto decision made here.
-        update = {"onnx_cache_dir": Path(onnx_dir.name), "torch_threads": args.torch_threads or 0}
-        towers, backend = serving_towers(bundle, served.model_copy(update=update), device)
+        towers, backend = served_towers(bundle, device, Path(onnx_dir.name), args.torch_threads)
         min_s = 2.0 if args.arch is None else 4.0
         ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
         reference = (

@@ -105,11 +105,16 @@ def _every_candidate(device: str) -> list[tuple[str, str]]:
     return out
 
 
+def kernel_settings() -> list[str]:
+    """``NAME=value`` of each ``KERNEL_ENV`` setting in the environment."""
+    return [f"{name}={os.environ[name]}" for name in KERNEL_ENV if os.environ.get(name)]
+
+
 def machine_identity(device: str) -> str:
     """What decides which kernels run: the CPU (model, instruction sets), torch's kernel level, the
     libraries' kernel settings in the environment and, on CUDA, the GPU."""
     identity = f"{cpu_identity()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
-    identity += "".join(f", {name}={os.environ[name]}" for name in KERNEL_ENV if os.environ.get(name))
+    identity += "".join(f", {setting}" for setting in kernel_settings())
     if device.startswith("cuda") and torch.cuda.is_available():
         identity += f", {torch.cuda.get_device_name(torch.device(device))}"
     return identity

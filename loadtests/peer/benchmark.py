@@ -43,7 +43,7 @@ from PIL import Image
 
 from clipcore.backends.auto import TIMED_BATCHES
 from loadtests.bench_latency import free_port
-from loadtests.benchmark import model_ceiling, publish_random_arch, server, wait_ready
+from loadtests.benchmark import model_ceiling, publish_random_arch, served_towers, server, wait_ready
 from loadtests.run import RequestSpec, RunResult, run_load
 from loadtests.soak import UniqueImages
 
@@ -161,14 +161,11 @@ def service_ceiling(store: Path, ref: str, threads: int | None, device: str, onn
 
     from clipcore.models.bundle import ModelBundle
     from model_store import ModelStore
-    from service.config import Settings
-    from service.runtime.assembly import serving_towers
 
     if threads is not None:
         torch.set_num_threads(threads)
     bundle = ModelBundle.load(ModelStore(store), ref, device)
-    settings = Settings().model_copy(update={"onnx_cache_dir": onnx_cache, "torch_threads": threads or 0})
-    towers, backend = serving_towers(bundle, settings, device)
+    towers, backend = served_towers(bundle, device, onnx_cache, threads)
     return model_ceiling(towers.encode_images, bundle.image_size, [1], 4.0)[1][0], backend.split(" (")[0]
 
 
