@@ -1,4 +1,4 @@
-"""Image-encode throughput on a CUDA GPU: torch fp32, fp16 autocast, fp16 with CUDA graphs
+"""Image-encode throughput on a CUDA GPU: torch fp32, fp16 and bf16 autocast, fp16 with CUDA graphs
 (``torch.compile(mode="reduce-overhead")``), and ONNX Runtime fp32 on its CUDA execution provider.
 
 In-process, no HTTP, like ``bench_backends.py`` on a CPU: every candidate encodes the same uint8
@@ -130,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         encoders: dict[str, Encode] = {
             "torch fp32": torch_encoder(bundle, dev, None, False),
             "torch fp16 autocast": torch_encoder(bundle, dev, torch.float16, False),
+            "torch bf16 autocast": torch_encoder(bundle, dev, torch.bfloat16, False),
         }
         if not args.skip_compile:
             encoders["torch fp16 + CUDA graphs (torch.compile)"] = torch_encoder(bundle, dev, torch.float16, True)
