@@ -35,6 +35,14 @@ class Limits(BaseModel):
     max_text_chars: int = Field(default=2000, ge=1)
     # Checked from the image header before any pixel is decoded (decompression-bomb guard).
     max_pixels: int = Field(default=40_000_000, gt=0)
+    max_aspect_ratio: float = Field(
+        default=50.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="Longest side over shortest side that an image may have, checked from its header: a 236-byte "
+        "PNG of 160000x1 pixels is within `max_pixels` but a centre crop of it is one pixel wide, and decoding "
+        "the widest such images costs hundreds of MB.",
+    )
     max_image_bytes: int = Field(default=10 * MiB, gt=0)
     max_url_bytes: int = Field(
         default=20 * MiB,

@@ -29,6 +29,7 @@ import httpx
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
+from clipcore.models.preprocess import apply_orientation, exif_orientation
 
 FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 MAX_REDIRECTS = 3
@@ -79,8 +80,12 @@ def decode_base64(value: str, field: str, max_bytes: int) -> bytes:
 DRAFT_FACTOR = 4
 
 
-def decode_image(data: bytes, field: str, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Image bytes -> loaded RGB image (first frame of animations), or 400/413 ``ClipError``.
+def decode_image(
+    data: bytes, field: str, max_pixels: int, min_side: int | None = None, max_aspect_ratio: float | None = None
+) -> Image.Image:
+    """Image bytes -> loaded RGB image (first frame of animations), turned upright by its EXIF
+    orientation, or 400/413 ``ClipError``. ``max_aspect_ratio`` refuses, from the header, an image
+    whose longer side is more than that many times its shorter one.
 
     With ``min_side`` (the model input side), an image much larger than that is reduced before
     its colours are converted and transparency flattened (JPEG: while decoding, in draft mode;
@@ -99,6 +104,13 @@ def decode_image(data: bytes, field: str, max_pixels: int, min_side: int | None 
             raise _bad_image("image has no pixels", field)
         if width * height > max_pixels:
             raise too_large(f"image is {width}x{height}, more than {max_pixels} pixels", field)
+        if max_aspect_ratio is not None and max(width, height) > max_aspect_ratio * min(width, height):
+            raise too_large(
+                f"image is {width}x{height}, an aspect ratio above the limit of {max_aspect_ratio:g}:1 "
+                "(limits.max_aspect_ratio)",
+                field,
+            )
+        orientation = exif_orientation(image)
         try:
             image.seek(0)
             keep = 2 * (min_side or 0)  # the shorter side to keep at least; 0: no reduction
@@ -107,9 +119,8 @@ def decode_image(data: bytes, field: str, max_pixels: int, min_side: int | None 
                 image.draft("RGB", (keep, keep))
             image.load()
             factor = min(image.size) // keep if large else 1
-            if factor >= 2:
-                return to_rgb(_reducible(image).reduce(factor))
-            return to_rgb(image)
+            rgb = to_rgb(_reducible(image).reduce(factor)) if factor >= 2 else to_rgb(image)
+            return apply_orientation(rgb, orientation)
         except Image.DecompressionBombError:
             raise too_large(f"image has more than {max_pixels} pixels", field) from None
         except (OSError, ValueError, SyntaxError, EOFError, struct.error):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -58,6 +58,8 @@ INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
 }
 RESIZE_MODES = ("shortest", "longest", "squash")
+# Above this many model inputs' worth of pixels, ``shortest`` resizes only the region it keeps.
+MAX_INTERMEDIATE = 4
 
 
 def fit_square(
@@ -85,9 +87,49 @@ def fit_square(
         return np.asarray(canvas, dtype=np.uint8)
     scale = size / min(w, h)
     nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    image = image.resize((nw, nh), resample, reducing_gap=3.0)
     left, top = (nw - size) // 2, (nh - size) // 2
+    if nw * nh > MAX_INTERMEDIATE * size * size:
+        # A long thin image would be resized whole first (a 160000x1 picture to 35M x 224 pixels,
+        # gigabytes): resize only the source region that the crop keeps, on the same sampling grid.
+        sx, sy = w / nw, h / nh
+        box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+        return np.asarray(image.resize((size, size), resample, box=box, reducing_gap=3.0), dtype=np.uint8)
+    image = image.resize((nw, nh), resample, reducing_gap=3.0)
     return np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.uint8)
+
+
+# EXIF orientation -> the transpose that shows the picture as a browser or a phone's gallery does.
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag of an opened image (read from its header, no pixel decoded); 1
+    (as stored) when absent, unknown or unreadable."""
+    try:
+        value = image.getexif().get(ExifTags.Base.Orientation, 1)
+    except Exception:  # malformed EXIF must not refuse an image that otherwise decodes
+        return 1
+    return value if value in _UPRIGHT else 1
+
+
+def apply_orientation(image: Image.Image, orientation: int) -> Image.Image:
+    """``image`` turned as its EXIF ``orientation`` says (phone photos are often stored sideways
+    with orientation 6), so "left of" and "above" refer to the picture a person sees."""
+    method = _UPRIGHT.get(orientation)
+    return image if method is None else image.transpose(method)
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """An opened image, decoded and turned upright by its EXIF orientation."""
+    return apply_orientation(image, exif_orientation(image))
 
 
 def normalize_uint8(

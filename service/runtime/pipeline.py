@@ -349,11 +349,12 @@ class Pipeline:
         return None  # sha256: resolved through the cache
 
     async def _pixels(self, runtime: ModelRuntime, data: bytes, field: str) -> np.ndarray:
-        max_pixels = self.settings.limits.max_pixels
+        limits = self.settings.limits
 
         def work() -> np.ndarray:
-            side = runtime.bundle.image_size
-            return runtime.bundle.preprocess(decode_image(data, field, max_pixels, min_side=side))
+            side, ratio = runtime.bundle.image_size, limits.max_aspect_ratio
+            image = decode_image(data, field, limits.max_pixels, min_side=side, max_aspect_ratio=ratio)
+            return runtime.bundle.preprocess(image)
 
         return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work)
 

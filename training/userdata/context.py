@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import fit_square, normalize_uint8
+from clipcore.models.preprocess import fit_square, normalize_uint8, upright
 from model_store import ModelStore
 from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
@@ -108,7 +108,7 @@ class Images:
         out = np.zeros((len(digests), self.size, self.size, 3), dtype=np.uint8)
         for i, digest in enumerate(digests):
             with Image.open(io.BytesIO(self.refs[digest].read())) as img:
-                out[i] = fit_square(img, self.size)
+                out[i] = fit_square(upright(img), self.size)
         return out
 
 

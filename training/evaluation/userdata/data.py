@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from clipcore.models.bundle import ModelBundle
+from clipcore.models.preprocess import upright
 from training.datasets.dataset import Dataset, load_dataset, require_valid
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
 from training.datasets.source import ImageRef, Item
@@ -93,7 +94,7 @@ class EvalSet:
         key = _key(ref)
         if key not in self._pixels:
             with Image.open(io.BytesIO(ref.read())) as img:
-                self._pixels[key] = self.bundle.preprocess(img)
+                self._pixels[key] = self.bundle.preprocess(upright(img))
         return self._pixels[key]
 
     def embed(self, refs: Sequence[ImageRef]) -> np.ndarray:
