@@ -161,6 +161,7 @@ class DynamicBatcher(Generic[T, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._batch_s = _INITIAL_BATCH_S  # EWMA of fn run time, for Retry-After
+        self._full_batch_s: float | None = None  # EWMA of full batches' run time, once one has run
         self._reserved = 0  # items admitted by reserve() and not yet submitted
 
     # -- public -------------------------------------------------------------------------------
@@ -169,6 +170,11 @@ class DynamicBatcher(Generic[T, R]):
     def queue_depth(self) -> int:
         """Items queued and not yet handed to a batch."""
         return self._depth
+
+    @property
+    def full_batch_s(self) -> float | None:
+        """Measured run time of a full batch (``max_batch`` items); None until one has run."""
+        return self._full_batch_s
 
     @property
     def running(self) -> bool:
@@ -353,6 +359,10 @@ class DynamicBatcher(Generic[T, R]):
             results = list(out)
             if len(results) != len(items):
                 raise RuntimeError(f"batcher {self.name!r}: fn returned {len(results)} results for {len(items)} items")
+            if len(items) >= self.max_batch:
+                full = loop.time() - start
+                prev = self._full_batch_s
+                self._full_batch_s = full if prev is None else (1 - _EWMA_ALPHA) * prev + _EWMA_ALPHA * full
         except asyncio.CancelledError:
             for req, _, _ in parts:
                 self._fail(req, BatcherClosed(f"batcher {self.name!r} stopped", 0.0))

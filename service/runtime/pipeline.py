@@ -37,6 +37,7 @@ from service.runtime.batcher import (
     QueueFull,
     RequestTooLarge,
     Reservation,
+    SubmitTimings,
 )
 from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
 from service.runtime.metrics import ServiceMetrics
@@ -173,9 +174,15 @@ class Pipeline:
         found = await self.cache.get_many(keys)
         missing = [i for i, value in enumerate(found) if value is None]
         step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)
+        if len(missing) > step and batcher.full_batch_s is not None:  # several batches: admitted only if they fit
+            self._refuse_unfinishable(batcher, len(missing), batcher.full_batch_s / batcher.max_batch)
+        run_s = 0.0
         for start in range(0, len(missing), step):
+            if start:  # this request's own batches measure what the rest of it costs
+                self._refuse_unfinishable(batcher, len(missing) - start, run_s / start)
             chunk = missing[start : start + step]
-            vectors = await self._submit(batcher, [unique[i] for i in chunk])
+            vectors, timings = await self._submit_timed(batcher, [unique[i] for i in chunk])
+            run_s += timings.run_s
             await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
             for i, v in zip(chunk, vectors, strict=True):
                 found[i] = v
@@ -366,23 +373,51 @@ class Pipeline:
     async def _submit(self, batcher: DynamicBatcher, items: list) -> list[np.ndarray]:  # type: ignore[type-arg]
         """Encode ``items``; results are rounded exactly as a cache hit would return them, so an
         answer never depends on whether its embeddings were cached."""
-        budget = self.settings.batching.request_timeout_s
+        return (await self._submit_timed(batcher, items))[0]
+
+    async def _submit_timed(
+        self,
+        batcher: DynamicBatcher,  # type: ignore[type-arg]
+        items: list,  # type: ignore[type-arg]
+    ) -> tuple[list[np.ndarray], SubmitTimings]:
+        """``_submit`` with the queue and run times of these items."""
+        timeout = self._time_left()
         stages = REQUEST_STAGES.get()
-        timeout = budget
-        if stages is not None:
-            now = asyncio.get_running_loop().time()
-            if stages.deadline is None:
-                stages.deadline = now + budget
-            timeout = max(stages.deadline - now, 0.001)
         try:
             vectors, timings = await batcher.submit_timed(items, timeout_s=timeout)
             if stages is not None:
                 stages.queue_s += timings.queue_s
                 stages.inference_s += timings.run_s
                 stages.batches += timings.batches
-            return [quantize(v) for v in vectors]
+            return [quantize(v) for v in vectors], timings
         except BatcherError as exc:
             raise self._batcher_error(exc) from None
+
+    def _time_left(self) -> float:
+        """Seconds left of the request's encode budget (``request_timeout_s`` from its first submit)."""
+        budget = self.settings.batching.request_timeout_s
+        stages = REQUEST_STAGES.get()
+        if stages is None:
+            return budget
+        now = asyncio.get_running_loop().time()
+        if stages.deadline is None:
+            stages.deadline = now + budget
+        return max(stages.deadline - now, 0.001)
+
+    def _refuse_unfinishable(self, batcher: DynamicBatcher, items: int, item_s: float) -> None:  # type: ignore[type-arg]
+        """413 now, with the estimate, for ``items`` more encodes that cannot run within what is left
+        of the budget even on an otherwise idle model (``item_s``: measured run time per item), rather
+        than a 504 after holding the model for the whole budget while other clients wait."""
+        estimate, left = items * item_s, self._time_left()
+        if estimate <= left:
+            return
+        self.metrics.batcher_rejected(batcher.name, "over_budget")
+        budget = self.settings.batching.request_timeout_s
+        raise too_large(
+            f"this request needs {items} more encodes ({batcher.name}), about {estimate:.1f}s on this server, more "
+            f"than the {left:.1f}s left of its {budget:g}s budget (batching.request_timeout_s); send fewer texts, "
+            "labels, templates or descriptions per request"
+        )
 
     def _batcher_error(self, exc: BatcherError) -> ClipError:
         if isinstance(exc, BatcherClosed):
