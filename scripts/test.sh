@@ -5,12 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian packages the suite runs: redis-server (the embedding cache), qemu-user (runs the int8
 # graphs on an emulated AVX2-only CPU, whatever CPU this is), chromium and chromium-driver (the
-# playground's browser test). Installed when missing.
+# playground's browser test), dataset-fashion-mnist (real photos for the tutorial and the
+# evaluation on one's own data). Installed when missing.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
+[ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
