@@ -128,6 +128,22 @@ class ModelManager:
         """Whether the configured store is a local directory that does not exist."""
         return missing_directory(self.settings.store)
 
+    def _store_contents(self) -> str:
+        """What the store holds, for a ref it does not: ``models in the store: default (production ->
+        v6, staging -> v7), tiny (no aliases)``, so a misspelt ``--model`` is fixed from the log."""
+        try:
+            names = self.store.list_models()
+            if not names:
+                return "the store holds no model yet (publish or import one)"
+            described = []
+            for name in names:
+                aliases = self.store.aliases(name)
+                pairs = ", ".join(f"{alias} -> {version}" for alias, version in sorted(aliases.items()))
+                described.append(f"{name} ({pairs or 'no aliases'})")
+            return "models in the store: " + ", ".join(described)
+        except Exception as exc:  # the listing is a hint; its failure must not hide the first error
+            return f"the store cannot be listed ({type(exc).__name__})"
+
     def _not_ready_reason(self, exc: BaseException) -> str:
         if self.store_missing():
             return f"the model store set by {STORE_SETTING} does not exist"
@@ -156,6 +172,8 @@ class ModelManager:
                 error = f"{type(exc).__name__}: {exc}"
                 if self.store_missing():
                     error = f"the model store directory {self.settings.store!r} ({STORE_SETTING}) does not exist"
+                elif isinstance(exc, ModelNotFound):
+                    error += f"; {await asyncio.to_thread(self._store_contents)}"
                 # A new problem is an error; the same one again is repeated once a minute at most.
                 if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(

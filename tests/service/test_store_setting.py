@@ -45,6 +45,19 @@ def test_a_store_without_the_model_says_which_model(tmp_path: Path, serve_app: A
         assert str(tmp_path) not in message
 
 
+def test_a_misspelt_model_logs_what_the_store_holds(
+    tiny_store: Path, serve_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--model nosuch@production` retried with nothing to go on; the log now lists the store's models
+    and their aliases (the 503 body keeps naming the setting only)."""
+    caplog.set_level(logging.ERROR, logger="service.lifecycle")
+    with serve_app(store=str(tiny_store), model="tinyy@production", watch_interval_s=0.1, ready=False) as running:
+        _wait(lambda: running.services.manager.not_ready_reason is not None)
+    logged = [r.getMessage() for r in caplog.records if "tinyy@production" in r.getMessage()]
+    assert logged, [r.getMessage() for r in caplog.records]
+    assert "models in the store: " in logged[0] and "tiny (" in logged[0] and "production -> v" in logged[0], logged[0]
+
+
 def test_an_unreachable_s3_store_is_a_503_on_every_models_route(
     tmp_path: Path, serve_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
