@@ -9,7 +9,7 @@ own ``model-store`` command stays free of model code); the work is in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import torch
 import typer
@@ -47,6 +47,27 @@ def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
         "extra_files": {f"{TOKENIZER_DIR}/{name}": path.read_bytes() for name, path in files.items()},
         "tokenizer": f"{HF_TOKENIZER_PREFIX}{TOKENIZER_DIR}",
     }
+
+
+def _check_store_location(store: str) -> bool:
+    """A local store folder may be new, but not in a folder that does not exist either: a typo in
+    ``--store`` (``/typo/path``) would otherwise create a store nobody serves and import into it."""
+    if "://" in store:
+        return False
+    path = Path(store).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            _fail(f"--store {store}: not a folder")
+        return False
+    if not path.parent.is_dir():
+        _fail(f"--store {store}: neither this folder nor {path.parent} exists; check the path (or CLIP_STORE), "
+              "or create the folder first to start a new store there")  # fmt: skip
+    return True  # a new store in an existing folder: said when the import succeeds
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code=1)
 
 
 def import_cmd(
@@ -104,6 +125,7 @@ def import_cmd(
     """Import an open_clip model into the store: weights copied into a new version as safetensors,
     a manifest written from the open_clip and pretrained configs, the model built from that manifest
     and run on one image and two texts before anything is published."""
+    new_store = _check_store_location(store)
     overrides: dict[str, Any] = {}
     for key, value in (("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std")),
                        ("interpolation", interpolation), ("resize_mode", resize_mode)):  # fmt: skip
@@ -140,3 +162,5 @@ def import_cmd(
         f"[green]imported[/green] {manifest.ref}{aliases}: {manifest.image_size} px, embed_dim {manifest.embed_dim}, "
         f"{manifest.total_bytes:,} bytes"
     )
+    if new_store:
+        console.print(f"(a new model store at {Path(store).expanduser().resolve()}: serve it with --store)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,9 +273,45 @@ def load_planned_model(plan: ImportPlan) -> torch.nn.Module:
             openai = open_clip.load_openai_model(str(plan.checkpoint), device="cpu")
             model.load_state_dict(openai.state_dict(), strict=True)  # type: ignore[attr-defined]
             return model.eval()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelImportError(f"the weights in {plan.checkpoint.name} do not fit the architecture: {first}") from None
+        raise ModelImportError(
+            f"the weights in {plan.checkpoint.name} do not fit the architecture{_arch_name(plan.architecture)}: "
+            f"{state_dict_mismatch(str(exc))}; check that --arch (or the config) is the one the checkpoint was "
+            "trained with"
+        ) from None
     return model.eval()
+
+
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from checkpoint, "
+    r"the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
+_KEYS = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: (.*?)\.\s*$", re.MULTILINE)
+
+
+def state_dict_mismatch(message: str) -> str:
+    """torch's ``load_state_dict`` error in one line: how many tensors differ in shape, are missing or
+    unexpected, with the first of each (its first line alone says only "Error(s) in loading ...:")."""
+    parts = []
+    sizes = _SIZE_MISMATCH.findall(message)
+    if sizes:
+        key, checkpoint, model = sizes[0]
+        more = f" and {len(sizes) - 1} more" if len(sizes) > 1 else ""
+        parts.append(f"{len(sizes)} tensor(s) differ in shape ({key}: {checkpoint} in the checkpoint, {model} in "
+                     f"the architecture{more})")  # fmt: skip
+    for kind, keys in _KEYS.findall(message):
+        names = [k.strip().strip('"') for k in keys.split(",") if k.strip()]
+        where = "missing from the checkpoint" if kind == "Missing" else "in the checkpoint but not the architecture"
+        parts.append(f"{len(names)} {where} ({names[0]}{', ...' if len(names) > 1 else ''})")
+    if not parts:
+        lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+        return " ".join(lines[:3]) or "unknown error"
+    return "; ".join(parts)
+
+
+def _arch_name(architecture: Any) -> str:
+    """`` ViT-B-16`` for a named open_clip architecture, nothing for a config file's."""
+    name = architecture.get("open_clip_name") if isinstance(architecture, dict) else None
+    return f" {name}" if name else ""
 
 
 def _is_torchscript(path: Path) -> bool:

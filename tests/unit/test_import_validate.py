@@ -155,6 +155,43 @@ def test_weights_that_do_not_fit_the_architecture_are_refused(runner: CliRunner,
     assert not (tmp_path / "store" / "x" / "versions").exists()
 
 
+def test_weights_of_another_patch_size_name_the_tensors_that_differ(runner: CliRunner, tmp_path: Path) -> None:
+    """ViT-B-32 weights imported as ViT-B-16 said "... for CLIP:" and nothing after the colon."""
+    weights = tmp_path / "b32.safetensors"
+    save_file({k: v.contiguous() for k, v in _model(TINY_CLIP).state_dict().items()}, weights)
+    patch16 = {**TINY_CLIP, "vision_cfg": {**TINY_CLIP["vision_cfg"], "patch_size": 4}}
+    result = _import(runner, tmp_path / "store", "x", "--arch", str(_arch_file(tmp_path, patch16)),
+                     "--weights", str(weights))  # fmt: skip
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and "tensor(s) differ in shape (visual." in output, output
+    assert "check that --arch (or the config) is the one the checkpoint was trained with" in output
+
+
+def test_a_state_dict_mismatch_is_summarised_in_one_line() -> None:
+    from clipcore.models.importing import state_dict_mismatch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))
+    other = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(4, 5), torch.nn.Linear(1, 1)).state_dict()
+    del other["1.bias"]
+    with pytest.raises(RuntimeError) as info:
+        model.load_state_dict(other, strict=True)
+    summary = state_dict_mismatch(str(info.value))
+    assert summary == (
+        "2 tensor(s) differ in shape (0.weight: [5, 3] in the checkpoint, [4, 3] in the architecture and 1 more); "
+        "1 missing from the checkpoint (1.bias); 2 in the checkpoint but not the architecture (2.weight, ...)"
+    )
+
+
+def test_a_store_path_whose_parent_is_missing_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    """`--store /typo/path` created a store nobody serves and imported into it."""
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in _model(TINY_CLIP).state_dict().items()}, weights)
+    typo = tmp_path / "typo" / "path"
+    result = _import(runner, typo, "x", "--arch", str(_arch_file(tmp_path, TINY_CLIP)), "--weights", str(weights))
+    assert result.exit_code == 1 and "neither this folder nor" in " ".join(result.output.split())
+    assert not typo.exists() and not typo.parent.exists()
+
+
 def test_preprocessing_the_service_cannot_apply_is_refused_before_import(runner: CliRunner, tmp_path: Path) -> None:
     hub = tmp_path / "hub"  # a hub folder whose own preprocessing has two std values
     hub.mkdir()
