@@ -6,8 +6,9 @@ Order of checks, cheapest first, so a hostile payload costs little: size of the 
 Everything here is synchronous and CPU-bound: callers run it in a thread pool.
 
 Image URLs are off by default. When on, only http(s) is fetched, every hop (redirects are
-followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses unless its host is
-allowlisted, and the body is streamed with a byte cap and a total time limit. The address check
+followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses only (an IPv6
+address that carries an IPv4 one, as NAT64 and 6to4 do, is judged by that IPv4 address) unless
+its host is allowlisted, and the body is streamed with a byte cap and a total time limit. The address check
 and the connection each resolve the name, so a hostile DNS server could still answer differently
 the second time; run the service where its egress is also firewalled if that matters.
 """
@@ -141,11 +142,54 @@ def _host_allowed(host: str, allowlist: Sequence[str]) -> bool:
     return host.lower().strip("[]") in {h.lower().strip("[]") for h in allowlist}
 
 
-def is_public_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: a translator or tunnel on the path
+# delivers the packets to that IPv4 host, so it is the address that must be public. (IPv4-mapped
+# ``::ffff:0:0/96``, 6to4 and Teredo have ``ipaddress`` properties of their own.)
+_IPV4_IN_LOW_BITS = (
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64 well-known prefix (RFC 6052)
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible, deprecated (RFC 4291)
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated, SIIT (RFC 2765)
+)
+# NAT64 local-use prefix (RFC 8215): the operator picks a prefix length from /48 to /96 within it,
+# and with it where the IPv4 address sits (RFC 6052 section 2.2), so nothing here can tell which
+# IPv4 host an address reaches. Refused outright.
+_NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses that a packet to ``ip`` ends up at or passes through on the way."""
+    found: list[ipaddress.IPv4Address] = []
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)  # the Teredo server and the (de-obfuscated) client
+    if any(ip in net for net in _IPV4_IN_LOW_BITS):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
+
+
+def is_public_address(address: str) -> bool:
+    """True when ``address`` (and any IPv4 address an IPv6 transition prefix embeds in it) is public.
+
+    ``ipaddress`` calls NAT64, 6to4 and IPv4-compatible addresses global whatever IPv4 address they
+    carry, yet on a NAT64 network ``64:ff9b::7f00:1`` is 127.0.0.1 and ``64:ff9b::a9fe:a9fe`` the
+    cloud metadata service: the embedded IPv4 is checked too. Only prefixes of fixed layout can be
+    unwrapped; a NAT64 prefix an operator chose for its own network (RFC 6052 network-specific
+    prefix) looks like any public IPv6 address, which is why egress should also be firewalled.
+    """
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL_USE:
+            return False
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # the sockets API's spelling of an IPv4 peer: that peer is what counts
+        elif not all(_is_public(v4) for v4 in _embedded_ipv4(ip)):
+            return False
+    return _is_public(ip)
 
 
 async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
 import io
+import ipaddress
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+import httpcore
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
 from clipcore.errors import ClipError, ErrorCode
-from service.images import decode_base64, decode_image, is_public_address
+from service.images import check_url, decode_base64, decode_image, is_public_address
 from service.runtime.pipeline import INLINE_BASE64_CHARS
 
 # ----------------------------------------------------------------------------- unit
@@ -101,6 +106,73 @@ def test_ssrf_address_classification(address: str, public: bool) -> None:
     assert is_public_address(address) is public
 
 
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        # NAT64 well-known prefix: on a NAT64 network these reach loopback and the metadata service.
+        ("64:ff9b::7f00:1", False),
+        ("64:ff9b::a9fe:a9fe", False),
+        ("64:ff9b::a00:1", False),
+        ("64:ff9b::808:808", True),
+        # NAT64 local-use prefix: where the IPv4 sits depends on the operator's prefix length.
+        ("64:ff9b:1::7f00:1", False),
+        ("64:ff9b:1:808:8:800::", False),
+        # 6to4: the IPv4 address of the tunnel end is bits 16-47.
+        ("2002:7f00:1::", False),
+        ("2002:a9fe:a9fe::1", False),
+        ("2002:808:808::1", True),
+        # IPv4-compatible (deprecated) and IPv4-translated (SIIT).
+        ("::127.0.0.1", False),
+        ("::169.254.169.254", False),
+        ("::ffff:0:127.0.0.1", False),
+        ("::ffff:0:8.8.8.8", True),
+        # IPv4-mapped: the IPv4 peer itself.
+        ("::ffff:169.254.169.254", False),
+        ("::ffff:8.8.8.8", True),
+        # Teredo: server 65.54.227.120, client 127.0.0.1 obfuscated (each bit inverted).
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", False),
+        ("2001:0:4136:e378:8000:63bf:5601:5601", False),  # client 169.254.169.254
+    ],
+)
+def test_ipv6_transition_addresses_are_judged_by_the_ipv4_they_carry(address: str, public: bool) -> None:
+    assert is_public_address(address) is public
+
+
+@pytest.fixture
+def fake_dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Answers for names under ``.test`` (RFC 2606: never real); other names resolve as usual."""
+    answers: dict[str, list[str]] = {}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if isinstance(host, str) and host.endswith(".test"):
+            infos: list[Any] = []
+            for address in answers.get(host, []):
+                if ":" in address:
+                    infos.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0)))
+                else:
+                    infos.append((socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)))
+            if not infos:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return infos
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return answers
+
+
+def test_every_resolved_address_is_checked_for_embedded_ipv4(fake_dns: dict[str, list[str]]) -> None:
+    """One transition address among public answers is enough to refuse the host (check_url only
+    resolves: nothing is connected to)."""
+    fake_dns["public.test"] = ["8.8.8.8", "2001:4860:4860::8888", "64:ff9b::808:808"]
+    asyncio.run(check_url("http://public.test/x.png", "images.0.url", []))
+    for bad in ("64:ff9b::7f00:1", "2002:7f00:1::", "::127.0.0.1", "64:ff9b::a9fe:a9fe"):
+        fake_dns["mixed.test"] = ["8.8.8.8", "2001:4860:4860::8888", bad]
+        with pytest.raises(ClipError) as info:
+            asyncio.run(check_url("http://mixed.test/x.png", "images.0.url", []))
+        assert info.value.code == ErrorCode.url_forbidden and info.value.field == "images.0.url", bad
+
+
 # ----------------------------------------------------------------------------- over HTTP
 class _Images(http.server.BaseHTTPRequestHandler):
     png = png_bytes(Image.new("RGB", (32, 32), (0, 200, 0)))
@@ -113,6 +185,10 @@ class _Images(http.server.BaseHTTPRequestHandler):
         elif self.path == "/redirect":
             self.send_response(302)
             self.send_header("Location", "/img.png")
+            self.end_headers()
+        elif self.path.startswith("/to?"):  # /to?url=...: a redirect to any URL
+            self.send_response(302)
+            self.send_header("Location", parse_qs(urlsplit(self.path).query)["url"][0])
             self.end_headers()
         elif self.path == "/big.png":
             self._send(200, b"\0" * 300_000)
@@ -179,6 +255,45 @@ def test_loopback_url_refused_without_allowlist(url_servers: tuple[str, str], im
     for url in ("file:///etc/passwd", "ftp://127.0.0.1/x", "http://user:pw@example.com/x.png", "gopher://x"):
         r = embed(guarded, {"url": url})
         assert r.status_code == 400 and r.json()["error"]["code"] == "url_forbidden", url
+
+
+@pytest.fixture
+def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every HTTP client connection this process opens is listed, and one to anything but a
+    loopback address fails before any socket is opened. The service runs in this process, and its
+    URL fetches go through httpcore's network backend whatever event loop uvicorn picked (uvloop
+    connects in C, out of reach of a patched ``socket``)."""
+    attempts: list[tuple[str, int]] = []
+    real = httpcore.AnyIOBackend.connect_tcp
+
+    async def connect_tcp(self: httpcore.AnyIOBackend, host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            loopback = ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
+        except ValueError:  # a name: only "localhost" is known to stay here
+            loopback = host == "localhost"
+        attempts.append((host, port))
+        if not loopback:
+            raise httpcore.ConnectError(f"tests connect to loopback only, not {host}")
+        return await real(self, host, port, *args, **kwargs)
+
+    monkeypatch.setattr(httpcore.AnyIOBackend, "connect_tcp", connect_tcp)
+    return attempts
+
+
+@pytest.mark.parametrize("host", ["[64:ff9b::7f00:1]", "[2002:7f00:1::]", "[::127.0.0.1]", "[64:ff9b:1::7f00:1]"])
+def test_transition_addresses_are_refused_directly_and_after_a_redirect(
+    url_servers: tuple[str, str], image_host: str, loopback_only: list[tuple[str, int]], host: str
+) -> None:
+    guarded, allowed = url_servers
+    target = f"http://{host}:{urlsplit(image_host).port}/img.png"
+    direct = embed(guarded, {"url": target})
+    assert direct.status_code == 400 and direct.json()["error"]["code"] == "url_forbidden", direct.text
+    # 127.0.0.1 is allowlisted on this server; the hop it redirects to is checked on its own.
+    hop = embed(allowed, {"url": f"{image_host}/to?url={target}"})
+    assert hop.status_code == 400 and hop.json()["error"]["code"] == "url_forbidden", hop.text
+    assert hop.json()["error"]["field"] == "images.0.url"
+    # The tripwire saw the first hop (so it is on the fetch path) and nothing else.
+    assert loopback_only == [("127.0.0.1", urlsplit(image_host).port)], "the service tried to connect first"
 
 
 def test_allowlisted_url_is_fetched(url_servers: tuple[str, str], image_host: str) -> None:
