@@ -347,6 +347,97 @@ def test_a_failed_fetch_cancels_its_siblings(url_servers: tuple[str, str], image
     assert _Images.slow_finished == 0
 
 
+class _CountingServer(http.server.ThreadingHTTPServer):
+    """Serves ``/<i>.png``, a distinct picture per ``i``, each after a short pause, and records the
+    most connections it held at once."""
+
+    daemon_threads = True
+    request_queue_size = 128  # let every connection in at once: the client, not the backlog, must limit them
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CountingHandler)
+        self.lock = threading.Lock()
+        self.open = self.most = self.served = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _CountingHandler(http.server.BaseHTTPRequestHandler):
+    server: _CountingServer
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.open += 1
+            self.server.most = max(self.server.most, self.server.open)
+
+    def do_GET(self) -> None:
+        time.sleep(0.1)  # long enough for the fetches the client lets through to overlap
+        i = int(self.path.strip("/").removesuffix(".png"))
+        body = png_bytes(Image.new("RGB", (32, 32), (4 * i % 256, 255 - 4 * i % 256, 128)))
+        with self.server.lock:
+            # Counted out before the answer goes: once the client has it, it may connect again.
+            self.server.open -= 1
+            self.server.served += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def counting_host() -> Iterator[_CountingServer]:
+    server = _CountingServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_urls_of_one_request_are_fetched_a_few_at_a_time(
+    url_servers: tuple[str, str], counting_host: _CountingServer
+) -> None:
+    _, allowed = url_servers  # default settings: 4 fetches at a time per request
+    images = [{"url": f"{counting_host.url}/{i}.png"} for i in range(64)]
+    r = httpx.post(f"{allowed}/embed", json={"images": images}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert len(set(r.json()["ids"])) == 64 and counting_host.served == 64  # every image arrived, none refused
+    assert 1 <= counting_host.most <= 4, f"{counting_host.most} connections at once"
+
+
+def test_the_url_fetches_of_all_requests_share_a_cap(
+    serve_app: Any, tiny_store: Path, counting_host: _CountingServer
+) -> None:
+    settings = {
+        "store": str(tiny_store),
+        "model": "tiny@production",
+        "allow_url_images": True,
+        "url_allowlist": ["127.0.0.1"],
+        "url_fetches_per_request": 4,
+        "url_fetches_per_process": 6,
+    }
+
+    async def requests(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            bodies = [
+                {"images": [{"url": f"{counting_host.url}/{10 * n + i}.png"} for i in range(8)]} for n in range(3)
+            ]
+            return list(await asyncio.gather(*(client.post(f"{url}/embed", json=b) for b in bodies)))
+
+    with serve_app(**settings) as running:
+        answers = asyncio.run(requests(running.url))
+    assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+    assert counting_host.served == 24  # 3 requests x 4 at a time would be 12 at once
+    assert 1 <= counting_host.most <= 6, f"{counting_host.most} connections at once"
+
+
 def test_a_huge_transparent_image_is_reduced_before_its_alpha_is_flattened(monkeypatch: pytest.MonkeyPatch) -> None:
     from service import images
 
