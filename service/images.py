@@ -8,9 +8,10 @@ Everything here is synchronous and CPU-bound: callers run it in a thread pool.
 Image URLs are off by default. When on, only http(s) is fetched, every hop (redirects are
 followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses only (an IPv6
 address that carries an IPv4 one, as NAT64 and 6to4 do, is judged by that IPv4 address) unless
-its host is allowlisted, and the body is streamed with a byte cap and a total time limit. The address check
-and the connection each resolve the name, so a hostile DNS server could still answer differently
-the second time; run the service where its egress is also firewalled if that matters.
+its host is allowlisted, and the body is streamed with a byte cap and a total time limit. The
+name is resolved once per hop and the connection goes to an address that check saw, so a DNS
+server answering differently the second time (DNS rebinding) cannot redirect it; allowlisted
+hosts are connected to by name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import io
 import ipaddress
 import re
@@ -192,8 +194,12 @@ def is_public_address(address: str) -> bool:
     return _is_public(ip)
 
 
-async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
-    """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard)."""
+async def check_url(url: str, field: str, allowlist: Sequence[str]) -> list[str]:
+    """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard).
+
+    Returns the addresses the host resolved to, every one checked, in the resolver's order of
+    preference: the fetch connects to one of these, never to what a second lookup answers. Empty
+    for an allowlisted host (trusted, so connected to by name)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ClipError(ErrorCode.url_forbidden, "only http and https image URLs are allowed", field)
@@ -201,15 +207,44 @@ async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
         raise ClipError(ErrorCode.url_forbidden, "image URLs must not carry credentials", field)
     host = parts.hostname
     if _host_allowed(host, allowlist):
-        return
+        return []
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
         raise _bad_image(f"cannot resolve image host {host!r}", field) from None
-    addresses = {info[4][0] for info in infos}
-    if not addresses or not all(is_public_address(str(a)) for a in addresses):
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses or not all(is_public_address(a) for a in addresses):
         raise ClipError(ErrorCode.url_forbidden, f"image host {host!r} resolves to a non-public address", field)
+    return addresses
+
+
+async def _open(client: httpx.AsyncClient, url: str, addresses: Sequence[str]) -> httpx.Response:
+    """GET ``url`` (streamed, redirects not followed) from the first of ``addresses`` that accepts
+    a connection, or by name when there are none.
+
+    The URL's name stays in the Host header and in TLS (SNI and certificate check). Connections
+    are kept alive by address, so one may carry the next image from another name at that address
+    over a TLS session verified for the first: harmless here, no credentials are ever sent and an
+    image is untrusted content whichever server sent it."""
+    if not addresses:
+        return await client.send(client.build_request("GET", url), stream=True, follow_redirects=False)
+    target = httpx.URL(url)
+    name = target.raw_host.decode("ascii")  # IDNA-encoded, as sent in SNI
+    failure: httpx.ConnectError | None = None
+    for address in addresses:
+        request = client.build_request(
+            "GET",
+            target.copy_with(host=address),
+            headers={"Host": target.netloc.decode("ascii")},
+            extensions={"sni_hostname": name},
+        )
+        try:
+            return await client.send(request, stream=True, follow_redirects=False)
+        except httpx.ConnectError as exc:
+            failure = exc  # this address is down or unreachable: the name may have others
+    assert failure is not None
+    raise failure
 
 
 class ByteBudget:
@@ -240,10 +275,11 @@ async def fetch_url(
     try:
         async with asyncio.timeout(timeout_s):
             for _ in range(MAX_REDIRECTS + 1):
-                await check_url(url, field, allowlist)
-                async with client.stream("GET", url, follow_redirects=False) as response:
+                addresses = await check_url(url, field, allowlist)
+                response = await _open(client, url, addresses)
+                async with contextlib.aclosing(response):
                     if response.is_redirect and "location" in response.headers:
-                        url = urljoin(url, response.headers["location"])
+                        url = urljoin(url, response.headers["location"])  # the next hop is checked afresh
                         continue
                     if response.status_code != 200:
                         raise _bad_image(f"image URL answered HTTP {response.status_code}", field)

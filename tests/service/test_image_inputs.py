@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.server
 import io
 import ipaddress
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -139,38 +143,132 @@ def test_ipv6_transition_addresses_are_judged_by_the_ipv4_they_carry(address: st
 
 
 @pytest.fixture
-def fake_dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
-    """Answers for names under ``.test`` (RFC 2606: never real); other names resolve as usual."""
-    answers: dict[str, list[str]] = {}
+def fake_dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[str]]]:
+    """Answers for names under ``.test`` (RFC 2606: never real; no query leaves the machine), one
+    list of addresses per lookup, in turn; the last answer stays. Other names resolve as usual."""
+    answers: dict[str, list[list[str]]] = {}
     real = socket.getaddrinfo
 
     def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        if isinstance(host, str) and host.endswith(".test"):
-            infos: list[Any] = []
-            for address in answers.get(host, []):
-                if ":" in address:
-                    infos.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0)))
-                else:
-                    infos.append((socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)))
-            if not infos:
-                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-            return infos
-        return real(host, port, *args, **kwargs)
+        name = host.decode() if isinstance(host, bytes) else host  # anyio passes IDNA bytes
+        if not (isinstance(name, str) and name.endswith(".test")):
+            return real(host, port, *args, **kwargs)
+        turns = answers.get(name) or [[]]
+        infos: list[Any] = []
+        for address in turns.pop(0) if len(turns) > 1 else turns[0]:
+            if ":" in address:
+                infos.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0)))
+            else:
+                infos.append((socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port)))
+        if not infos:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return infos
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return answers
 
 
-def test_every_resolved_address_is_checked_for_embedded_ipv4(fake_dns: dict[str, list[str]]) -> None:
+def test_every_resolved_address_is_checked_for_embedded_ipv4(fake_dns: dict[str, list[list[str]]]) -> None:
     """One transition address among public answers is enough to refuse the host (check_url only
     resolves: nothing is connected to)."""
-    fake_dns["public.test"] = ["8.8.8.8", "2001:4860:4860::8888", "64:ff9b::808:808"]
+    fake_dns["public.test"] = [["8.8.8.8", "2001:4860:4860::8888", "64:ff9b::808:808"]]
     asyncio.run(check_url("http://public.test/x.png", "images.0.url", []))
     for bad in ("64:ff9b::7f00:1", "2002:7f00:1::", "::127.0.0.1", "64:ff9b::a9fe:a9fe"):
-        fake_dns["mixed.test"] = ["8.8.8.8", "2001:4860:4860::8888", bad]
+        fake_dns["mixed.test"] = [["8.8.8.8", "2001:4860:4860::8888", bad]]
         with pytest.raises(ClipError) as info:
             asyncio.run(check_url("http://mixed.test/x.png", "images.0.url", []))
         assert info.value.code == ErrorCode.url_forbidden and info.value.field == "images.0.url", bad
+
+
+class _WhereAmI(http.server.BaseHTTPRequestHandler):
+    """Answers the address it was reached at, and lists (that address, the Host header) in ``hits``."""
+
+    hits: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:
+        here = str(self.server.server_address[0])
+        self.hits.append((here, self.headers["Host"]))
+        body = here.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _where_am_i(address: str, port: int = 0, tls: ssl.SSLContext | None = None) -> Iterator[int]:
+    """A ``_WhereAmI`` server on ``address`` (a loopback address); yields its port."""
+    server = http.server.ThreadingHTTPServer((address, port), _WhereAmI)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _fetch(url: str, verify: ssl.SSLContext | bool = True) -> bytes:
+    from service import images
+
+    async def fetch() -> bytes:
+        async with httpx.AsyncClient(trust_env=False, verify=verify) as client:
+            return await images.fetch_url(client, url, "images.0.url", allowlist=[], max_bytes=1000, timeout_s=10)
+
+    return asyncio.run(fetch())
+
+
+def test_the_fetch_connects_to_the_address_that_was_checked(
+    monkeypatch: pytest.MonkeyPatch, fake_dns: dict[str, list[list[str]]]
+) -> None:
+    """DNS rebinding: the name answers a public address to the check and an internal one after it.
+    All on loopback: 127.0.0.2 and 127.0.0.4 stand for public addresses, 127.0.0.3 for the internal
+    one the second answer points at."""
+    from service import images
+
+    monkeypatch.setattr(images, "is_public_address", lambda address: address in ("127.0.0.2", "127.0.0.4"))
+    monkeypatch.setattr(_WhereAmI, "hits", [])
+    with _where_am_i("127.0.0.2") as port, _where_am_i("127.0.0.3", port):
+        fake_dns["rebind.test"] = [["127.0.0.2"], ["127.0.0.3"]]
+        assert _fetch(f"http://rebind.test:{port}/img.png") == b"127.0.0.2"
+        # An address that refuses the connection: the next checked one is tried, not a new lookup.
+        fake_dns["rebind.test"] = [["127.0.0.4", "127.0.0.2"], ["127.0.0.3"]]
+        assert _fetch(f"http://rebind.test:{port}/img.png") == b"127.0.0.2"
+    assert _WhereAmI.hits == [("127.0.0.2", f"rebind.test:{port}")] * 2  # the URL's name still names the site
+
+
+def test_a_fetch_by_address_still_checks_tls_against_the_url_name(
+    monkeypatch: pytest.MonkeyPatch, fake_dns: dict[str, list[list[str]]], tmp_path: Path
+) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not found (needed to make a certificate)")
+    from service import images
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=site.test"]
+        + ["-addext", "subjectAltName=DNS:site.test"],
+        check=True,
+        capture_output=True,
+    )
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    monkeypatch.setattr(images, "is_public_address", lambda address: address == "127.0.0.2")
+    monkeypatch.setattr(_WhereAmI, "hits", [])
+    fake_dns["site.test"] = fake_dns["other.test"] = [["127.0.0.2"]]
+    trust = ssl.create_default_context(cafile=str(cert))
+    with _where_am_i("127.0.0.2", tls=server_tls) as port:
+        assert _fetch(f"https://site.test:{port}/img.png", verify=trust) == b"127.0.0.2"
+        # Same address, a name the certificate does not cover: refused, so the name is what is checked.
+        with pytest.raises(ClipError, match="could not fetch"):
+            _fetch(f"https://other.test:{port}/img.png", verify=trust)
+    assert _WhereAmI.hits == [("127.0.0.2", f"site.test:{port}")]
 
 
 # ----------------------------------------------------------------------------- over HTTP
