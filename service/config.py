@@ -183,6 +183,19 @@ class Settings(BaseSettings):
     # loopback or link-local addresses; everything else must resolve to public addresses only.
     url_allowlist: list[str] = Field(default_factory=list)
     url_timeout_s: float = Field(default=5.0, gt=0)
+    url_fetches_per_request: int = Field(
+        default=4,
+        ge=1,
+        description="Image URLs of one request fetched at the same time; the others wait their turn (a request "
+        "may name `limits.max_images` URLs). The wait is not counted in `url_timeout_s`, which each fetch has "
+        "in full once it starts.",
+    )
+    url_fetches_per_process: int = Field(
+        default=16,
+        ge=1,
+        description="Image URLs fetched at the same time by the whole server process, all requests together; a "
+        "fetch beyond it waits for one to finish (each finishes within `url_timeout_s`).",
+    )
     api_keys: list[SecretStr] = Field(default_factory=list)
     api_keys_file: Path | None = None
     watch_interval_s: float = Field(default=2.0, gt=0)

@@ -6,10 +6,12 @@ Order of checks, cheapest first, so a hostile payload costs little: size of the 
 Everything here is synchronous and CPU-bound: callers run it in a thread pool.
 
 Image URLs are off by default. When on, only http(s) is fetched, every hop (redirects are
-followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses unless its host is
-allowlisted, and the body is streamed with a byte cap and a total time limit. The address check
-and the connection each resolve the name, so a hostile DNS server could still answer differently
-the second time; run the service where its egress is also firewalled if that matters.
+followed by hand, at most ``MAX_REDIRECTS``) must resolve to public addresses only (an IPv6
+address that carries an IPv4 one, as NAT64 and 6to4 do, is judged by that IPv4 address) unless
+its host is allowlisted, and the body is streamed with a byte cap and a total time limit. The
+name is resolved once per hop and the connection goes to an address that check saw, so a DNS
+server answering differently the second time (DNS rebinding) cannot redirect it; allowlisted
+hosts are connected to by name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import io
 import ipaddress
 import re
@@ -152,15 +155,62 @@ def _host_allowed(host: str, allowlist: Sequence[str]) -> bool:
     return host.lower().strip("[]") in {h.lower().strip("[]") for h in allowlist}
 
 
-def is_public_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: a translator or tunnel on the path
+# delivers the packets to that IPv4 host, so it is the address that must be public. (IPv4-mapped
+# ``::ffff:0:0/96``, 6to4 and Teredo have ``ipaddress`` properties of their own.)
+_IPV4_IN_LOW_BITS = (
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64 well-known prefix (RFC 6052)
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible, deprecated (RFC 4291)
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated, SIIT (RFC 2765)
+)
+# NAT64 local-use prefix (RFC 8215): the operator picks a prefix length from /48 to /96 within it,
+# and with it where the IPv4 address sits (RFC 6052 section 2.2), so nothing here can tell which
+# IPv4 host an address reaches. Refused outright.
+_NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses that a packet to ``ip`` ends up at or passes through on the way."""
+    found: list[ipaddress.IPv4Address] = []
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)  # the Teredo server and the (de-obfuscated) client
+    if any(ip in net for net in _IPV4_IN_LOW_BITS):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
-    """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard)."""
+def is_public_address(address: str) -> bool:
+    """True when ``address`` (and any IPv4 address an IPv6 transition prefix embeds in it) is public.
+
+    ``ipaddress`` calls NAT64, 6to4 and IPv4-compatible addresses global whatever IPv4 address they
+    carry, yet on a NAT64 network ``64:ff9b::7f00:1`` is 127.0.0.1 and ``64:ff9b::a9fe:a9fe`` the
+    cloud metadata service: the embedded IPv4 is checked too. Only prefixes of fixed layout can be
+    unwrapped; a NAT64 prefix an operator chose for its own network (RFC 6052 network-specific
+    prefix) looks like any public IPv6 address, which is why egress should also be firewalled.
+    """
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL_USE:
+            return False
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # the sockets API's spelling of an IPv4 peer: that peer is what counts
+        elif not all(_is_public(v4) for v4 in _embedded_ipv4(ip)):
+            return False
+    return _is_public(ip)
+
+
+async def check_url(url: str, field: str, allowlist: Sequence[str]) -> list[str]:
+    """Refuse non-http(s) URLs and hosts that resolve to non-public addresses (SSRF guard).
+
+    Returns the addresses the host resolved to, every one checked, in the resolver's order of
+    preference: the fetch connects to one of these, never to what a second lookup answers. Empty
+    for an allowlisted host (trusted, so connected to by name)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ClipError(ErrorCode.url_forbidden, "only http and https image URLs are allowed", field)
@@ -168,15 +218,44 @@ async def check_url(url: str, field: str, allowlist: Sequence[str]) -> None:
         raise ClipError(ErrorCode.url_forbidden, "image URLs must not carry credentials", field)
     host = parts.hostname
     if _host_allowed(host, allowlist):
-        return
+        return []
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError:
         raise _bad_image(f"cannot resolve image host {host!r}", field) from None
-    addresses = {info[4][0] for info in infos}
-    if not addresses or not all(is_public_address(str(a)) for a in addresses):
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    if not addresses or not all(is_public_address(a) for a in addresses):
         raise ClipError(ErrorCode.url_forbidden, f"image host {host!r} resolves to a non-public address", field)
+    return addresses
+
+
+async def _open(client: httpx.AsyncClient, url: str, addresses: Sequence[str]) -> httpx.Response:
+    """GET ``url`` (streamed, redirects not followed) from the first of ``addresses`` that accepts
+    a connection, or by name when there are none.
+
+    The URL's name stays in the Host header and in TLS (SNI and certificate check). Connections
+    are kept alive by address, so one may carry the next image from another name at that address
+    over a TLS session verified for the first: harmless here, no credentials are ever sent and an
+    image is untrusted content whichever server sent it."""
+    if not addresses:
+        return await client.send(client.build_request("GET", url), stream=True, follow_redirects=False)
+    target = httpx.URL(url)
+    name = target.raw_host.decode("ascii")  # IDNA-encoded, as sent in SNI
+    failure: httpx.ConnectError | None = None
+    for address in addresses:
+        request = client.build_request(
+            "GET",
+            target.copy_with(host=address),
+            headers={"Host": target.netloc.decode("ascii")},
+            extensions={"sni_hostname": name},
+        )
+        try:
+            return await client.send(request, stream=True, follow_redirects=False)
+        except httpx.ConnectError as exc:
+            failure = exc  # this address is down or unreachable: the name may have others
+    assert failure is not None
+    raise failure
 
 
 class ByteBudget:
@@ -207,10 +286,11 @@ async def fetch_url(
     try:
         async with asyncio.timeout(timeout_s):
             for _ in range(MAX_REDIRECTS + 1):
-                await check_url(url, field, allowlist)
-                async with client.stream("GET", url, follow_redirects=False) as response:
+                addresses = await check_url(url, field, allowlist)
+                response = await _open(client, url, addresses)
+                async with contextlib.aclosing(response):
                     if response.is_redirect and "location" in response.headers:
-                        url = urljoin(url, response.headers["location"])
+                        url = urljoin(url, response.headers["location"])  # the next hop is checked afresh
                         continue
                     if response.status_code != 200:
                         raise _bad_image(f"image URL answered HTTP {response.status_code}", field)

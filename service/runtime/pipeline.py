@@ -131,6 +131,8 @@ class Pipeline:
         self.http: httpx.AsyncClient | None = None
         if settings.allow_url_images:
             self.http = httpx.AsyncClient(timeout=settings.url_timeout_s, trust_env=False)
+        # URL fetches in progress, all requests together (a request has its own, smaller cap too).
+        self.fetch_slots = asyncio.Semaphore(settings.url_fetches_per_process)
         self._truncation: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (tokenizer key, text digest)
 
     async def close(self) -> None:
@@ -277,8 +279,9 @@ class Pipeline:
 
     async def _read_images(self, images: Sequence[ImageRef], fields: Sequence[str]) -> _ReadImages:
         budget = ByteBudget(self.settings.limits.max_url_bytes)
+        slots = asyncio.Semaphore(self.settings.url_fetches_per_request)
         payloads = await _all_or_none(
-            [self._image_bytes(img, f, budget) for img, f in zip(images, fields, strict=True)]
+            [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
         )
         read = _ReadImages()
         for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
@@ -329,8 +332,11 @@ class Pipeline:
         read.decoded.update(zip(todo, pixels, strict=True))
         return [read.decoded[d] for d in digests]
 
-    async def _image_bytes(self, image: ImageRef, field: str, budget: ByteBudget) -> bytes | None:
-        """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache)."""
+    async def _image_bytes(
+        self, image: ImageRef, field: str, budget: ByteBudget, slots: asyncio.Semaphore
+    ) -> bytes | None:
+        """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache).
+        A URL is fetched once it holds one of the request's ``slots`` and then one of the process's."""
         limits = self.settings.limits
         if image.data is not None:
             if len(image.data) > 2 * limits.max_image_bytes:  # cheap early refusal of huge strings
@@ -344,15 +350,21 @@ class Pipeline:
         if image.url is not None:
             if self.http is None:
                 raise ClipError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
-            return await fetch_url(
-                self.http,
-                image.url,
-                f"{field}.url",
-                allowlist=self.settings.url_allowlist,
-                max_bytes=limits.max_image_bytes,
-                timeout_s=self.settings.url_timeout_s,
-                budget=budget,
-            )
+            # A few KB of request naming 64 URLs must not open 64 connections at once, nor many
+            # requests together flood the egress: fetches over either cap wait their turn. The wait
+            # is outside the fetch's deadline (a URL is not failed for queueing) and bounded, as
+            # every slot holder finishes within url_timeout_s. The request's slot is taken first,
+            # so one request queues at most that many fetches for the process's slots.
+            async with slots, self.fetch_slots:
+                return await fetch_url(
+                    self.http,
+                    image.url,
+                    f"{field}.url",
+                    allowlist=self.settings.url_allowlist,
+                    max_bytes=limits.max_image_bytes,
+                    timeout_s=self.settings.url_timeout_s,
+                    budget=budget,
+                )
         return None  # sha256: resolved through the cache
 
     async def _pixels(self, runtime: ModelRuntime, data: bytes, field: str) -> np.ndarray:
