@@ -162,13 +162,19 @@ _HTTP_CODES = {
 _UNPARSABLE_BODY = "There was an error parsing the body"
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette raises these for unknown routes and methods; FastAPI for unreadable bodies.
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
         return error_response(ErrorCode.validation_error, "request body is not valid JSON (or nested too deeply)")
     code = _HTTP_CODES.get(exc.status_code, ErrorCode.internal_error)
     message = exc.detail if isinstance(exc.detail, str) else code.value.replace("_", " ")
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and message == "Not Found":  # Starlette's words for a path no route has
+        message = f"no endpoint {where}; the API's endpoints are listed at /docs and /openapi.json"
+    elif exc.status_code == 405 and message == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
+        message = f"{where} is not allowed" + (f"; this path takes {allowed}" if allowed else "")
     response = error_response(code, message, None, dict(exc.headers or {}))
     if exc.status_code not in _HTTP_CODES:
         response.status_code = exc.status_code

@@ -31,17 +31,22 @@ class ClipServiceError(Exception):
 
     Attributes:
         status: HTTP status, or ``None`` when no answer was received.
+        url: the method and URL that failed (``"POST http://host:8000/rank"``), when known.
         code: machine-readable code from the envelope (``"unknown_image"``, ...).
         message: human-readable explanation.
         field: the request field at fault, when the server names one.
     """
 
-    def __init__(self, status: int | None, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"[{status}] {code}: {message}" + (f" (field: {field})" if field else ""))
+    def __init__(
+        self, status: int | None, code: str, message: str, field: str | None = None, url: str | None = None
+    ) -> None:
+        where = f" {url}" if url else ""
+        super().__init__(f"[{status}]{where} {code}: {message}" + (f" (field: {field})" if field else ""))
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.url = url
 
 
 class BadRequest(ClipServiceError):
@@ -69,9 +74,10 @@ class Overloaded(ClipServiceError):
         code: str,
         message: str,
         field: str | None = None,
+        url: str | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(status, code, message, field)
+        super().__init__(status, code, message, field, url)
         self.retry_after = retry_after
 
 
@@ -130,22 +136,28 @@ _DEFAULT_CODES = {
 }
 
 
-def error_from_response(status: int, body: bytes, headers: Any) -> ClipServiceError:
-    """Build the exception matching ``status`` from a response's body and headers."""
+def error_from_response(status: int, body: bytes, headers: Any, url: str | None = None) -> ClipServiceError:
+    """Build the exception matching ``status`` from a response's body and headers (``url``: the
+    method and URL of the request, named in the message)."""
     code, message, field = _envelope(body)
+    if status == 404 and code is None:  # no error envelope: the path itself is unknown to the server
+        message = (
+            "the server has no such endpoint; check the client's base_url (the service's root, without a path) "
+            "and that the server runs a version with this endpoint"
+        )
     code = code or _DEFAULT_CODES.get(status, f"http_{status}")
     message = message or f"HTTP {status}"
     if status in (400, 422):
-        return BadRequest(status, code, message, field)
+        return BadRequest(status, code, message, field, url)
     if status in (401, 403):
-        return Unauthorized(status, code, message, field)
+        return Unauthorized(status, code, message, field, url)
     if status == 404:
-        return NotFound(status, code, message, field)
+        return NotFound(status, code, message, field, url)
     if status == 413:
-        return PayloadTooLarge(status, code, message, field)
+        return PayloadTooLarge(status, code, message, field, url)
     if status == 429:
         retry_after = parse_retry_after(headers.get("retry-after"))
-        return Overloaded(status, code, message, field, retry_after=retry_after)
+        return Overloaded(status, code, message, field, url, retry_after=retry_after)
     if status in (503, 504):
-        return Unavailable(status, code, message, field)
-    return ClipServiceError(status, code, message, field)
+        return Unavailable(status, code, message, field, url)
+    return ClipServiceError(status, code, message, field, url)

@@ -76,9 +76,25 @@ def _encode(call: Call) -> tuple[bytes | None, dict[str, str]]:
     return body, {"content-type": "application/json"}
 
 
+def _where(client: httpx.Client | httpx.AsyncClient, call: Call) -> str:
+    return f"{call.method} {client.base_url.join(call.path)}"
+
+
+def _unreachable(client: httpx.Client | httpx.AsyncClient, call: Call, exc: Exception, tries: int) -> ConnectionFailed:
+    reason = str(exc) or type(exc).__name__
+    return ConnectionFailed(
+        None,
+        "connection_error",
+        f"no answer from {client.base_url} after {tries} attempt(s) ({reason}); check that the service is running "
+        "there and that base_url names its host and port",
+        url=_where(client, call),
+    )
+
+
 def _final(response: httpx.Response, raw: bool) -> Any:
     if response.status_code >= 400:
-        raise error_from_response(response.status_code, response.content, response.headers)
+        where = f"{response.request.method} {response.request.url}"
+        raise error_from_response(response.status_code, response.content, response.headers, url=where)
     if raw:
         return response.content
     if not response.content:
@@ -96,7 +112,7 @@ def send_sync(client: httpx.Client, call: Call, policy: RetryPolicy) -> Any:
             response = client.request(call.method, call.path, content=body, headers=headers, params=dict(call.params))
         except RETRY_EXCEPTIONS as exc:
             if retry >= policy.max_retries:
-                raise ConnectionFailed(None, "connection_error", str(exc) or type(exc).__name__) from exc
+                raise _unreachable(client, call, exc, retry + 1) from exc
             time.sleep(policy.delay(retry))
             retry += 1
             continue
@@ -118,7 +134,7 @@ async def send_async(client: httpx.AsyncClient, call: Call, policy: RetryPolicy)
             )
         except RETRY_EXCEPTIONS as exc:
             if retry >= policy.max_retries:
-                raise ConnectionFailed(None, "connection_error", str(exc) or type(exc).__name__) from exc
+                raise _unreachable(client, call, exc, retry + 1) from exc
             await asyncio.sleep(policy.delay(retry))
             retry += 1
             continue

@@ -78,6 +78,10 @@ def test_refused_connections_raise_connection_failed() -> None:
         # Two backoffs happened (>= half of 0.05 and of 0.1, the equal-jitter floor).
         assert time.monotonic() - t0 >= 0.07
     assert info.value.status is None and info.value.code == "connection_error"
+    # What failed and what to check: the URL, the attempts, the hint (not only "[Errno 111] ...").
+    assert info.value.url == f"GET http://127.0.0.1:{port}/models"
+    assert f"no answer from http://127.0.0.1:{port}" in str(info.value) and "after 3 attempt(s)" in str(info.value)
+    assert "check that the service is running there" in str(info.value)
 
 
 def test_connection_errors_are_retried_until_the_server_is_up() -> None:

@@ -1,0 +1,42 @@
+"""Errors that say what happened and what to do: an unknown path or method on the real service,
+and the SDK against a server that is down or a base_url with a wrong path."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from clipdiff import Client, ConnectionFailed, NotFound
+
+
+def test_an_unknown_path_names_itself_and_where_the_endpoints_are(base_url: str) -> None:
+    r = httpx.post(f"{base_url}/rnak-pair", json={})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == "not_found"
+    assert error["message"] == "no endpoint POST /rnak-pair; the API's endpoints are listed at /docs and /openapi.json"
+
+
+def test_a_wrong_method_names_the_methods_the_path_takes(base_url: str) -> None:
+    r = httpx.get(f"{base_url}/rank-pair")
+    assert r.status_code == 405
+    assert r.json()["error"]["message"] == "GET /rank-pair is not allowed; this path takes POST"
+
+
+def test_the_sdk_names_the_url_of_a_server_that_is_down() -> None:
+    with socket.socket() as probe:  # a 127.0.0.1 port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", max_retries=0) as client, pytest.raises(ConnectionFailed) as info:
+        client.rank_pair(b"\x89PNG", b"\x89PNG", "larger")
+    text = str(info.value)
+    assert f"POST http://127.0.0.1:{port}/rank-pair" in text and "check that the service is running there" in text
+
+
+def test_the_sdk_with_a_wrong_base_path_says_which_url_was_not_found(base_url: str) -> None:
+    with Client(f"{base_url}/api/v2", max_retries=0) as client, pytest.raises(NotFound) as info:
+        client.models()
+    assert info.value.url == f"GET {base_url}/api/v2/models"
+    assert f"GET {base_url}/api/v2/models" in str(info.value) and "no endpoint GET /api/v2/models" in str(info.value)
