@@ -21,7 +21,7 @@ from rich.table import Table
 from model_store.errors import StoreError
 from model_store.location import missing_directory
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
-from model_store.store import ModelStore
+from model_store.store import STAGING_GRACE_S, ModelStore
 from model_store.validators import InstalledValidators, installed_validator_names
 from model_store.version import print_version
 
@@ -240,9 +240,19 @@ def gc(
     name: Annotated[str, typer.Argument(help="Model name.")],
     keep: Annotated[int, typer.Option("--keep", min=0, help="Also keep the newest N versions.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would be removed.")] = False,
+    staging_grace: Annotated[
+        float,
+        typer.Option(
+            "--staging-grace",
+            min=0,
+            metavar="SECONDS",
+            help="Remove staging dirs (left by killed or failed publishes) only once nothing was written to "
+            "them for this long: a younger one may belong to a publish still running. 0 removes them all.",
+        ),
+    ] = STAGING_GRACE_S,
 ) -> None:
     """Remove versions no alias (or alias history) references, and stale staging dirs."""
-    removed = _store(ctx).gc(name, keep_latest=keep, dry_run=dry_run)
+    removed = _store(ctx).gc(name, keep_latest=keep, dry_run=dry_run, staging_grace_s=staging_grace)
     verb = "would remove" if dry_run else "removed"
     _out().print(f"{verb}: {', '.join(removed)}" if removed else "nothing to remove")
 
@@ -262,7 +272,9 @@ def publish(
     """Publish every file under DIRECTORY as a new immutable version.
 
     A top-level manifest.json in DIRECTORY is skipped (publish writes its own), and
-    a ``files`` table in the manifest JSON is ignored (it is recomputed).
+    a ``files`` table in the manifest JSON is ignored (it is recomputed). Each step is printed
+    as it completes (staged, published, each alias moved), so the output of an interrupted run
+    says what it left.
     """
     fields = _read_fields(manifest_json)
     if not directory.is_dir():
@@ -272,9 +284,19 @@ def publish(
         for path in sorted(directory.rglob("*"))
         if path.is_file() and path.relative_to(directory).as_posix() != MANIFEST_FILE
     }
-    manifest = _store(ctx, must_exist=False).publish(name, files, fields, version=version, aliases=alias or ())
-    size = f"{len(manifest.files)} files, {manifest.total_bytes:,} bytes"
-    _out().print(f"[green]published[/green] {manifest.ref} ({size})")
+    out = _out()
+    # One line per step, written out at once: a killed run's output must show where it stopped.
+    _store(ctx, must_exist=False).publish(
+        name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line)
+    )
+
+
+def _print_flushed(out: Console, line: str) -> None:
+    try:
+        out.print(escape(line))
+        out.file.flush()
+    except OSError:  # nobody reads the output any more (a closed pipe): the publish goes on all the same
+        pass
 
 
 def _read_fields(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import io
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,9 @@ from model_store.staging import (
 VERSIONS_DIR = "versions"
 LOCK_FILE = ".lock"
 STAGING_PREFIX = ".staging-"
-STALE_STAGING_SECONDS = 3600.0
+# gc leaves staging areas written to more recently than this alone: a publish may be filling
+# them (a publish holds no lock while it uploads, checks and load-tests its files).
+STAGING_GRACE_S = 3600.0
 
 
 class ModelStore:
@@ -252,6 +254,7 @@ class ModelStore:
         manifest_fields: Mapping[str, Any],
         version: str | None = None,
         aliases: Sequence[str] = (),
+        on_step: Callable[[str], None] | None = None,
     ) -> Manifest:
         """Publish a new immutable version atomically and optionally point aliases at it.
 
@@ -260,7 +263,14 @@ class ModelStore:
         step; on any failure the staging directory is removed and nothing is visible.
         ``manifest_fields`` holds every manifest field except ``files`` (computed);
         ``name``/``version`` may be repeated there but must agree with the arguments.
+
+        ``on_step`` is called with one line as each step completes (``staged ... in
+        <name>/.staging-...``, ``published name@vN (...)``, ``alias <alias> -> vN``), so the
+        output of a process killed half-way says what it left: a staging area for ``gc``, or a
+        version that no alias points to yet. It must not raise: that would stop the publish
+        where it is.
         """
+        step = on_step or _ignore_step
         fields, version = publish_fields(name, version, manifest_fields)
         for alias in aliases:
             validate_name(alias, "alias")
@@ -274,6 +284,8 @@ class ModelStore:
             entries = stage_files(self.backend, staging, files)
             if problems := check_files(self.backend, staging, entries):
                 raise ChecksumMismatch(name, version or "<new>", problems)
+            staged_bytes = sum(entry.bytes for entry in entries.values())
+            step(f"staged {name} ({len(entries)} files, {staged_bytes:,} bytes) in {staging}")
             self._validate(build_manifest({**fields, "version": version or "v1", "files": entries}), staging)
             with self._lock(name):
                 final = version or next_version(self._versions(name))
@@ -286,11 +298,14 @@ class ModelStore:
                     self.backend.commit_dir(staging, self._vkey(name, final))
                 except FileExistsError:
                     raise VersionExists(f"{name}@{final} already exists; versions are immutable") from None
+                step(f"published {manifest.ref} ({len(entries)} files, {staged_bytes:,} bytes)")
                 if aliases:
                     table = self._read_aliases(name)
                     for alias in aliases:
                         table.set(alias, final)
                     self._write_aliases(name, table)
+                    for alias in aliases:
+                        step(f"alias {alias} -> {final}")
         except BaseException:
             self.backend.delete_tree(staging)
             raise
@@ -353,17 +368,23 @@ class ModelStore:
             self._write_aliases(name, table)
         return target
 
-    def gc(self, name: str, keep_latest: int = 0, dry_run: bool = False) -> list[str]:
+    def gc(
+        self, name: str, keep_latest: int = 0, dry_run: bool = False, staging_grace_s: float = STAGING_GRACE_S
+    ) -> list[str]:
         """Remove unreferenced versions and stale staging dirs; return what was (or would be) removed.
 
         Kept: versions an alias points to or may roll back to, and the newest
-        ``keep_latest`` versions in natural order. Staging dirs younger than an hour
-        belong to publishes that may still be running and are left alone. Also cleared:
-        what an interrupted delete or commit left (trash folders, and version folders
-        without a manifest, which no reader sees); commits hold the lock gc holds.
+        ``keep_latest`` versions in natural order. Staging dirs (what a killed or crashed
+        publish leaves) are removed once nothing was written to them for ``staging_grace_s``
+        seconds (an hour by default); younger ones may belong to a publish still running and are
+        left alone (0 removes them all). Also cleared: what an interrupted delete or commit left
+        (trash folders, and version folders without a manifest, which no reader sees); commits
+        hold the lock gc holds.
         """
         if keep_latest < 0:
             raise StoreError("keep_latest must be >= 0")
+        if staging_grace_s < 0:
+            raise StoreError("staging_grace_s must be >= 0")
         self._require_model(name)
         removed: list[str] = []
         with self._lock(name):
@@ -381,15 +402,21 @@ class ModelStore:
                     if not dry_run:
                         self.backend.delete_tree(self._vkey(name, entry))
             for entry in self.backend.list_dir(name):
-                stale = entry.startswith(STAGING_PREFIX) and self._stale(f"{name}/{entry}")
+                stale = entry.startswith(STAGING_PREFIX) and self._stale(f"{name}/{entry}", staging_grace_s)
                 if stale or entry.startswith(TRASH_PREFIX):
                     removed.append(entry)
                     if not dry_run:
                         self.backend.delete_tree(f"{name}/{entry}")
         return removed
 
-    def _stale(self, key: str) -> bool:
+    def _stale(self, key: str, grace_s: float) -> bool:
+        if grace_s <= 0:  # every one, whatever the clocks of this machine and the store say
+            return True
         try:
-            return time.time() - self.backend.mtime(key) > STALE_STAGING_SECONDS
+            return time.time() - self.backend.mtime(key) > grace_s
         except FileNotFoundError:  # a failed publish cleaned up after itself meanwhile
             return False
+
+
+def _ignore_step(_message: str) -> None:
+    pass

@@ -162,8 +162,9 @@ class Settings(BaseSettings):
     redis_retry_after_s: float = Field(
         default=5.0,
         gt=0,
-        description="After Redis failed, the cache skips it this long before probing it again (doubled while "
-        "probes keep failing, at most 60 s).",
+        description="After Redis failed, the cache skips it this long before probing it again on fresh "
+        "connections (doubled while probes keep failing, at most 60 s): a Redis that answers again is back in use "
+        "one pause later.",
     )
     redis_timeouts_to_open: int = Field(
         default=3,

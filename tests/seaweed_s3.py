@@ -29,6 +29,7 @@ PORT_FLAGS = (
     "s3.port",
     "s3.port.grpc",
 )
+STOP_GRACE_S = 2.0  # how long stop() lets the server exit on SIGTERM before SIGKILL
 
 
 def weed_binary() -> str | None:
@@ -138,11 +139,13 @@ class SeaweedS3:
         """A fresh, empty ``s3://`` store location (a private prefix in the shared bucket)."""
         return f"s3://{self.bucket}/store-{secrets.token_hex(6)}"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``: ``weed server`` starts a graceful stop on
+        SIGTERM that hangs for 20 s or more, and a test's throwaway data needs no clean stop."""
         if self.proc is not None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)

@@ -48,7 +48,7 @@ class StorageBackend(Protocol):
         ...
 
     def mtime(self, key: str) -> float:
-        """Last modification time (POSIX seconds) of ``key``."""
+        """Last modification time (POSIX seconds) of ``key``; of a prefix, its most recent write."""
         ...
 
     def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:

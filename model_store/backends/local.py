@@ -58,7 +58,18 @@ class LocalBackend:
             return []
 
     def mtime(self, key: str) -> float:
-        return self._path(key).stat().st_mtime
+        path = self._path(key)
+        stamp = path.stat().st_mtime
+        if path.is_dir():
+            # A folder's own mtime only moves when entries are added to it, not while a file in it
+            # (or in a subfolder) is written: its most recent write is the newest stamp under it,
+            # as for a prefix on object storage.
+            for sub in path.rglob("*"):
+                try:
+                    stamp = max(stamp, sub.lstat().st_mtime)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+        return stamp
 
     @contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import secrets
 import tempfile
@@ -41,6 +42,8 @@ from model_store.backends.blob_cache import BlobCache
 from model_store.backends.s3_lease import DEFAULT_LEASE_S, MISSING_CODES, ObjectLease, error_code
 from model_store.digest import HashingReader
 from model_store.errors import StoreUnavailable
+
+log = logging.getLogger("model_store.s3")
 
 SHA256_META = "sha256"
 SPOOL_IN_MEMORY = 8 << 20  # blobs larger than this are spooled to disk before upload
@@ -293,6 +296,30 @@ class S3Backend:
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": k} for k in keys[start : start + DELETE_BATCH]]
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+        self._abort_uploads(self._dir(key))
+
+    def _abort_uploads(self, full_prefix: str) -> None:
+        """Abort the multipart uploads under ``full_prefix`` that never completed: a writer killed
+        in the middle of a large file leaves its parts stored (and billed) but in no listing.
+
+        Best effort: a credential allowed to delete objects may lack
+        ``s3:ListBucketMultipartUploads`` or ``s3:AbortMultipartUpload``, and that must not stop
+        a delete (a bucket lifecycle rule can clear such parts instead)."""
+        try:
+            paginator = self.client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+                for upload in page.get("Uploads", []):
+                    try:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                    except ClientError as exc:
+                        if error_code(exc) != "NoSuchUpload":  # completed or aborted meanwhile
+                            raise
+        except ClientError as exc:
+            if error_code(exc) not in {"AccessDenied", "NotImplemented"}:
+                raise
+            log.warning("%s: incomplete uploads under %s left in place (%s)", self.url, full_prefix, error_code(exc))
 
     @contextmanager
     def lock(self, key: str) -> Iterator[None]:

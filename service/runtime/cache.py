@@ -15,6 +15,11 @@ failing, at most a minute). It tells a slow machine from a dead server: a refuse
 connection opens it at once, timeouts only after ``timeouts_to_open`` in a row (a loaded CPU
 delays the event loop while Redis is healthy). After the pause Redis is probed and trusted again
 only after ``successes_to_close`` successes in a row, so a restarting server does not flap.
+
+Probes run on fresh sockets: when the pause ends, the idle pooled connections are dropped, since
+after a restart (``kill -9``, a new pod on the same address) each of them is dead and would fail
+once, which says nothing about the server. Only a round of probes that fails before any success
+doubles the pause, so a Redis that comes back is used again one pause later, not several.
 """
 
 from __future__ import annotations
@@ -151,6 +156,8 @@ class EmbeddingCache:
         self._timeouts = 0
         self._successes = 0
         self._pause_s = self.retry_after_s  # doubles while probes keep failing, up to MAX_PAUSE_S
+        self._down_since = 0.0
+        self._dropping_sockets = False  # the pause is over and the pool is being emptied
         self.last_error: str | None = None
         self._last_warn = -_WARN_INTERVAL_S
         self._suppressed = 0
@@ -188,7 +195,7 @@ class EmbeddingCache:
         self._count("lru", "hit", len(keys) - len(missing))
         self._count("lru", "miss", len(missing))
         self._observe("lru", started)
-        if not missing or not self._redis_usable():
+        if not missing or not await self._redis_usable():
             return out
         miss_keys = [keys[i] for i in missing]
         started = time.perf_counter()
@@ -226,7 +233,7 @@ class EmbeddingCache:
             data = encode_value(array)
             encoded[key] = data
             self._lru_set(key, decode_value(data))
-        if not self._redis_usable():
+        if not await self._redis_usable():
             return
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -281,21 +288,39 @@ class EmbeddingCache:
 
     # -- Redis circuit breaker ----------------------------------------------------------------
 
-    def _redis_usable(self) -> bool:
+    async def _redis_usable(self) -> bool:
         if self._redis is None:
             return False
         if self._state == "down":
-            if time.monotonic() < self._down_until:
+            if self._dropping_sockets or time.monotonic() < self._down_until:
                 return False  # breaker open: skip Redis
+            # Requests arriving while the pool is emptied skip Redis too: one that took a pooled
+            # socket before it is closed would fail for no fault of the server.
+            self._dropping_sockets = True
+            try:
+                await self._drop_idle_connections()
+            finally:
+                self._dropping_sockets = False
+            if self._redis is None:  # closed meanwhile
+                return False
             self._state, self._successes = "probing", 0
         return True
+
+    async def _drop_idle_connections(self) -> None:
+        """Close the pool's idle sockets so the next commands connect afresh (connections in use
+        are left to their commands)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._redis.connection_pool.disconnect(inuse_connections=False)
+        except Exception as exc:  # a dead socket may fail to close cleanly; it is dropped all the same
+            log.debug("dropping idle redis connections: %s", exc)
 
     def _on_success(self) -> None:
         self._timeouts = 0
         if self._state == "probing":
             self._successes += 1
             if self._successes >= self.successes_to_close:
-                log.info("redis cache reachable again")
+                log.info("redis cache reachable again after %.1fs", time.monotonic() - self._down_since)
                 self._state, self._pause_s, self.last_error = "up", self.retry_after_s, None
 
     def _on_error(self, op: str, exc: BaseException, keys: int) -> None:
@@ -305,11 +330,15 @@ class EmbeddingCache:
         self._timeouts = self._timeouts + 1 if timed_out else 0
         if self._state == "up" and timed_out and self._timeouts < self.timeouts_to_open:
             return  # slow, not dead (yet): the request got misses, the breaker stays closed
-        if self._state == "probing":
+        if self._state == "probing" and self._successes == 0:
             self._pause_s = min(2 * self._pause_s, MAX_PAUSE_S)  # still failing: wait longer
+        # A failure after a success in this round (Redis answered, then a socket broke or it
+        # restarted again) keeps the pause: the server is there, waiting longer would not help.
         was_up = self._state == "up"
         self._state, self._successes = "down", 0
         now = time.monotonic()
+        if was_up:
+            self._down_since = now
         self._down_until = now + self._pause_s
         if was_up or now - self._last_warn >= _WARN_INTERVAL_S:
             log.warning(

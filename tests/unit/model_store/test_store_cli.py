@@ -111,6 +111,8 @@ def test_gc_dry_run_and_keep(runner: CliRunner, root: Root, populated: ModelStor
     result = _run(runner, root, "gc", "clip")
     assert result.exit_code == 0 and "removed: v3" in result.output
     assert populated.list_versions("clip") == ["v1", "v2"]
+    result = _run(runner, root, "gc", "clip", "--staging-grace", "-1")
+    assert result.exit_code == 2 and "staging-grace" in result.output
 
 
 def test_publish_directory(runner: CliRunner, root: Root, tmp_path: Path) -> None:
@@ -124,7 +126,11 @@ def test_publish_directory(runner: CliRunner, root: Root, tmp_path: Path) -> Non
 
     result = _run(runner, root, "publish", "clip", str(src), "--manifest-json", str(fields_file), "--alias", "staging")
     assert result.exit_code == 0, result.output
-    assert "clip@v1" in result.output
+    # One line per step, so an interrupted run's output says what it left.
+    staged, published, alias = result.output.splitlines()
+    assert staged.startswith("staged clip (2 files, 11 bytes) in clip/.staging-")
+    assert published == "published clip@v1 (2 files, 11 bytes)"
+    assert alias == "alias staging -> v1"
     store = root.store()
     assert sorted(store.manifest("clip", "v1").files) == ["model.safetensors", "onnx/visual.onnx"]
     assert store.aliases("clip") == {"staging": "v1"}

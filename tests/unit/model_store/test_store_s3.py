@@ -162,6 +162,32 @@ def test_gc_deletes_a_version_without_copying_it(s3_root: S3Root) -> None:
     store.verify("clip", "v3")
 
 
+def test_gc_aborts_the_upload_a_killed_publish_left_incomplete(s3_root: S3Root) -> None:
+    """A publish killed while a large file is uploading leaves that file as an incomplete
+    multipart upload: its parts take space but appear in no listing. Removing the staging
+    prefix aborts it."""
+    store = s3_root.store()
+    publish_simple(store, b"one", aliases=["production"])
+    # The leftover as the upload writes it: files already staged, then the next one begun in
+    # parts (what boto3 does above 8 MiB) and never completed.
+    staging = "clip/.staging-0123456789abcdef"
+    s3_root.write(f"{staging}/comparatives.json", b"[]")
+    key = f"{s3_root.prefix}/{staging}/model.safetensors"
+    upload = s3_root.client.create_multipart_upload(Bucket=s3_root.bucket, Key=key)
+    s3_root.client.upload_part(
+        Bucket=s3_root.bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"\0" * (5 << 20)
+    )
+
+    def incomplete() -> list[str]:
+        listing = s3_root.client.list_multipart_uploads(Bucket=s3_root.bucket, Prefix=f"{s3_root.prefix}/clip/")
+        return [u["Key"] for u in listing.get("Uploads", [])]
+
+    assert store.gc("clip") == [] and incomplete() == [key]  # young: may be a publish still running
+    assert store.gc("clip", staging_grace_s=0) == [".staging-0123456789abcdef"]
+    assert incomplete() == [] and not s3_root.exists(staging)
+    assert store.list_versions("clip") == ["v1"]
+
+
 def test_cache_admits_only_blobs_matching_their_digest(s3_root: S3Root, tmp_path: Path) -> None:
     s3_root.store().publish("clip", {"model.safetensors": b"good weights"}, manifest_fields())
     store = ModelStore(open_backend(s3_root.location, tmp_path / "cache"))

@@ -238,6 +238,66 @@ async def test_redis_killed_degrades_to_misses_then_recovers(private_redis: Redi
     await cache.close()
 
 
+async def test_a_redis_restarted_on_its_port_is_used_again_within_one_probe_interval(
+    private_redis: RedisServer,
+) -> None:
+    """kill -9 and a restart on the same port leave every pooled socket dead. The first request
+    on one fails and opens the breaker; after one pause the cache must be back, its probes on
+    fresh sockets: a dead socket from before the restart is no reason to double the pause."""
+    interval = 1.0
+    metrics = ServiceMetrics()
+    cache = EmbeddingCache(private_redis.url, timeout_s=0.5, retry_after_s=interval, metrics=metrics)
+    vector = unit_vectors(1)[0]
+    keys = iter(keys_for(2000))
+    # Concurrent requests leave several connections in the client's pool, as a busy service does.
+    await asyncio.gather(*(cache.put_many({next(keys): vector}) for _ in range(6)))
+    admin = private_redis.client()
+    assert len(admin.client_list()) >= 7  # six pooled connections and this one
+
+    private_redis.stop()  # SIGKILL
+    private_redis.start()  # same port, answering again
+    admin = private_redis.client()
+    back = time.monotonic()
+    pauses: set[float] = set()
+    recovered_after: float | None = None
+    while recovered_after is None and time.monotonic() - back < 10 * interval:
+        # Traffic as a service sees it: a lone request, then a burst of concurrent ones.
+        await cache.put_many({next(keys): vector})
+        burst = [next(keys) for _ in range(6)]
+        await asyncio.gather(*(cache.put_many({key: vector}) for key in burst))
+        pauses.add(cache._pause_s)
+        if cache.redis_state == "up" and admin.exists(*burst) == len(burst):
+            recovered_after = time.monotonic() - back
+        await asyncio.sleep(0.02)
+
+    assert pauses == {interval}, f"the pause grew: {sorted(pauses)}"
+    assert recovered_after is not None and recovered_after < 2 * interval, recovered_after
+    cache.clear_lru()
+    hits = cache_counts(metrics, "redis", "hit")
+    assert all(v is not None for v in await cache.get_many(burst))
+    assert cache_counts(metrics, "redis", "hit") - hits == len(burst)  # reads reach Redis too
+    await cache.close()
+
+
+async def test_a_failure_after_a_successful_probe_keeps_the_pause(private_redis: RedisServer) -> None:
+    """Redis answered a probe, then a connection was refused (it restarted again): the server
+    is there, so the breaker waits the same pause again rather than twice as long."""
+    cache = EmbeddingCache(private_redis.url, timeout_s=0.5, retry_after_s=0.5)
+    keys = keys_for(4)
+    await cache.put_many({keys[0]: unit_vectors(1)[0]})
+    private_redis.stop()
+    await cache.get_many(keys[1:2])
+    assert cache.redis_state == "down" and cache._pause_s == pytest.approx(0.5)
+    private_redis.start()
+    await asyncio.sleep(0.55)
+    await cache.put_many({keys[2]: unit_vectors(3)[2]})
+    assert cache.redis_state == "probing"  # one success
+    private_redis.stop()
+    await cache.put_many({keys[3]: unit_vectors(4)[3]})  # refused
+    assert cache.redis_state == "down" and cache._pause_s == pytest.approx(0.5)
+    await cache.close()
+
+
 async def test_unreachable_redis_is_a_miss_and_ping_reports_it() -> None:
     cache = EmbeddingCache(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1)
     t0 = time.perf_counter()
