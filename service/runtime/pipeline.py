@@ -117,6 +117,11 @@ class RequestStages:
     batches: int = 0
 
 
+# Text work of several batches runs a first batch of this many texts to measure its cost per text,
+# then refuses what its estimate says cannot finish (beyond PROBE_SLACK times the time left).
+PROBE_TEXTS = 32
+PROBE_SLACK = 2.0
+
 REQUEST_STAGES: ContextVar[RequestStages | None] = ContextVar("request_stages", default=None)
 
 
@@ -176,15 +181,21 @@ class Pipeline:
         found = await self.cache.get_many(keys)
         missing = [i for i, value in enumerate(found) if value is None]
         step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)
-        if len(missing) > step and batcher.full_batch_s is not None:  # several batches: admitted only if they fit
+        several = len(missing) > step
+        if several and batcher.full_batch_s is not None:  # several batches: admitted only if they fit
             self._refuse_unfinishable(batcher, len(missing), batcher.full_batch_s / batcher.max_batch)
-        run_s = 0.0
-        for start in range(0, len(missing), step):
-            if start:  # this request's own batches measure what the rest of it costs
-                self._refuse_unfinishable(batcher, len(missing) - start, run_s / start)
-            chunk = missing[start : start + step]
+        run_s, done = 0.0, 0
+        while done < len(missing):
+            if done:  # this request's own batches measure what the rest of it costs
+                # The probe batch is smaller than the rest, so slower per text: judged with slack.
+                slack = PROBE_SLACK if done < step else 1.0
+                self._refuse_unfinishable(batcher, len(missing) - done, run_s / done, slack)
+            # Large work starts with a small probe batch, so other requests wait behind little of it
+            # before its estimate can refuse it.
+            size = min(step, PROBE_TEXTS) if several and not done else step
+            chunk = missing[done : done + size]
             vectors, timings = await self._submit_timed(batcher, [unique[i] for i in chunk])
-            run_s += timings.run_s
+            run_s, done = run_s + timings.run_s, done + len(chunk)
             await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
             for i, v in zip(chunk, vectors, strict=True):
                 found[i] = v
@@ -416,12 +427,19 @@ class Pipeline:
             stages.deadline = now + budget
         return max(stages.deadline - now, 0.001)
 
-    def _refuse_unfinishable(self, batcher: DynamicBatcher, items: int, item_s: float) -> None:  # type: ignore[type-arg]
+    def _refuse_unfinishable(
+        self,
+        batcher: DynamicBatcher,  # type: ignore[type-arg]
+        items: int,
+        item_s: float,
+        slack: float = 1.0,
+    ) -> None:
         """413 now, with the estimate, for ``items`` more encodes that cannot run within what is left
-        of the budget even on an otherwise idle model (``item_s``: measured run time per item), rather
-        than a 504 after holding the model for the whole budget while other clients wait."""
+        of the budget even on an otherwise idle model (``item_s``: measured run time per item; the
+        estimate must exceed ``slack`` times what is left), rather than a 504 after holding the model
+        for the whole budget while other clients wait."""
         estimate, left = items * item_s, self._time_left()
-        if estimate <= left:
+        if estimate <= slack * left:
             return
         self.metrics.batcher_rejected(batcher.name, "over_budget")
         budget = self.settings.batching.request_timeout_s
