@@ -1,5 +1,6 @@
 """The real `python -m service` bounds every request head: oversized headers answer 431, slow ones
-408, and neither holds up other requests; normal keep-alive traffic is untouched."""
+408, and neither holds up other requests; an answer sent before the body has all arrived closes the
+connection cleanly; normal keep-alive traffic is untouched."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+MAX_BODY = 1024 * 1024
 
 
 def free_port() -> int:
@@ -31,7 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, publish_model: Any) -> Iter
     publish_model(root, "limits", seed=15)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLIP_HEADER_TIMEOUT_S": "1.0", "CLIP_MAX_HEADER_BYTES": "16384",
-           "CLIP_KEEP_ALIVE_S": "2"}  # fmt: skip
+           "CLIP_KEEP_ALIVE_S": "2", "CLIP_LIMITS__MAX_BODY_BYTES": str(MAX_BODY)}  # fmt: skip
     cmd = [sys.executable, "-m", "service", "--store", str(root), "--model", "limits@production", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -106,3 +108,69 @@ def test_keep_alive_requests_and_bodies_are_untouched(server: str) -> None:
         assert client.post("/embed", json=big_body).status_code == 200
         time.sleep(1.5)  # idle under keep_alive_s, past header_timeout_s: the next request still works
         assert client.get("/healthz").status_code == 200
+
+
+def _post_head(length: int | None) -> bytes:
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return f"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode()
+
+
+def _response(sock: socket.socket) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One whole response (head and Content-Length body) from a kept-alive socket."""
+    sock.settimeout(20)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed before a whole response head: {data[:200]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines)}
+    while len(body) < int(headers[b"content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed in the middle of a response body"
+        body += chunk
+    return status, headers, body
+
+
+def test_an_oversized_chunked_body_gets_413_and_a_clean_close(server: str) -> None:
+    chunk = b"a" * 65536
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3 * MAX_BODY // len(chunk))) + b"0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", _port(server))) as sock:
+        # A keep-alive client sends its whole request, then reads the answer.
+        sock.sendall(_post_head(None) + body)
+        status, headers, answer = _response(sock)
+        assert status.startswith(b"HTTP/1.1 413") and b"payload_too_large" in answer
+        # The rest of the body was never read: the answer says so, and the server closes cleanly (a
+        # FIN after the answer, no reset), so the client knows to send its next request elsewhere.
+        assert headers.get(b"connection") == b"close"
+        assert sock.recv(65536) == b""
+
+
+def test_an_answer_before_the_body_keeps_the_connection_in_step(server: str) -> None:
+    # A keep-alive request whose body the app never reads (an unknown route answers at once), then
+    # another request on the same connection: either the connection closes after the first answer
+    # (and says so), or the second is answered; never a reset or a 4xx made of the first body.
+    body = b"a" * (300 * 1024)
+    with socket.create_connection(("127.0.0.1", _port(server))) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        status, headers, _ = _response(sock)
+        assert status.startswith(b"HTTP/1.1 404")
+        if headers.get(b"connection") == b"close":
+            assert sock.recv(65536) == b""
+        else:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _response(sock)[0].startswith(b"HTTP/1.1 200")
+
+
+def test_httpx_sees_the_413_of_an_oversized_chunked_body_and_reconnects(server: str) -> None:
+    def chunks() -> Iterator[bytes]:  # no length: httpx sends it chunked
+        for _ in range(4 * MAX_BODY // 65536):
+            yield b"a" * 65536
+
+    with httpx.Client(base_url=server, timeout=30) as client:
+        for _ in range(3):
+            r = client.post("/embed", content=chunks(), headers={"Content-Type": "application/json"})
+            assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+            assert r.headers["connection"] == "close"
+            assert client.get("/healthz").status_code == 200
