@@ -19,7 +19,12 @@ from fastapi.security import HTTPBearer
 from model_store import ModelStore, open_backend
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
-from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
+from service.api.middleware import (
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    ObserveMiddleware,
+    SecurityHeadersMiddleware,
+)
 from service.api.multipart import MultipartFormMiddleware, form_models
 from service.api.routes import classify, dense, embed, health, models, openai, rank
 from service.api.routes.docs import install_docs
@@ -102,9 +107,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     if settings.playground:
         install_playground(app)
-    # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> multipart
-    # forms to JSON -> routes, so metrics and the access log see every answer, CORS preflights need
-    # no key and an upload is counted by the cap before it is parsed.
+    # Added last = outermost. Order of a request: security headers -> observe -> CORS -> auth -> body
+    # cap -> multipart forms to JSON -> routes, so every answer carries the security headers, metrics
+    # and the access log see every answer, CORS preflights need no key and an upload is counted by
+    # the cap before it is parsed.
     app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
@@ -116,4 +122,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(ObserveMiddleware, metrics=services.metrics)
+    app.add_middleware(SecurityHeadersMiddleware)
     return app
