@@ -70,6 +70,35 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+class HeadMiddleware:
+    """``HEAD`` on every ``GET`` route: the ``GET`` answer's status and headers without its body, as
+    Starlette's own routes do (FastAPI's routes answer 405 to a ``HEAD``). A ``HEAD`` request runs
+    the route as a ``GET`` in a copy of the scope (the server's own scope still says ``HEAD``, so it
+    sends no body either), and the body the route sends is dropped here; a route without ``GET``
+    still answers 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        as_get = {**scope, "method": "GET"}
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        try:
+            await self.app(as_get, receive, without_body)
+        finally:
+            # The route the router found, for the metrics and the access log around this middleware.
+            if "route" in as_get:
+                scope["route"] = as_get["route"]
+
+
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app

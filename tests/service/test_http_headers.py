@@ -1,6 +1,7 @@
-"""Security headers through a real uvicorn server: every answer says ``nosniff`` and may not be
-framed; every HTML page has a Content-Security-Policy that lets it load only this server's files
-(tests/service/test_playground_browser.py checks in Chromium that the pages still work under it)."""
+"""Security headers and HEAD through a real uvicorn server: every answer says ``nosniff`` and may not
+be framed; every HTML page has a Content-Security-Policy that lets it load only this server's files
+(tests/service/test_playground_browser.py checks in Chromium that the pages still work under it);
+``HEAD`` answers on every ``GET`` route with the ``GET`` answer's status and headers, no body."""
 
 from __future__ import annotations
 
@@ -74,3 +75,44 @@ def test_every_answer_says_nosniff_and_no_framing(client: httpx.Client, make_ima
     for r in answers:
         assert r.headers["x-content-type-options"] == "nosniff", r.request.url
         assert r.headers["x-frame-options"] == "DENY", r.request.url
+
+
+def _get_paths(running: Any) -> list[str]:
+    """Every GET route of the app (path parameters filled in), and a file of each static mount."""
+    paths = []
+    routes = list(running.app.routes)
+    while routes:
+        route = routes.pop(0)
+        if hasattr(route, "original_router"):  # FastAPI keeps an included router whole
+            routes += route.original_router.routes
+        elif "GET" in (getattr(route, "methods", None) or ()):
+            paths.append(route.path.replace("{name}", "tiny"))
+    assert "{" not in "".join(paths), paths  # a new path parameter: give it a value above
+    return paths + STATIC
+
+
+def test_head_answers_every_get_route_with_its_headers_and_no_body(running: Any, client: httpx.Client) -> None:
+    paths = _get_paths(running)
+    assert {"/", "/healthz", "/readyz", "/models", "/models/tiny", "/docs"} <= set(paths)
+    for path in paths:
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, (path, head.status_code)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == got.headers["content-length"], path
+        assert head.headers["x-content-type-options"] == "nosniff", path
+    # A route without GET has no HEAD either; metrics see a HEAD as a HEAD, on its route.
+    assert client.head("/embed").status_code == 405
+    assert client.head("/nowhere").status_code == 404
+    metrics = client.get("/metrics").text
+    assert re.search(r'http_requests_total\{[^}]*method="HEAD"[^}]*route="/healthz"', metrics) or re.search(
+        r'http_requests_total\{[^}]*route="/healthz"[^}]*method="HEAD"', metrics
+    )
+
+
+def test_head_needs_a_key_where_get_does(serve_app: Any, tiny_store: Path) -> None:
+    with serve_app(store=str(tiny_store), model="tiny@production", api_keys=["k1"]) as server:
+        assert httpx.head(f"{server.url}/models").status_code == 401
+        assert httpx.head(f"{server.url}/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert httpx.head(f"{server.url}/healthz").status_code == 200  # public, like its GET
