@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import ApiError, ErrorCode, error_response
+from service.api.security import HTML_POLICY, SECURITY_HEADERS
 from service.auth import ApiKeyAuth, is_public
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES, RequestStages
@@ -31,20 +32,11 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body is larger than {limit} bytes")
 
 
-# An HTML page without a policy of its own may load only this server's files (images also from data:
-# and blob: URLs, which the playground makes in the browser), and no page may be framed (clickjacking).
-HTML_POLICY = (
-    "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'self'; form-action 'self'; "
-    "frame-ancestors 'none'"
-)
-
-
 class SecurityHeadersMiddleware:
-    """Adds to every answer ``X-Content-Type-Options: nosniff`` (a browser takes each file as the type
-    the server says, never guesses script out of JSON or text) and ``X-Frame-Options: DENY`` (no
-    page in a frame, for browsers that predate CSP ``frame-ancestors``); and to every HTML page a
-    ``Content-Security-Policy`` (``html_policy`` unless the page set its own) and
-    ``Referrer-Policy: no-referrer``. A header the application set itself is kept."""
+    """Adds ``SECURITY_HEADERS`` to every answer (``X-Content-Type-Options: nosniff``,
+    ``X-Frame-Options: DENY``), and to every HTML page a ``Content-Security-Policy`` (``html_policy``
+    unless the page set its own) and ``Referrer-Policy: no-referrer``. A header the application set
+    itself is kept."""
 
     def __init__(self, app: ASGIApp, html_policy: str = HTML_POLICY) -> None:
         self.app = app
@@ -59,8 +51,8 @@ class SecurityHeadersMiddleware:
             if message["type"] == "http.response.start":
                 # A copy: a response object may hand the same header list to every request it answers.
                 headers = MutableHeaders(raw=list(message.get("headers", [])))
-                headers.setdefault("X-Content-Type-Options", "nosniff")
-                headers.setdefault("X-Frame-Options", "DENY")
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
                 if headers.get("content-type", "").startswith("text/html"):
                     headers.setdefault("Content-Security-Policy", self.html_policy)
                     headers.setdefault("Referrer-Policy", "no-referrer")

@@ -77,6 +77,22 @@ def test_every_answer_says_nosniff_and_no_framing(client: httpx.Client, make_ima
         assert r.headers["x-frame-options"] == "DENY", r.request.url
 
 
+def test_an_unexpected_error_says_nosniff_too(serve_app: Any, tiny_store: Path) -> None:
+    # Starlette renders a 500 outside every middleware of the app.
+    def with_a_failing_route(app: Any) -> Any:
+        async def fail() -> None:
+            raise RuntimeError("a bug")
+
+        app.add_api_route("/fail", fail)
+        return app
+
+    with serve_app(store=str(tiny_store), model="tiny@production", wrap=with_a_failing_route) as server:
+        r = httpx.get(f"{server.url}/fail")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["x-frame-options"] == "DENY"
+
+
 def _get_paths(running: Any) -> list[str]:
     """Every GET route of the app (path parameters filled in), and a file of each static mount."""
     paths = []

@@ -14,8 +14,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 PLAYGROUND_DIR = Path(__file__).resolve().parents[2] / "static" / "playground"
-# The page's Content-Security-Policy is SecurityHeadersMiddleware's for HTML pages: this server's
-# own files only, images read in the browser (data: URIs) and heatmaps (blob: URLs), no framing.
+# The page's Content-Security-Policy is the one for every HTML page (service/api/security.py): this
+# server's own files only, images read in the browser (data: URIs) and heatmaps (blob: URLs), no framing.
 router = APIRouter(include_in_schema=False)
 
 
