@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
         max_header_bytes=settings.max_header_bytes,
         header_timeout_s=settings.header_timeout_s,
+        body_idle_timeout_s=settings.body_idle_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
         keep_alive_s=settings.keep_alive_s,
     )
 

@@ -19,7 +19,13 @@ from fastapi.security import HTTPBearer
 from model_store import ModelStore, open_backend
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
-from service.api.middleware import AuthMiddleware, BodyLimitMiddleware, ObserveMiddleware
+from service.api.middleware import (
+    AuthMiddleware,
+    BodyLimitMiddleware,
+    HeadMiddleware,
+    ObserveMiddleware,
+    SecurityHeadersMiddleware,
+)
 from service.api.multipart import MultipartFormMiddleware, form_models
 from service.api.routes import classify, dense, embed, health, models, openai, rank
 from service.api.routes.docs import install_docs
@@ -102,9 +108,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     if settings.playground:
         install_playground(app)
-    # Added last = outermost. Order of a request: observe -> CORS -> auth -> body cap -> multipart
-    # forms to JSON -> routes, so metrics and the access log see every answer, CORS preflights need
-    # no key and an upload is counted by the cap before it is parsed.
+    # Added last = outermost. Order of a request: security headers -> observe -> HEAD as GET -> CORS
+    # -> auth -> body cap -> multipart forms to JSON -> routes, so every answer carries the security
+    # headers, metrics and the access log see every answer (a HEAD as a HEAD, on its route), CORS
+    # preflights need no key and an upload is counted by the cap before it is parsed.
     app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
@@ -115,5 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(ObserveMiddleware, metrics=services.metrics)
+    app.add_middleware(SecurityHeadersMiddleware)
     return app

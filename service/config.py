@@ -146,6 +146,20 @@ class Settings(BaseSettings):
         description="Time a client has to send a whole request head from its first byte (or from connecting); "
         "later answers 408 and closes the connection (slow-header clients cannot hold connections).",
     )
+    body_idle_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest pause allowed between two pieces of a request body (Content-Length or chunked) "
+        "while the server is reading it; a longer one answers 408 and closes the connection.",
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time a client has to send a whole request body from the end of its head (a body trickled "
+        "a byte at a time cannot hold a connection); later answers 408 and closes the connection. Time the "
+        "server holds off reading does not count. At the default, a 20 MiB body (the default `max_body_bytes`) "
+        "needs about 3 Mbit/s: raise it for slower clients.",
+    )
     keep_alive_s: float = Field(
         default=5.0,
         gt=0,

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
+from service.api.security import SECURITY_HEADERS
 
 __all__ = ["STATUS", "ApiError", "ClipError", "ErrorCode", "bad_input", "error_response", "too_large"]
 
@@ -183,7 +184,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(ErrorCode.internal_error, "internal server error")
+    # Starlette sends this answer from outside every middleware: it brings its security headers itself.
+    return error_response(ErrorCode.internal_error, "internal server error", headers=SECURITY_HEADERS)
 
 
 def install_error_handlers(app: FastAPI) -> None:

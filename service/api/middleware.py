@@ -1,4 +1,5 @@
-"""ASGI middleware: API keys (401/403), request body cap (413), metrics and one access-log line.
+"""ASGI middleware: API keys (401/403), request body cap (413), metrics and one access-log line,
+and the security headers of every answer.
 
 All are plain ASGI (not ``BaseHTTPMiddleware``) so bodies stream through untouched and the
 cap counts bytes as they arrive, whatever Content-Length claims. Authentication runs before
@@ -11,10 +12,12 @@ import json
 import logging
 import time
 
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import ApiError, ErrorCode, error_response
+from service.api.security import HTML_POLICY, SECURITY_HEADERS
 from service.auth import ApiKeyAuth, is_public
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES, RequestStages
@@ -27,6 +30,65 @@ class BodyTooLarge(HTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class SecurityHeadersMiddleware:
+    """Adds ``SECURITY_HEADERS`` to every answer (``X-Content-Type-Options: nosniff``,
+    ``X-Frame-Options: DENY``), and to every HTML page a ``Content-Security-Policy`` (``html_policy``
+    unless the page set its own) and ``Referrer-Policy: no-referrer``. A header the application set
+    itself is kept."""
+
+    def __init__(self, app: ASGIApp, html_policy: str = HTML_POLICY) -> None:
+        self.app = app
+        self.html_policy = html_policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # A copy: a response object may hand the same header list to every request it answers.
+                headers = MutableHeaders(raw=list(message.get("headers", [])))
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+                if headers.get("content-type", "").startswith("text/html"):
+                    headers.setdefault("Content-Security-Policy", self.html_policy)
+                    headers.setdefault("Referrer-Policy", "no-referrer")
+                message = {**message, "headers": headers.raw}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class HeadMiddleware:
+    """``HEAD`` on every ``GET`` route: the ``GET`` answer's status and headers without its body, as
+    Starlette's own routes do (FastAPI's routes answer 405 to a ``HEAD``). A ``HEAD`` request runs
+    the route as a ``GET`` in a copy of the scope (the server's own scope still says ``HEAD``, so it
+    sends no body either), and the body the route sends is dropped here; a route without ``GET``
+    still answers 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        as_get = {**scope, "method": "GET"}
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        try:
+            await self.app(as_get, receive, without_body)
+        finally:
+            # The route the router found, for the metrics and the access log around this middleware.
+            if "route" in as_get:
+                scope["route"] = as_get["route"]
 
 
 class BodyLimitMiddleware:

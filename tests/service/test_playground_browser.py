@@ -4,7 +4,9 @@ Debian's ``chromium`` and ``chromium-driver`` (``scripts/test.sh`` installs them
 pointed at that driver binary: nothing is downloaded. The test uploads two images, asks which is
 larger and checks that the page shows the API's own answer to the same request; renders a heatmap;
 shows an API error as the API words it; and keeps a screenshot of the page (its path is printed;
-``CLIP_PLAYGROUND_SCREENSHOT=path`` copies it there, as done for docs/images/playground.png).
+``CLIP_PLAYGROUND_SCREENSHOT=path`` copies it there, as done for docs/images/playground.png). The
+playground and the API reference pages (Swagger UI, ReDoc) work under their Content-Security-Policy:
+the browser reports no violation for anything of this server's own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ EXAMPLES = REPO / "examples"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 120  # a generous bound on slow shared machines; the page normally answers in about a second
+CSP_LISTENER = """
+window.cspViolations = [];
+document.addEventListener("securitypolicyviolation", (e) =>
+  window.cspViolations.push({directive: e.effectiveDirective, blocked: e.blockedURI, source: e.sourceFile}));
+"""
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +64,8 @@ def browser() -> Iterator[Any]:
         patch.setenv("SE_OFFLINE", "true")
         driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_script_timeout(WAIT_S)
+    # Before any page script: collect what each page's Content-Security-Policy blocks.
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_LISTENER})
     try:
         yield driver
     finally:
@@ -102,6 +111,13 @@ def _drop(driver: Any, slot: str, path: Path, name: str) -> None:
         base64.b64encode(path.read_bytes()).decode(),
         name,
     )
+
+
+def _violations(driver: Any) -> list[dict[str, str]]:
+    """What the page's Content-Security-Policy blocked so far, but an image from another host (a
+    page may reference one, such as ReDoc's footer logo; the policy keeps it from loading)."""
+    found: list[dict[str, str]] = driver.execute_script("return window.cspViolations || [];")
+    return [v for v in found if not (v["directive"] == "img-src" and v["blocked"].startswith("https://"))]
 
 
 def _data(path: Path) -> dict[str, str]:
@@ -210,6 +226,7 @@ def test_the_page_ranks_a_pair_scores_densely_and_shows_api_errors(
     print(f"playground screenshot: {shot}")
     with Image.open(shot) as im:
         assert im.size[0] >= 1000
+    assert _violations(browser) == []
 
 
 def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
@@ -237,3 +254,45 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         _find(browser, "#pair-run").click()
         _visible(browser, "#pair-result")
         assert _find(browser, "#pair-answer").text in ("a", "b")
+
+
+# Swagger UI 4 (the swagger-ui-bundle package) renders OpenAPI 3.0 only, and FastAPI writes 3.1: to
+# see the operations drawn under the page's policy, the page is also loaded with the schema's
+# version field read as 3.0 (the rest of the schema untouched).
+AS_OPENAPI_30 = """
+const realFetch = window.fetch;
+window.fetch = async (input, init) => {
+  const response = await realFetch(input, init);
+  if (!String(input.url || input).endsWith("/openapi.json")) return response;
+  const schema = await response.json();
+  schema.openapi = "3.0.3";
+  return new Response(JSON.stringify(schema), {status: response.status, headers: response.headers});
+};
+"""
+
+
+def test_the_api_reference_pages_work_under_their_policies(serve_app: Any, tiny_store: Path, browser: Any) -> None:
+    with serve_app(store=str(tiny_store), model="tiny@production") as running:
+        for page in ("/docs", "/redoc"):
+            assert "content-security-policy" in httpx.get(f"{running.url}{page}").headers, page
+        # Swagger UI: its inline start script runs (allowed by hash) and draws the page.
+        browser.get(f"{running.url}/docs")
+        _wait(browser, lambda d: d.find_elements("css selector", "#swagger-ui .swagger-ui"), "Swagger UI")
+        assert _violations(browser) == []
+        patch = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": AS_OPENAPI_30})
+        try:
+            browser.get(f"{running.url}/docs")
+            _wait(browser, lambda d: len(d.find_elements("css selector", ".opblock")) >= 5, "Swagger UI's operations")
+            assert "/embed" in browser.find_element("css selector", "#swagger-ui").text
+            assert _violations(browser) == []
+        finally:
+            browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", patch)
+        # ReDoc: styled by the styles it writes, searching in its blob: worker.
+        browser.get(f"{running.url}/redoc")
+        operations = "[data-section-id*='operation/']"
+        _wait(browser, lambda d: len(d.find_elements("css selector", operations)) >= 5, "ReDoc's operations")
+        padding = browser.execute_script(f'return getComputedStyle(document.querySelector("{operations}")).paddingTop')
+        assert padding != "0px"  # its own styles apply
+        browser.find_element("css selector", "input[placeholder='Search...']").send_keys("embed")
+        _wait(browser, lambda d: d.find_elements("css selector", "[data-role='search:results'] li"), "ReDoc's search")
+        assert _violations(browser) == []

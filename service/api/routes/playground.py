@@ -14,8 +14,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 PLAYGROUND_DIR = Path(__file__).resolve().parents[2] / "static" / "playground"
-# Only this server's own files, images read in the browser (data: URIs) and heatmaps (blob: URLs).
-CONTENT_SECURITY_POLICY = "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'self'"
+# The page's Content-Security-Policy is the one for every HTML page (service/api/security.py): this
+# server's own files only, images read in the browser (data: URIs) and heatmaps (blob: URLs), no framing.
 router = APIRouter(include_in_schema=False)
 
 
@@ -23,7 +23,7 @@ router = APIRouter(include_in_schema=False)
 async def playground() -> FileResponse:
     return FileResponse(
         PLAYGROUND_DIR / "index.html",
-        headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY, "Cache-Control": "no-cache"},
+        headers={"Cache-Control": "no-cache"},
     )
 
 
