@@ -22,7 +22,7 @@ INPUT = (
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # as service.api.schemas._Request
 
     model: str = Field(
         description="the served model's name (`default`), its version (`default@v6`) or an alias (`default@prod`); "

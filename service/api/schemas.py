@@ -23,7 +23,10 @@ EXAMPLE_PNG = (
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: Python's JSON parser reads NaN, Infinity and out-of-range literals
+    # (1e999) as floats, and a form's "inf" converts to one; no field means anything by them, so
+    # they are a 422 naming the field rather than a fault deep in the scoring code.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _min_items(n: int) -> JsonDict:

@@ -204,6 +204,51 @@ def test_schema_violations_are_422(client: httpx.Client, red: dict[str, str], bo
     assert_error(r, 422, "validation_error", field)
 
 
+@pytest.mark.parametrize("field", ["gate_margin", "alpha"])
+@pytest.mark.parametrize("literal", ["1e999", "-1e999", "Infinity", "-Infinity", "NaN"])
+def test_non_finite_numbers_are_422_naming_the_field(
+    client: httpx.Client, red: dict[str, str], field: str, literal: str
+) -> None:
+    # Python's JSON parser reads these as inf / nan (httpx would not send them, hence raw text).
+    # The labels match a comparative of the model's library, so the gate runs: an infinite
+    # gate_margin used to reach it and fail there (500).
+    body = {"images": [red], "labels": ["red circle", "blue circle"]}
+    raw = json.dumps(body)[:-1] + f', "{field}": {literal}}}'
+    headers = {"Content-Type": "application/json"}
+    r = client.post("/classify", params={"comparative": "true"}, content=raw, headers=headers)
+    assert_error(r, 422, "validation_error", field)
+
+
+def test_every_float_field_of_every_request_model_refuses_non_finite_values() -> None:
+    import typing
+
+    from pydantic import BaseModel, ValidationError
+
+    from service.api import openai_schemas, schemas
+
+    def holds_float(annotation: Any) -> bool:
+        return annotation is float or any(holds_float(a) for a in typing.get_args(annotation))
+
+    models = [
+        m
+        for mod in (schemas, openai_schemas)
+        for m in vars(mod).values()
+        if isinstance(m, type) and issubclass(m, BaseModel) and m.model_config.get("extra") == "forbid"
+    ]
+    checked = 0
+    for model in models:
+        for name, info in model.model_fields.items():
+            if not holds_float(info.annotation):
+                continue
+            for value in (float("inf"), float("-inf"), float("nan")):
+                with pytest.raises(ValidationError) as caught:
+                    model.model_validate({name: value})
+                assert any(e["loc"] == (name,) and e["type"] == "finite_number" for e in caught.value.errors()), (
+                    model.__name__, name, caught.value.errors())  # fmt: skip
+            checked += 1
+    assert checked >= 2  # alpha and gate_margin of /classify at least
+
+
 def test_missing_fields_and_bad_query_are_422(client: httpx.Client, red: dict[str, str]) -> None:
     assert_error(client.post("/classify", json={"labels": ["a", "b"]}), 422, "validation_error", "images")
     r = client.post("/classify", params={"comparative": "maybe"}, json={"images": [red], "labels": ["a", "b"]})

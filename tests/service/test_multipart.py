@@ -146,6 +146,16 @@ def test_form_limits_and_errors_match_json(small_url: str, files: list[Any], exp
     assert error(r) == expected, r.text
 
 
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity", "1e999"])
+def test_non_finite_number_in_a_form_is_a_422_naming_the_field(small_url: str, value: str) -> None:
+    # These texts read as an infinite float (or NaN). The labels match a comparative of the
+    # model's library, so the gate runs: an infinite gate_margin used to reach it and fail (500).
+    files = [("images", ("x.png", small_png())), ("labels", (None, "red circle")),
+             ("labels", (None, "blue circle")), ("gate_margin", (None, value))]  # fmt: skip
+    r = httpx.post(f"{small_url}/classify?comparative=true", files=files, headers=AUTH, timeout=60)
+    assert error(r) == (422, "validation_error", "gate_margin"), r.text
+
+
 def test_body_cap_counts_the_upload(small_url: str) -> None:
     noise = Image.frombytes("RGB", (200, 200), bytes(range(256)) * 468 + bytes(192))
     buf = io.BytesIO()
