@@ -20,7 +20,7 @@ import enum
 import json
 import types
 from collections.abc import Iterable
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -47,18 +47,26 @@ class FieldKind(enum.Enum):
     json = "JSON text"
 
 
+def _bare(annotation: Any) -> Any:
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
+def _is_image(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, ImageInput)
+
+
 def _kind(annotation: Any) -> FieldKind:
     options = [annotation]
     if get_origin(annotation) in (Union, types.UnionType):
         options = [a for a in get_args(annotation) if a is not type(None)]
     if len(options) != 1:
         return FieldKind.value
-    (tp,) = options
-    if tp is ImageInput:
+    tp = _bare(options[0])
+    if _is_image(tp):
         return FieldKind.image
     if get_origin(tp) is list:
-        (item,) = get_args(tp)
-        return {ImageInput: FieldKind.images, str: FieldKind.texts}.get(item, FieldKind.json)
+        item = _bare(get_args(tp)[0])
+        return FieldKind.images if _is_image(item) else FieldKind.texts if item is str else FieldKind.json
     return FieldKind.json if get_origin(tp) is dict else FieldKind.value
 
 

@@ -375,7 +375,11 @@ def test_the_contract_states_list_minimums_and_one_image_form(base_url: str) -> 
     assert schemas["ClassifyRequest"]["properties"]["labels"]["minItems"] == 2
     assert schemas["RankRequest"]["properties"]["images"]["minItems"] == 2
     assert schemas["DenseRequest"]["properties"]["texts"]["minItems"] == 1
-    assert schemas["ImageInput"]["oneOf"] == [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]
+    # Exactly one of data, url or sha256, given (not null): the others left out or null.
+    assert schemas["ImageInput"]["oneOf"] == [
+        {"required": [given], "properties": {k: {"type": "string" if k == given else "null"} for k in keys}}
+        for given, keys in [(k, ["data", "url", "sha256"]) for k in ("data", "url", "sha256")]
+    ]
     # What the contract states is what the server enforces (400 with the field, as documented).
     r = httpx.post(f"{base_url}/classify", json={"images": [], "labels": ["a", "b"]})
     assert r.status_code == 400 and r.json()["error"]["field"] == "images"
