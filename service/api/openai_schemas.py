@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from service.api.schemas import TEXT_SCHEMA
+from service.api.schemas import TEXT_SCHEMA, IntegralFloat
 
 IMAGE_PREFIX = "data:image/"
 
@@ -31,7 +31,7 @@ Input = Annotated[
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # as service.api.schemas._Request
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # as service.api.schemas._Request
 
     model: str = Field(
         description="the served model's name (`default`), its version (`default@v6`) or an alias (`default@prod`); "
@@ -42,9 +42,8 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="`base64`: each vector as base64 of its little-endian float32 bytes"
     )
-    dimensions: int | None = Field(
+    dimensions: Annotated[int, Field(ge=1), IntegralFloat] | None = Field(
         default=None,
-        ge=1,
         description="keep the first N components and L2-normalise again (Matryoshka-style shortening); larger "
         "than the model's width is a 400. This model was not trained for it: short vectors lose more than those "
         "of a Matryoshka-trained model",

@@ -1,8 +1,9 @@
 """Request/response models of the HTTP API (docs/design.md, section 2), one pair per endpoint.
 
-Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option.
-Limits that depend on settings (how many images, labels, texts) are checked by
-``service.api.validation`` because a schema is fixed at import time.
+Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option, and
+take JSON's types as they are (strict: ``"3"`` is not a number, ``1`` not a boolean), so what the
+schema refuses the server refuses too. Limits that depend on settings (how many images, labels,
+texts) are checked by ``service.api.validation`` because a schema is fixed at import time.
 
 The schema states every other condition a request must meet that JSON Schema can express, so
 that a request valid by the contract is served unless a limit, the serving model (its encoders,
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.config import JsonDict
 
 from service.api.errors import ErrorCode
@@ -44,6 +45,17 @@ TEXT_SCHEMA: JsonDict = {"type": "string", "minLength": 1, "pattern": NON_BLANK_
 # A string in the schema that must not be blank; the server answers 400 with the field otherwise.
 Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
 Template = Annotated[str, WithJsonSchema({"type": "string", "pattern": TEMPLATE_PATTERN})]
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema's integer: 3.0 is one as well (a JSON number with no fraction), and strict int
+# alone would refuse it; true is still no integer. Bounds go before the validator
+# (Annotated[int, Field(ge=1), IntegralFloat]) or pydantic's schema spells them "ge", not "minimum".
+IntegralFloat = BeforeValidator(_integral)
+Integer = Annotated[int, IntegralFloat]
 
 
 @dataclass(frozen=True)
@@ -88,10 +100,12 @@ def _shapes_schema(schema: JsonDict, cls: type[Any]) -> None:
 
 
 class _Request(BaseModel):
+    # strict: JSON's types as they are, as the schema states them ("3" is no integer, 1 no
+    # boolean); forms convert their texts to those types first (service.api.multipart).
     # allow_inf_nan=False: Python's JSON parser reads NaN, Infinity and out-of-range literals
     # (1e999) as floats, and a form's "inf" converts to one; no field means anything by them, so
     # they are a 422 naming the field rather than a fault deep in the scoring code.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_shapes_schema)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_shapes_schema)
 
     # Set where fields depend on each other; the schema states them as a oneOf, the validator
     # below enforces them (422 with shape_error), from this one list.
@@ -177,7 +191,7 @@ class ClassifyRequest(_Request):
     alpha: float = Field(default=0.9, ge=0.0, le=1.0)
     symmetric: bool = False
     gate_margin: float | None = Field(default=None, ge=0.0)
-    top_k: int = Field(default=5, ge=1)
+    top_k: Integer = Field(default=5, ge=1)
     encoder: str | None = None
     method: Literal["standard", "yukino"] = Field(
         default="standard",

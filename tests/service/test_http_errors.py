@@ -197,6 +197,12 @@ def test_unknown_route_and_method(client: httpx.Client) -> None:
         ({"images": [{"sha256": "xyz"}]}, "images.0.sha256"),
         ({"images": [{"data": "eA==", "extra": 1}]}, "images.0.extra"),
         ({"images": "abc"}, "images"),
+        # JSON's types as they are: no string for a number, no number for a boolean
+        ({"top_k": "3"}, "top_k"),
+        ({"top_k": True}, "top_k"),
+        ({"alpha": "0.5"}, "alpha"),
+        ({"symmetric": 1}, "symmetric"),
+        ({"symmetric": "true"}, "symmetric"),
     ],
 )
 def test_schema_violations_are_422(client: httpx.Client, red: dict[str, str], body: dict[str, Any], field: str) -> None:
