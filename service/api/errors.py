@@ -10,8 +10,9 @@ Decisions clients can rely on:
 * Schema violations (wrong types, missing or extra fields, out-of-range numbers) and malformed
   JSON bodies are 422 ``validation_error``; ``field`` is the dotted path (``images.0.data``),
   ``null`` for a body that is not JSON at all.
-* Semantically bad input that passes the schema (empty lists, duplicate labels, a template
-  without exactly one ``{}``, undecodable base64 or images) is 400.
+* Semantically bad input the request models let through (empty lists, blank texts, duplicate
+  labels, a template without exactly one ``{}``, undecodable base64 or images) is 400, also
+  where the OpenAPI schema states the rule (minItems, uniqueItems, a pattern).
 * Going over a configured limit (body bytes, image bytes or pixels, number of images, labels,
   texts, pairs, text length) is 413 ``payload_too_large``.
 * A request the serving model version cannot answer because it lacks a component (dense

@@ -4,9 +4,13 @@ A ``multipart/form-data`` request to a route that documents a form (``openapi_fo
 ``form_models``) is turned into the JSON body that endpoint takes, before the route sees it: each
 uploaded file becomes ``{"data": <base64>}``, repeated fields (``-F labels=cat -F labels=dog``)
 become lists, fields that hold objects (``descriptions``, ``comparatives``, ``pairs``) are parsed
-as JSON text, and every other field is passed as its text (the schema converts ``"3"`` to 3 and
-``"true"`` to true). The route then validates, limits and answers exactly as for JSON, so the two
-forms share every check and error.
+as JSON text, a field the schema types as a number or boolean is read as JSON text when it is one
+(``"3"`` -> 3, ``"true"`` -> true), and every other field is passed as its text. The route then
+validates, limits and answers exactly as for JSON, so the two forms share every check and error.
+
+The form's schema is the JSON body's, field by field (the same types, bounds, patterns and
+list lengths), with files where the body has images and without null, which a form cannot send:
+a field left out is the same as null.
 
 This runs inside the body cap (the raw upload is counted) and after authentication (an
 unauthenticated upload is never parsed). The form parser (python-multipart, through
@@ -20,7 +24,8 @@ import enum
 import json
 import types
 from collections.abc import Iterable
-from typing import Any, Union, get_args, get_origin
+from dataclasses import dataclass
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -47,24 +52,89 @@ class FieldKind(enum.Enum):
     json = "JSON text"
 
 
+def _bare(annotation: Any) -> Any:
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
+def _is_image(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, ImageInput)
+
+
 def _kind(annotation: Any) -> FieldKind:
     options = [annotation]
     if get_origin(annotation) in (Union, types.UnionType):
         options = [a for a in get_args(annotation) if a is not type(None)]
     if len(options) != 1:
         return FieldKind.value
-    (tp,) = options
-    if tp is ImageInput:
+    tp = _bare(options[0])
+    if _is_image(tp):
         return FieldKind.image
     if get_origin(tp) is list:
-        (item,) = get_args(tp)
-        return {ImageInput: FieldKind.images, str: FieldKind.texts}.get(item, FieldKind.json)
+        item = _bare(get_args(tp)[0])
+        return FieldKind.images if _is_image(item) else FieldKind.texts if item is str else FieldKind.json
     return FieldKind.json if get_origin(tp) is dict else FieldKind.value
 
 
-def field_kinds(model: type[BaseModel]) -> dict[str, FieldKind]:
-    """How each field of a JSON request model is given as a form field."""
-    return {name: _kind(info.annotation) for name, info in model.model_fields.items()}
+REF_TEMPLATE = "#/components/schemas/{model}"  # where FastAPI puts the body's models
+_BINARY = {"type": "string", "format": "binary"}
+# JSON types a form field's text is read as (when it parses as JSON of that type); the model
+# then judges the value (3.0 is an integer, 3.5 is not).
+_SCALARS: dict[str, tuple[type, ...]] = {"integer": (int, float), "number": (int, float), "boolean": (bool,)}
+
+
+@dataclass(frozen=True)
+class FormField:
+    kind: FieldKind
+    schema: dict[str, Any]  # what the form states about the field (see form_fields)
+
+    def typed(self, text: str) -> Any:
+        """A one-text field as the body takes it: a number or boolean read as JSON text
+        (``"3"``, ``"0.5"``, ``"true"``); otherwise, or if it is not one, the text itself,
+        which the model then refuses with the field (``"inf"``, ``"yes"``, ``"null"``)."""
+        accepted = _SCALARS.get(self.schema.get("type", ""))
+        if accepted is None:
+            return text
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return text
+        # bool is an int to Python, not a number to JSON: "true" is no integer, "1" no boolean.
+        if not isinstance(value, accepted) or isinstance(value, bool) != (bool in accepted):
+            return text
+        return value
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A field's schema without its null alternative (and a null default): a form has no null."""
+    schema = dict(schema)
+    options = [o for o in schema.pop("anyOf", []) if o != {"type": "null"}]
+    if len(options) == 1:
+        schema = {**options[0], **schema}
+    elif options:
+        schema["anyOf"] = options
+    if "default" in schema and schema["default"] is None:
+        del schema["default"]
+    return schema
+
+
+def form_fields(model: type[BaseModel]) -> dict[str, FormField]:
+    """How each field of a JSON request model is given as a form field, and what its form
+    schema states: the body's schema of the field, as files where the body has images."""
+    properties = model.model_json_schema(ref_template=REF_TEMPLATE)["properties"]
+    fields: dict[str, FormField] = {}
+    for name, info in model.model_fields.items():
+        kind = _kind(info.annotation)
+        body = _without_null(properties[name])
+        if kind is FieldKind.image:
+            schema = {**_BINARY, **{k: v for k, v in body.items() if k == "description"}}
+        elif kind is FieldKind.images:
+            schema = {**body, "items": _BINARY}
+            schema.pop("examples", None)
+        else:
+            schema = body
+        note = f"form: {kind.value}" + (f"; {schema['description']}" if "description" in schema else "")
+        fields[name] = FormField(kind, {**schema, "description": note})
+    return fields
 
 
 class FormError(Exception):
@@ -73,13 +143,17 @@ class FormError(Exception):
         self.message, self.field = message, field
 
 
-async def form_body(form: FormData, kinds: dict[str, FieldKind]) -> dict[str, Any]:
+_UNKNOWN = FormField(FieldKind.value, {})
+
+
+async def form_body(form: FormData, fields: dict[str, FormField]) -> dict[str, Any]:
     """The JSON body equivalent to ``form``. Unknown fields are passed on, so the schema answers
     a typo with its usual 422."""
     body: dict[str, Any] = {}
     for key in dict.fromkeys(form.keys()):
         values = form.getlist(key)
-        kind = kinds.get(key, FieldKind.value)
+        field = fields.get(key, _UNKNOWN)
+        kind = field.kind
         files = [v for v in values if isinstance(v, UploadFile)]
         if kind in (FieldKind.image, FieldKind.images):
             if len(files) != len(values):
@@ -103,8 +177,10 @@ async def form_body(form: FormData, kinds: dict[str, FieldKind]) -> dict[str, An
                 raise FormError(f"{key} must be JSON text in a form: {exc}", key) from None
             except RecursionError:  # as in a JSON body: malformed input, not a server fault
                 raise FormError(f"{key} is JSON nested too deeply", key) from None
+            if body[key] is None:  # a form has no null (its schema says so): leave the field out
+                raise FormError(f"{key} is null; leave the field out instead", key)
         else:
-            body[key] = texts[0]
+            body[key] = field.typed(texts[0])
     return body
 
 
@@ -132,21 +208,21 @@ class MultipartFormMiddleware:
 
     def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]]) -> None:
         self.app = app
-        self.kinds = {path: field_kinds(model) for path, model in forms.items()}
+        self.fields = {path: form_fields(model) for path, model in forms.items()}
         # Beyond these the parser stops at once; within them the route's own checks (413 with the
         # field) apply, as for JSON.
         self.max_files = limits.max_images + 2
         self.max_fields = limits.max_labels + limits.max_texts + 64
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kinds = self.kinds.get(scope.get("path", "")) if scope["type"] == "http" else None
+        fields = self.fields.get(scope.get("path", "")) if scope["type"] == "http" else None
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
-        if kinds is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
+        if fields is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
             await self.app(scope, receive, send)
             return
         try:
             async with Request(scope, receive).form(max_files=self.max_files, max_fields=self.max_fields) as form:
-                body = json.dumps(await form_body(form, kinds)).encode()
+                body = json.dumps(await form_body(form, fields)).encode()
         except FormError as exc:
             await error_response(ErrorCode.validation_error, exc.message, exc.field)(scope, receive, send)
             return
@@ -184,23 +260,19 @@ class MultipartFormMiddleware:
 
 def openapi_form(model: type[BaseModel]) -> dict[str, Any]:
     """``openapi_extra`` for a route: its multipart form beside the JSON body FastAPI documents."""
-    schema = model.model_json_schema()
-    properties: dict[str, Any] = {}
-    for name, kind in field_kinds(model).items():
-        described = schema["properties"].get(name, {})
-        note = f"form: {kind.value}" + (f"; {described['description']}" if "description" in described else "")
-        binary = {"type": "string", "format": "binary"}
-        text = {"type": "string"}
-        shapes: dict[FieldKind, dict[str, Any]] = {
-            FieldKind.image: binary,
-            FieldKind.images: {"type": "array", "items": binary},
-            FieldKind.texts: {"type": "array", "items": text},
-            FieldKind.json: text,
-            FieldKind.value: text,
-        }
-        properties[name] = {**shapes[kind], "description": note}
-    required = [n for n in schema.get("required", []) if n in properties]
-    form_schema: dict[str, Any] = {"type": "object", "properties": properties}
+    fields = form_fields(model)
+    properties = {name: field.schema for name, field in fields.items()}
+    required = [n for n in model.model_json_schema().get("required", []) if n in properties]
+    form_schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         form_schema["required"] = required
-    return {"requestBody": {"content": {FORM: {"schema": form_schema}}}}
+    shapes = getattr(model, "documented_shapes", lambda: ())()
+    if shapes:
+        form_schema["oneOf"] = [shape.form_schema() for shape in shapes]
+    media: dict[str, Any] = {"schema": form_schema}
+    # Fields that hold objects are one part of JSON text each (OpenAPI's default for an object;
+    # stated, since an array of objects has none).
+    encoding = {name: {"contentType": "application/json"} for name, f in fields.items() if f.kind is FieldKind.json}
+    if encoding:
+        media["encoding"] = encoding
+    return {"requestBody": {"content": {FORM: media}}}

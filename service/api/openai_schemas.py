@@ -8,34 +8,42 @@ LlamaIndex) parse the answers unchanged. Errors keep this service's envelope
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from service.api.schemas import TEXT_SCHEMA, IntegralFloat
 
 IMAGE_PREFIX = "data:image/"
 
 INPUT = (
     "a string or a list of strings; a string that starts with `data:image/` is an image (a base64 data URI, "
     "`data:image/png;base64,...`), any other string a text. Texts and images may be mixed: CLIP puts both in one "
-    "space. Token-id arrays are refused (400): this server tokenizes with its own model's tokenizer"
+    "space. Not token-id arrays (OpenAI's API takes them; they are refused with a 400): ids of OpenAI's "
+    "tokenizer mean nothing to this model, which tokenizes the texts itself"
 )
+# The model still reads token arrays, so that they are refused with the reason (400 bad_input in
+# service.api.openai_embeddings) rather than as a mere type mismatch; the contract leaves them out.
+Input = Annotated[
+    str | list[str] | list[int] | list[list[int]],
+    WithJsonSchema({"anyOf": [TEXT_SCHEMA, {"type": "array", "items": TEXT_SCHEMA, "minItems": 1}]}),
+]
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # as service.api.schemas._Request
 
     model: str = Field(
         description="the served model's name (`default`), its version (`default@v6`) or an alias (`default@prod`); "
         "anything else is a 404 unknown_model",
         examples=["default"],
     )
-    input: str | list[str] | list[int] | list[list[int]] = Field(description=INPUT, examples=[["a red circle"]])
+    input: Input = Field(description=INPUT, examples=[["a red circle"]])
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="`base64`: each vector as base64 of its little-endian float32 bytes"
     )
-    dimensions: int | None = Field(
+    dimensions: Annotated[int, Field(ge=1), IntegralFloat] | None = Field(
         default=None,
-        ge=1,
         description="keep the first N components and L2-normalise again (Matryoshka-style shortening); larger "
         "than the model's width is a 400. This model was not trained for it: short vectors lose more than those "
         "of a Matryoshka-trained model",

@@ -1,15 +1,25 @@
 """Request/response models of the HTTP API (docs/design.md, section 2), one pair per endpoint.
 
-Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option.
-Limits that depend on settings (how many images, labels, texts) are checked by
-``service.api.validation`` because a schema is fixed at import time.
+Requests forbid unknown fields so a typo ("lables") is a 422, not a silently ignored option, and
+take JSON's types as they are (strict: ``"3"`` is not a number, ``1`` not a boolean), so what the
+schema refuses the server refuses too. Limits that depend on settings (how many images, labels,
+texts) are checked by ``service.api.validation`` because a schema is fixed at import time.
+
+The schema states every other condition a request must meet that JSON Schema can express, so
+that a request valid by the contract is served unless a limit, the serving model (its encoders,
+its width) or the content (image bytes, label names given elsewhere in the body) refuses it. Some
+of those conditions are checked in ``service.api.validation`` (400 with the field, the
+documented answer) rather than by the models; the schema says them all the same.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.config import JsonDict
 
 from service.api.errors import ErrorCode
@@ -21,15 +31,103 @@ EXAMPLE_PNG = (
     "phTtQ4kCDZghiFWKCZcELkEm/NKYRjAOvsQHAFBRGxtkUgvpAAAAAElFTkSuQmCC"
 )
 
+# A text holds a character that is not whitespace. The class lists each character Python's
+# str.isspace() calls whitespace rather than using \s, which ECMA-262 and Python read differently;
+# the schema's pattern and the server's check (service.api.validation) are this one regex.
+NON_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+NON_BLANK = re.compile(NON_BLANK_PATTERN)
+# A prompt template holds "{}" exactly once: text without "{}" on either side of it. "{" runs are
+# allowed when something other than "}" follows them, or at the end.
+_NO_SLOT = r"(?:[^{]|\{+[^{}])*\{*"
+TEMPLATE_PATTERN = rf"^{_NO_SLOT}\{{\}}{_NO_SLOT}$"
+
+TEXT_SCHEMA: JsonDict = {"type": "string", "minLength": 1, "pattern": NON_BLANK_PATTERN}
+# A string in the schema that must not be blank; the server answers 400 with the field otherwise.
+Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
+Template = Annotated[str, WithJsonSchema({"type": "string", "pattern": TEMPLATE_PATTERN})]
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema's integer: 3.0 is one as well (a JSON number with no fraction), and strict int
+# alone would refuse it; true is still no integer. Bounds go before the validator
+# (Annotated[int, Field(ge=1), IntegralFloat]) or pydantic's schema spells them "ge", not "minimum".
+IntegralFloat = BeforeValidator(_integral)
+Integer = Annotated[int, IntegralFloat]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One way of filling a request whose fields depend on each other: ``given`` are set (not
+    null), ``absent`` are left out or null. A request takes exactly one of its model's shapes."""
+
+    given: tuple[str, ...]
+    absent: tuple[str, ...] = ()
+
+    def fits(self, values: Mapping[str, Any]) -> bool:
+        return all(values.get(f) is not None for f in self.given) and all(values.get(f) is None for f in self.absent)
+
+    def json_schema(self, fields: Mapping[str, Any]) -> JsonDict:
+        """This shape in a JSON body (null is the same as left out), given the model's schema of
+        each field: a given field takes its types other than null."""
+        properties: JsonDict = {f: {"type": _non_null_type(fields[f])} for f in self.given}
+        properties.update({f: {"type": "null"} for f in self.absent})
+        return {"required": list(self.given), "properties": properties}
+
+    def form_schema(self) -> JsonDict:
+        """This shape in a form, which has no null: an absent field is not sent at all."""
+        return {"required": list(self.given), "properties": dict.fromkeys(self.absent, False)}
+
+
+def _non_null_type(field: Mapping[str, Any]) -> str | list[Any]:
+    # Spelled as types rather than {"not": {"type": "null"}}: schema tools handle "not" poorly
+    # (schemathesis fails on it in a form that holds files).
+    options = field.get("anyOf", [field])
+    types = [o.get("type", "object" if "$ref" in o else None) for o in options if o.get("type") != "null"]
+    if None in types or not types:
+        raise TypeError(f"cannot state a non-null type for {field}")
+    return types[0] if len(types) == 1 else types
+
+
+def _shapes_schema(schema: JsonDict, cls: type[Any]) -> None:
+    shapes = cls.documented_shapes()
+    if shapes:
+        fields = schema["properties"]
+        assert isinstance(fields, dict)
+        schema["oneOf"] = [shape.json_schema(fields) for shape in shapes]
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON's types as they are, as the schema states them ("3" is no integer, 1 no
+    # boolean); forms convert their texts to those types first (service.api.multipart).
+    # allow_inf_nan=False: Python's JSON parser reads NaN, Infinity and out-of-range literals
+    # (1e999) as floats, and a form's "inf" converts to one; no field means anything by them, so
+    # they are a 422 naming the field rather than a fault deep in the scoring code.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra=_shapes_schema)
+
+    # Set where fields depend on each other; the schema states them as a oneOf, the validator
+    # below enforces them (422 with shape_error), from this one list.
+    shapes: ClassVar[tuple[Shape, ...]] = ()
+    shape_error: ClassVar[str] = ""
+
+    @classmethod
+    def documented_shapes(cls) -> tuple[Shape, ...]:
+        return cls.shapes
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> _Request:
+        if self.shapes and sum(shape.fits(self.__dict__) for shape in self.shapes) != 1:
+            raise ValueError(self.shape_error)
+        return self
 
 
-def _min_items(n: int) -> JsonDict:
-    """The contract's lower bound of a list; the server checks it (400 with the field) in
-    ``service.api.validation``, where the upper bounds (from settings) are checked too."""
-    return {"minItems": n}
+def _min_items(n: int, *, unique: bool = False) -> JsonDict:
+    """The contract's lower bound of a list (and that its items differ); the server checks it
+    (400 with the field) in ``service.api.validation``, where the upper bounds (from settings) are
+    checked too."""
+    return {"minItems": n, "uniqueItems": True} if unique else {"minItems": n}
 
 
 class ErrorDetail(BaseModel):
@@ -45,45 +143,55 @@ class ErrorResponse(BaseModel):
 class ImageInput(_Request):
     """Exactly one of ``data`` (base64 or a ``data:`` URI), ``url`` or ``sha256``."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"oneOf": [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]},
+    shapes = (
+        Shape(("data",), ("url", "sha256")),
+        Shape(("url",), ("data", "sha256")),
+        Shape(("sha256",), ("data", "url")),
     )
+    shape_error = "an image needs exactly one of 'data', 'url' or 'sha256'"
 
-    data: str | None = Field(default=None, description="base64 image bytes or a data: URI", examples=[EXAMPLE_PNG])
-    url: str | None = Field(default=None, description="http(s) URL; only when the server allows URLs")
+    data: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] | None = Field(
+        default=None, description="base64 image bytes or a data: URI", examples=[EXAMPLE_PNG]
+    )
+    url: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] | None = Field(
+        default=None, description="http(s) URL; only when the server allows URLs"
+    )
     sha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,
         description="hex digest of image bytes this model version already embedded",
     )
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ImageInput:
-        given = [k for k in ("data", "url", "sha256") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError("an image needs exactly one of 'data', 'url' or 'sha256'")
-        return self
+
+class DrawnImageInput(ImageInput):
+    """An image the server draws (the heatmap): ``data`` or ``url``. A ``sha256`` reference names
+    features only; the route answers it 400 with the reason, the schema leaves it out."""
+
+    @classmethod
+    def documented_shapes(cls) -> tuple[Shape, ...]:
+        return tuple(shape for shape in cls.shapes if "sha256" not in shape.given)
 
 
 class ComparativeInput(_Request):
     a: str = Field(description="the class the text describes first")
     b: str = Field(description="the class it is contrasted with (the one whose prompts are corrected)")
-    text: str = Field(description='"a ..., while b ..."')
+    text: Text = Field(description='"a ..., while b ..."')
 
 
 # ----------------------------------------------------------------------------- classify
 class ClassifyRequest(_Request):
     images: list[ImageInput] = Field(json_schema_extra=_min_items(1))
-    labels: list[str] = Field(json_schema_extra=_min_items(2), examples=[["red circle", "blue square", "green cross"]])
-    templates: list[str] | None = Field(default=None, description="each with exactly one {}",
-                                        json_schema_extra=_min_items(1))  # fmt: skip
-    descriptions: dict[str, list[str]] | None = None
+    labels: list[Text] = Field(
+        json_schema_extra=_min_items(2, unique=True), examples=[["red circle", "blue square", "green cross"]]
+    )
+    templates: list[Template] | None = Field(default=None, description="each with exactly one {}",
+                                             json_schema_extra=_min_items(1))  # fmt: skip
+    descriptions: dict[str, list[Text]] | None = None
     comparatives: list[ComparativeInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     alpha: float = Field(default=0.9, ge=0.0, le=1.0)
     symmetric: bool = False
     gate_margin: float | None = Field(default=None, ge=0.0)
-    top_k: int = Field(default=5, ge=1)
+    top_k: Integer = Field(default=5, ge=1)
     encoder: str | None = None
     method: Literal["standard", "yukino"] = Field(
         default="standard",
@@ -128,28 +236,24 @@ class ClassifyResponse(BaseModel):
 class PairInput(_Request):
     image_a: ImageInput
     image_b: ImageInput
-    difference: str
+    difference: Text
 
 
 class RankPairRequest(_Request):
     """Either one pair (``image_a``, ``image_b``, ``difference``) or ``pairs``, not both."""
 
+    shapes = (
+        Shape(("image_a", "image_b", "difference"), ("pairs",)),
+        Shape(("pairs",), ("image_a", "image_b", "difference")),
+    )
+    shape_error = "give either 'image_a', 'image_b' and 'difference', or a 'pairs' list (not both)"
+
     image_a: ImageInput | None = None
     image_b: ImageInput | None = None
-    difference: str | None = None
+    difference: Text | None = None
     pairs: list[PairInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
     model: str | None = None
-
-    @model_validator(mode="after")
-    def _one_form(self) -> RankPairRequest:
-        single = [self.image_a is not None, self.image_b is not None, self.difference is not None]
-        if self.pairs is not None:
-            if any(single):
-                raise ValueError("give either 'pairs' or 'image_a'/'image_b'/'difference', not both")
-        elif not all(single):
-            raise ValueError("give 'image_a', 'image_b' and 'difference' (or a 'pairs' list)")
-        return self
 
 
 class PairResult(BaseModel):
@@ -170,7 +274,7 @@ class RankPairResponse(BaseModel):
 
 class RankRequest(_Request):
     images: list[ImageInput] = Field(json_schema_extra=_min_items(2))
-    difference: str
+    difference: Text
     encoder: str | None = None
     model: str | None = None
 
@@ -190,7 +294,7 @@ class RankResponse(BaseModel):
 # ----------------------------------------------------------------------------- dense (DCSM)
 class DenseRequest(_Request):
     image: ImageInput
-    texts: list[str] = Field(
+    texts: list[Text] = Field(
         description="1 to max_texts candidate texts, each scored against the image", json_schema_extra=_min_items(1)
     )
     return_maps: bool = Field(default=False, description="also return the z-scored token x patch maps")
@@ -224,8 +328,8 @@ class DenseResponse(BaseModel):
 
 
 class HeatmapRequest(_Request):
-    image: ImageInput = Field(description="given as data or url: the picture is drawn into the heatmap")
-    text: str
+    image: DrawnImageInput = Field(description="given as data or url: the picture is drawn into the heatmap")
+    text: Text
     model: str | None = None
 
 
@@ -238,19 +342,14 @@ ENCODING_FORMAT = (
 
 
 class EmbedRequest(_Request):
-    texts: list[str] | None = Field(default=None, json_schema_extra=_min_items(1))
+    shapes = (Shape(("texts",), ("images",)), Shape(("images",), ("texts", "encoder")))
+    shape_error = "give exactly one of 'texts' or 'images' ('encoder' selects a text encoder: not with images)"
+
+    texts: list[Text] | None = Field(default=None, json_schema_extra=_min_items(1))
     images: list[ImageInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
     model: str | None = None
     encoding_format: Literal["float", "base64", "float16"] = Field(default="float", description=ENCODING_FORMAT)
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> EmbedRequest:
-        if (self.texts is None) == (self.images is None):
-            raise ValueError("give exactly one of 'texts' or 'images'")
-        if self.images is not None and self.encoder is not None:
-            raise ValueError("'encoder' selects a text encoder; it does not apply to images")
-        return self
 
 
 class EmbedResponse(BaseModel):

@@ -1,9 +1,11 @@
 """Checks that depend on settings or on several fields at once (400 / 413, never 422).
 
-The schemas catch wrong types and shapes (422); what passes them but still cannot be served is
-refused here, before any decoding or encoding: empty or duplicate lists (400), templates
-without exactly one ``{}`` (400), texts that are not Unicode (400), and anything over a
-configured limit (413).
+The models catch wrong types and shapes (422); what passes them but still cannot be served is
+refused here, before any decoding or encoding: empty or duplicate lists (400), empty or blank
+texts (400), templates without exactly one ``{}`` (400), texts that are not Unicode (400), labels
+named where the request has no such label (400), and anything over a configured limit (413).
+The OpenAPI schema states the first three as well (minItems, uniqueItems, the patterns of
+``service.api.schemas``); their answer stays the documented 400 with the field.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from clipcore.methods.zero_shot import DEFAULT_TEMPLATES
 from service.api.errors import bad_input, too_large
 from service.api.schemas import (
+    NON_BLANK,
     ClassifyRequest,
     DenseRequest,
     EmbedRequest,
@@ -32,7 +35,7 @@ def check_count(items: Sequence[Any], field: str, low: int, high: int, what: str
 
 
 def check_text(text: str, field: str, limits: Limits) -> None:
-    if not text.strip():
+    if NON_BLANK.search(text) is None:  # the schema's pattern: not empty, not only whitespace
         raise bad_input("text must not be empty", field)
     if len(text) > limits.max_text_chars:
         raise too_large(f"text is {len(text)} characters; at most {limits.max_text_chars}", field)

@@ -197,11 +197,62 @@ def test_unknown_route_and_method(client: httpx.Client) -> None:
         ({"images": [{"sha256": "xyz"}]}, "images.0.sha256"),
         ({"images": [{"data": "eA==", "extra": 1}]}, "images.0.extra"),
         ({"images": "abc"}, "images"),
+        # JSON's types as they are: no string for a number, no number for a boolean
+        ({"top_k": "3"}, "top_k"),
+        ({"top_k": True}, "top_k"),
+        ({"alpha": "0.5"}, "alpha"),
+        ({"symmetric": 1}, "symmetric"),
+        ({"symmetric": "true"}, "symmetric"),
     ],
 )
 def test_schema_violations_are_422(client: httpx.Client, red: dict[str, str], body: dict[str, Any], field: str) -> None:
     r = classify(client, **{"images": [red], "labels": ["a", "b"], **body})
     assert_error(r, 422, "validation_error", field)
+
+
+@pytest.mark.parametrize("field", ["gate_margin", "alpha"])
+@pytest.mark.parametrize("literal", ["1e999", "-1e999", "Infinity", "-Infinity", "NaN"])
+def test_non_finite_numbers_are_422_naming_the_field(
+    client: httpx.Client, red: dict[str, str], field: str, literal: str
+) -> None:
+    # Python's JSON parser reads these as inf / nan (httpx would not send them, hence raw text).
+    # The labels match a comparative of the model's library, so the gate runs: an infinite
+    # gate_margin used to reach it and fail there (500).
+    body = {"images": [red], "labels": ["red circle", "blue circle"]}
+    raw = json.dumps(body)[:-1] + f', "{field}": {literal}}}'
+    headers = {"Content-Type": "application/json"}
+    r = client.post("/classify", params={"comparative": "true"}, content=raw, headers=headers)
+    assert_error(r, 422, "validation_error", field)
+
+
+def test_every_float_field_of_every_request_model_refuses_non_finite_values() -> None:
+    import typing
+
+    from pydantic import BaseModel, ValidationError
+
+    from service.api import openai_schemas, schemas
+
+    def holds_float(annotation: Any) -> bool:
+        return annotation is float or any(holds_float(a) for a in typing.get_args(annotation))
+
+    models = [
+        m
+        for mod in (schemas, openai_schemas)
+        for m in vars(mod).values()
+        if isinstance(m, type) and issubclass(m, BaseModel) and m.model_config.get("extra") == "forbid"
+    ]
+    checked = 0
+    for model in models:
+        for name, info in model.model_fields.items():
+            if not holds_float(info.annotation):
+                continue
+            for value in (float("inf"), float("-inf"), float("nan")):
+                with pytest.raises(ValidationError) as caught:
+                    model.model_validate({name: value})
+                assert any(e["loc"] == (name,) and e["type"] == "finite_number" for e in caught.value.errors()), (
+                    model.__name__, name, caught.value.errors())  # fmt: skip
+            checked += 1
+    assert checked >= 2  # alpha and gate_margin of /classify at least
 
 
 def test_missing_fields_and_bad_query_are_422(client: httpx.Client, red: dict[str, str]) -> None:
@@ -330,7 +381,11 @@ def test_the_contract_states_list_minimums_and_one_image_form(base_url: str) -> 
     assert schemas["ClassifyRequest"]["properties"]["labels"]["minItems"] == 2
     assert schemas["RankRequest"]["properties"]["images"]["minItems"] == 2
     assert schemas["DenseRequest"]["properties"]["texts"]["minItems"] == 1
-    assert schemas["ImageInput"]["oneOf"] == [{"required": ["data"]}, {"required": ["url"]}, {"required": ["sha256"]}]
+    # Exactly one of data, url or sha256, given (not null): the others left out or null.
+    assert schemas["ImageInput"]["oneOf"] == [
+        {"required": [given], "properties": {k: {"type": "string" if k == given else "null"} for k in keys}}
+        for given, keys in [(k, ["data", "url", "sha256"]) for k in ("data", "url", "sha256")]
+    ]
     # What the contract states is what the server enforces (400 with the field, as documented).
     r = httpx.post(f"{base_url}/classify", json={"images": [], "labels": ["a", "b"]})
     assert r.status_code == 400 and r.json()["error"]["field"] == "images"
