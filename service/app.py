@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.security import HTTPBearer
 
 from model_store import ModelStore, open_backend
+from model_store.version import package_version
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
 from service.api.middleware import (
@@ -89,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="CLIP difference & composition scoring service",
-        version="1.0",
+        version=package_version(),  # one version: the package's, as --version prints it
         lifespan=lifespan,
         docs_url=None,  # served from the package by service.api.routes.docs (no CDN)
         redoc_url=None,

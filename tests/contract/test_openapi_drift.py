@@ -118,3 +118,11 @@ def test_configuration_doc_is_current(exporter: ModuleType) -> None:
         "docs/configuration.md is out of date with service/config.py or service/__main__.py; "
         "regenerate it with `python scripts/export_openapi.py --config-doc`"
     )
+
+
+def test_the_api_version_is_the_package_version(schema: dict[str, Any]) -> None:
+    """One version: /openapi.json, clients/openapi.json and `--version` say the same (it said 1.0
+    beside the package's 0.1.0)."""
+    from model_store.version import package_version
+
+    assert schema["info"]["version"] == package_version()
