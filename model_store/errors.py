@@ -65,3 +65,9 @@ class VersionRefused(StoreError):
         self.ref = ref
         self.reason = reason
         super().__init__(f"refusing {ref}: {reason}")
+
+
+class WriteConflict(StoreError):
+    """A small blob (the alias table) changed between this writer's read and its write; nothing was
+    written. Writers hold the model lock, so this means the lock was lost (an S3 lease that expired
+    while its holder stalled) or someone wrote behind the store's back: read again and retry."""
