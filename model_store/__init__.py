@@ -1,9 +1,10 @@
 """Versioned, checksummed model registry used by the service, training and the CLI."""
 
-from model_store.aliases import AliasTable
+from model_store.aliases import AliasEntry, AliasEvent, AliasTable, Canary, Shadow
 from model_store.backends import LocalBackend, StorageBackend
 from model_store.errors import (
     ChecksumMismatch,
+    GateRefused,
     InvalidManifest,
     InvalidName,
     InvalidStoreLocation,
@@ -12,19 +13,28 @@ from model_store.errors import (
     StoreUnavailable,
     VersionExists,
     VersionRefused,
+    WriteConflict,
 )
+from model_store.gate import GatePolicy, GateReport
 from model_store.integrity import VersionValidator
 from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, FileEntry, Manifest
 from model_store.naming import DEFAULT_ALIAS, natural_key, parse_ref, sort_versions
+from model_store.routing import route, shadow_target
 from model_store.store import ModelStore
 
 __all__ = [
     "ANNEX_FILES",
     "DEFAULT_ALIAS",
+    "AliasEntry",
+    "AliasEvent",
     "AliasTable",
+    "Canary",
     "ChecksumMismatch",
     "FileEntry",
+    "GatePolicy",
+    "GateRefused",
+    "GateReport",
     "InvalidManifest",
     "InvalidName",
     "InvalidStoreLocation",
@@ -32,14 +42,18 @@ __all__ = [
     "Manifest",
     "ModelNotFound",
     "ModelStore",
+    "Shadow",
     "StorageBackend",
     "StoreError",
     "StoreUnavailable",
     "VersionExists",
     "VersionRefused",
     "VersionValidator",
+    "WriteConflict",
     "natural_key",
     "open_backend",
     "parse_ref",
+    "route",
+    "shadow_target",
     "sort_versions",
 ]

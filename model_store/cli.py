@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from model_store.alias_views import entry_text, history_table, print_gate
 from model_store.errors import StoreError
+from model_store.gate import GatePolicy
 from model_store.location import missing_directory
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
 from model_store.store import STAGING_GRACE_S, ModelStore
@@ -27,7 +30,8 @@ from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
-    help="Versioned model registry: list, show, verify, publish, promote, rollback, gc. "
+    help="Versioned model registry: list, show, verify, publish, promote, canary, shadow, rollback, history, "
+    "gate, policy, gc. "
     "To import a model from open_clip files (checkpoint, hub folder, cached tag): clip-train import.",
     no_args_is_help=True,
     add_completion=False,
@@ -203,20 +207,93 @@ def verify(
     _out().print(f"[green]ok[/green] {name}@{version}: {len(manifest.files)} files match their sha256{checked}")
 
 
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="Move even if the evaluation gate refuses (needs --reason; history keeps both).")
+]
+ReasonOpt = Annotated[str | None, typer.Option("--reason", help="Why: kept in the alias history.")]
+AllFiguresOpt = Annotated[
+    bool, typer.Option("--all-figures", help="List every figure the gate compared, not only the failing ones.")
+]
+
+
+def _name_and_version(store: ModelStore, ref: str, version: str | None, command: str) -> tuple[str, str]:
+    """``name@version`` (or ``name@alias``) as one argument, or ``NAME VERSION`` as two."""
+    if version is not None:
+        if "@" in ref:
+            raise StoreError(f"{command} takes name@version or NAME VERSION, not both")
+        return store.resolve(f"{ref}@{version}")
+    if "@" not in ref:
+        raise StoreError(f"{command} needs name@version (or NAME VERSION), got {ref!r}")
+    return store.resolve(ref)
+
+
 @app.command()
 @_handles_errors
 def promote(
     ctx: typer.Context,
-    ref: Annotated[str, typer.Argument(help="name@version (or name@alias) to promote.")],
+    ref: Annotated[str, typer.Argument(help="name@version (or name@alias) to promote, or NAME when VERSION follows.")],
+    version: Annotated[str | None, typer.Argument(help="The version, when REF is a bare model name.")] = None,
     alias: AliasOpt = DEFAULT_ALIAS,
+    force: ForceOpt = False,
+    reason: ReasonOpt = None,
+    all_figures: AllFiguresOpt = False,
 ) -> None:
-    """Verify a version and point an alias at it (the old target is kept for rollback)."""
-    if "@" not in ref:
-        raise StoreError(f"promote needs name@version, got {ref!r}")
+    """Verify a version, run the evaluation gate against the alias' target, and point the alias at it
+    (the old target is kept for rollback). Promoting a running canary's version ends it at 100 %."""
     store = _store(ctx)
-    name, version = store.resolve(ref)
-    previous = store.promote(name, alias, version)
-    _out().print(f"{name}@{alias}: {previous or '-'} -> {version}")
+    name, version = _name_and_version(store, ref, version, "promote")
+    before = store.alias_entry(name, alias)
+    out = _out()
+    previous = store.promote(
+        name, alias, version, force=force, reason=reason, on_gate=lambda report: print_gate(out, report, all_figures)
+    )
+    ended = " (canary ended at 100 %)" if before is not None and before.canary is not None else ""
+    out.print(f"{name}@{alias}: {previous or '-'} -> {version}{ended}")
+
+
+@app.command()
+@_handles_errors
+def canary(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="Version to send a share of the requests to.")],
+    weight: Annotated[float, typer.Option("--weight", "-w", help="Percent of requests (0 < w < 100).")],
+    alias: AliasOpt = DEFAULT_ALIAS,
+    force: ForceOpt = False,
+    reason: ReasonOpt = None,
+    all_figures: AllFiguresOpt = False,
+) -> None:
+    """Start a canary (or change its weight): VERSION answers WEIGHT percent of the alias' requests,
+    chosen by caller, beside its target. End it with promote (100 %) or rollback (0 %)."""
+    store = _store(ctx)
+    out = _out()
+    entry = store.canary(
+        name, alias, version, weight, force=force, reason=reason,
+        on_gate=lambda report: print_gate(out, report, all_figures),
+    )  # fmt: skip
+    out.print(f"{name}@{alias}: {entry_text(entry)}")
+
+
+@app.command()
+@_handles_errors
+def shadow(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str | None, typer.Argument(help="Version to re-run sampled requests on.")] = None,
+    alias: AliasOpt = DEFAULT_ALIAS,
+    fraction: Annotated[
+        float, typer.Option("--fraction", "-f", help="Share of requests re-run on the shadow (0 < f <= 1).")
+    ] = 0.1,
+    off: Annotated[bool, typer.Option("--off", help="Remove the alias' shadow.")] = False,
+    reason: ReasonOpt = None,
+) -> None:
+    """Set a shadow: a sample of the alias' requests is re-run on VERSION after being answered, to
+    compare the two (its answers are never returned). --off removes it. Not gated."""
+    if off == (version is not None):
+        raise StoreError("shadow needs a VERSION, or --off to remove the shadow")
+    store = _store(ctx)
+    entry = store.shadow(name, alias, None if off else version, fraction, reason=reason)
+    _out().print(f"{name}@{alias}: {entry_text(entry)}" + ("" if entry.shadow else " (no shadow)"))
 
 
 @app.command()
@@ -225,12 +302,88 @@ def rollback(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Model name.")],
     alias: AliasOpt = DEFAULT_ALIAS,
+    reason: ReasonOpt = None,
 ) -> None:
-    """Return an alias to the version it pointed to before the last promotion."""
+    """Return an alias to the version it pointed to before the last promotion; while a canary runs,
+    end the canary at 0 % instead (the target answers everything again)."""
     store = _store(ctx)
-    current = store.alias_target(name, alias)
-    target = store.rollback(name, alias)
-    _out().print(f"{name}@{alias}: {current or '-'} -> {target}")
+    before = store.alias_entry(name, alias)
+    target = store.rollback(name, alias, reason=reason)
+    if before is not None and before.canary is not None:
+        _out().print(f"{name}@{alias}: canary {before.canary.version} ended at 0 % -> {target}")
+    else:
+        _out().print(f"{name}@{alias}: {before.version if before else '-'} -> {target}")
+
+
+@app.command()
+@_handles_errors
+def history(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    alias: Annotated[str | None, typer.Option("--alias", "-a", help="Only this alias.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the log as JSON.")] = False,
+) -> None:
+    """Every recorded move of a model's aliases (oldest first): when, what, from, to, the split, the
+    gate's verdict, the reason and who; then where each alias points now."""
+    store = _store(ctx)
+    log = store.alias_log(name, alias)
+    out = _out()
+    if as_json:
+        data = {a: [e.model_dump(mode="json", by_alias=True) for e in events] for a, events in log.items()}
+        out.print_json(json.dumps(data))
+        return
+    if not any(log.values()):
+        out.print(f"no alias moves recorded for {name}" + (f"@{alias}" if alias else ""))
+    else:
+        out.print(history_table(log, name))
+    for a, entry in sorted(store.alias_entries(name).items()):
+        if alias is None or a == alias:
+            out.print(f"{name}@{a}: {escape(entry_text(entry))}")
+
+
+@app.command()
+@_handles_errors
+def gate(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="Candidate version.")],
+    alias: AliasOpt = DEFAULT_ALIAS,
+    all_figures: AllFiguresOpt = False,
+) -> None:
+    """Dry run of the evaluation gate: compare VERSION's eval.json with the alias' target's and print
+    the verdict; exit 1 if a promotion would be refused. Nothing moves."""
+    store = _store(ctx)
+    report = store.gate(name, alias, version)
+    print_gate(_out(), report, all_figures)
+    if not report.passed:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+@_handles_errors
+def policy(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    set_file: Annotated[
+        Path | None, typer.Option("--set", help="JSON file to install as the model's gate policy (gate.json).")
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the policy (back to the defaults).")] = False,
+) -> None:
+    """Show or set the evaluation gate's policy of a model (<name>/gate.json in the store):
+    {"tolerance": {"figure or glob": 0.02}, "direction": {"figure or glob": "higher|lower|ignore"}}."""
+    store = _store(ctx)
+    if set_file is not None and clear:
+        raise StoreError("--set and --clear exclude each other")
+    if set_file is not None:
+        try:
+            store.set_gate_policy(name, GatePolicy.model_validate_json(set_file.read_bytes()))
+        except OSError as exc:
+            raise StoreError(f"cannot read {set_file}: {exc}") from None
+        except ValidationError as exc:
+            raise StoreError(f"{set_file} is not a gate policy: {exc.errors()[0]['msg']}") from None
+    elif clear:
+        store.set_gate_policy(name, None)
+    _out().print_json(store.gate_policy(name).model_dump_json())
 
 
 @app.command()

@@ -8,6 +8,10 @@ failures to specific behaviour (e.g. refuse a corrupted version, keep serving).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from model_store.gate import GateReport
 
 
 class StoreError(Exception):
@@ -65,3 +69,19 @@ class VersionRefused(StoreError):
         self.ref = ref
         self.reason = reason
         super().__init__(f"refusing {ref}: {reason}")
+
+
+class WriteConflict(StoreError):
+    """A small blob (the alias table) changed between this writer's read and its write; nothing was
+    written. Writers hold the model lock, so this means the lock was lost (an S3 lease that expired
+    while its holder stalled) or someone wrote behind the store's back: read again and retry."""
+
+
+class GateRefused(StoreError):
+    """The evaluation gate refused to move an alias: the candidate's figures regressed beyond
+    tolerance, or it lacks figures the current target has. ``report`` holds the comparison for
+    callers that print it."""
+
+    def __init__(self, message: str, report: GateReport) -> None:
+        self.report = report
+        super().__init__(message)

@@ -4,13 +4,15 @@ Layout under the root (keys are the same on any backend)::
 
     <name>/versions/<version>/manifest.json   # + weights and other listed files
     <name>/versions/<version>/eval.json       # annex: may be replaced after publish
-    <name>/aliases.json                       # alias -> version, plus history
+    <name>/aliases.json                       # alias -> version (+ canary, shadow), rollback stack, log
+    <name>/gate.json                          # optional: the evaluation gate's policy
     <name>/.lock                              # writers of <name> serialise on it
     <name>/.staging-<random>/                 # publish in progress, invisible to readers
 
 Readers never lock: a version appears in one rename once complete and is never
 modified, and ``aliases.json`` is replaced atomically, so a server can poll
-``alias_target`` cheaply and hot-swap versions without coordinating with writers.
+``alias_target`` (or ``alias_entry``) cheaply and hot-swap versions without coordinating with
+writers. The alias side (moves, the evaluation gate, the log) is in ``alias_moves``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model_store.aliases import ALIASES_FILE, AliasTable
+from model_store.alias_moves import AliasMoves
+from model_store.aliases import ALIASES_FILE
 from model_store.backends import StorageBackend
 from model_store.backends.base import TRASH_PREFIX
 from model_store.errors import (
@@ -68,11 +71,12 @@ STAGING_PREFIX = ".staging-"
 STAGING_GRACE_S = 3600.0
 
 
-class ModelStore:
+class ModelStore(AliasMoves):
     """Registry of model versions on a ``StorageBackend``, or at a location (a path or ``s3://``).
 
     ``validator`` (optional) proves a version loads and runs before ``publish`` commits it and
-    before ``promote`` points an alias at it; the store itself only knows files and manifests.
+    before ``promote`` (or ``canary``, ``shadow``) points an alias at it; the store itself only
+    knows files and manifests.
     """
 
     def __init__(
@@ -116,19 +120,6 @@ class ModelStore:
         base = f"{name}/{VERSIONS_DIR}"
         names = self.backend.list_dir(base)
         return sort_versions([v for v in names if is_valid_name(v) and self._version_exists(name, v)])
-
-    def _read_aliases(self, name: str) -> AliasTable:
-        try:
-            raw = self.backend.read_bytes(f"{name}/{ALIASES_FILE}")
-        except FileNotFoundError:
-            return AliasTable()
-        try:
-            return AliasTable.model_validate_json(raw)
-        except ValidationError as exc:
-            raise StoreError(f"{name}/{ALIASES_FILE} is corrupt ({exc.error_count()} errors)") from None
-
-    def _write_aliases(self, name: str, table: AliasTable) -> None:
-        self.backend.put_atomic(f"{name}/{ALIASES_FILE}", table.to_json().encode())
 
     # ------------------------------------------------------------------ reading
     def list_models(self) -> list[str]:
@@ -183,7 +174,7 @@ class ModelStore:
         """
         name, selector = parse_ref(ref)
         self._require_model(name)
-        version = self._read_aliases(name).aliases.get(selector)
+        version = self._read_aliases(name).target(selector)
         if version is None:
             if not self._version_exists(name, selector):
                 raise ModelNotFound(f"model {name!r} has no alias or version {selector!r}")
@@ -191,22 +182,6 @@ class ModelStore:
         if not self._version_exists(name, version):
             raise ModelNotFound(f"alias {name}@{selector} points to missing version {version!r}")
         return name, version
-
-    def aliases(self, name: str) -> dict[str, str]:
-        """Current alias -> version map of ``name``."""
-        self._require_model(name)
-        return dict(self._read_aliases(name).aliases)
-
-    def alias_history(self, name: str) -> dict[str, list[str]]:
-        """Previous targets per alias, oldest first (the last one is what ``rollback`` restores)."""
-        self._require_model(name)
-        return {alias: list(past) for alias, past in self._read_aliases(name).history.items()}
-
-    def alias_target(self, name: str, alias: str) -> str | None:
-        """Cheap re-read of one alias, meant to be polled by servers that hot-swap versions."""
-        validate_name(name, "model name")
-        validate_name(alias, "alias")
-        return self._read_aliases(name).aliases.get(alias)
 
     # ------------------------------------------------------------------ verification
     def verify(self, name: str, version: str) -> None:
@@ -256,7 +231,8 @@ class ModelStore:
         aliases: Sequence[str] = (),
         on_step: Callable[[str], None] | None = None,
     ) -> Manifest:
-        """Publish a new immutable version atomically and optionally point aliases at it.
+        """Publish a new immutable version atomically and optionally point aliases at it (through the
+        evaluation gate: a refused alias raises ``GateRefused`` after the version is published).
 
         Files are staged in a private directory, fsynced, hashed, re-read and checked,
         then the manifest is written and the directory renamed into ``versions/`` in one
@@ -299,11 +275,8 @@ class ModelStore:
                 except FileExistsError:
                     raise VersionExists(f"{name}@{final} already exists; versions are immutable") from None
                 step(f"published {manifest.ref} ({len(entries)} files, {staged_bytes:,} bytes)")
-                if aliases:
-                    table = self._read_aliases(name)
-                    for alias in aliases:
-                        table.set(alias, final)
-                    self._write_aliases(name, table)
+                if aliases:  # gated: a refusal leaves the version published and the aliases unmoved
+                    self._point_published(name, final, aliases)
                     for alias in aliases:
                         step(f"alias {alias} -> {final}")
         except BaseException:
@@ -339,34 +312,6 @@ class ModelStore:
         key = self._vkey(name, version, filename)
         self.backend.put_atomic(key, bytes(data))
         return self.backend.local_path(key)
-
-    def promote(self, name: str, alias: str, version: str) -> str | None:
-        """Point ``alias`` at a verified ``version``; return the previous target (kept in history)."""
-        validate_name(alias, "alias")
-        self.verify(name, version)  # outside the lock: hashing weights can take a while
-        self._validate(self.manifest(name, version), self._vkey(name, version))
-        with self._lock(name):
-            self._require_version(name, version)  # may have been collected meanwhile
-            table = self._read_aliases(name)
-            previous = table.set(alias, version)
-            self._write_aliases(name, table)
-        return previous
-
-    def rollback(self, name: str, alias: str) -> str:
-        """Return ``alias`` to its previous version (after verifying it); return that version."""
-        self._require_model(name)
-        validate_name(alias, "alias")
-        target = self._read_aliases(name).previous(alias)
-        if target is None:
-            raise StoreError(f"alias {name}@{alias} has no previous version to roll back to")
-        self.verify(name, target)
-        with self._lock(name):
-            table = self._read_aliases(name)
-            if table.previous(alias) != target:
-                raise StoreError(f"alias {name}@{alias} changed during rollback; retry")
-            table.rollback(alias)
-            self._write_aliases(name, table)
-        return target
 
     def gc(
         self, name: str, keep_latest: int = 0, dry_run: bool = False, staging_grace_s: float = STAGING_GRACE_S

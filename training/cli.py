@@ -153,9 +153,13 @@ def build_default(
         align_start=align_start, pcclip_steps=pcclip_steps, semclip_steps=semclip_steps, yukino_steps=yukino_steps,
         seed=seed, device=device, eval=EvalConfig(seeds=tuple(range(eval_seeds))), aliases=list(promote or []),
     )  # fmt: skip
-    report = build_default_version(
-        ModelStore(store, validator=validate_version), recipe.smoke() if smoke else recipe, log=console.print
-    )
+    try:
+        report = build_default_version(
+            ModelStore(store, validator=validate_version), recipe.smoke() if smoke else recipe, log=console.print
+        )
+    except StoreError as exc:  # e.g. the evaluation gate refused --promote (the version is published)
+        console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
+        raise typer.Exit(1) from None
     print_report(report, console.print)
 
 
@@ -304,14 +308,18 @@ def init_random(
 ) -> None:
     """Publish a randomly initialised model (for load tests of real-sized architectures)."""
     torch.manual_seed(seed)
-    manifest = publish_bundle(
-        ModelStore(store, validator=validate_version),
-        name,
-        build_model(model_config(config)),
-        model_config(config),
-        aliases=alias if alias is not None else ["production"],
-        notes="random weights: for speed and plumbing tests only",
-    )
+    try:
+        manifest = publish_bundle(
+            ModelStore(store, validator=validate_version),
+            name,
+            build_model(model_config(config)),
+            model_config(config),
+            aliases=alias if alias is not None else ["production"],
+            notes="random weights: for speed and plumbing tests only",
+        )
+    except StoreError as exc:  # e.g. the evaluation gate refused to move an evaluated alias to random weights
+        console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
+        raise typer.Exit(1) from None
     console.print(f"published {manifest.ref}")
 
 

@@ -270,6 +270,8 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
     # Undefined figures (e.g. an empty subset) stay in eval.json as NaN; the manifest holds numbers.
     flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr") and math.isfinite(v)}
+    # eval.json travels with the version so the store's evaluation gate sees it when --promote moves an alias.
+    kwargs["extra_files"] = {**dcsm_files, **yukino_files, "eval.json": json.dumps(report, indent=2).encode()}
     manifest = publish_bundle(
         store,
         name,

@@ -8,6 +8,8 @@ object-store backend can be added without touching ``ModelStore``:
 * ``put`` writes a blob durably (it is only ever used inside a private staging
   prefix, so it need not be atomic);
 * ``put_atomic`` replaces a small blob so readers see the old or the new content;
+  ``read_tagged`` / ``put_atomic_if`` do the same only if nobody replaced it since it was read
+  (a compare-and-swap: what keeps a writer whose lock was lost from overwriting the alias table);
 * ``commit_dir`` publishes a fully staged prefix in one step and refuses to
   overwrite an existing one (versions are immutable);
 * ``delete_tree`` hides a committed prefix from readers before removing it;
@@ -65,6 +67,16 @@ class StorageBackend(Protocol):
 
     def put_atomic(self, key: str, data: bytes) -> None:
         """Durably replace ``key`` with ``data`` so no reader sees a partial blob."""
+        ...
+
+    def read_tagged(self, key: str) -> tuple[bytes, str]:
+        """Content of a small blob and a tag that changes whenever the blob is replaced (an ETag);
+        raises ``FileNotFoundError`` if absent."""
+        ...
+
+    def put_atomic_if(self, key: str, data: bytes, tag: str | None) -> None:
+        """``put_atomic`` only if ``key`` still carries ``tag`` (``None``: only if it does not exist);
+        otherwise raise ``WriteConflict`` and write nothing."""
         ...
 
     def commit_dir(self, src: str, dst: str) -> None:

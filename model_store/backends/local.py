@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from model_store.backends.base import COMMIT_MARKER, TRASH_PREFIX, Readable, iter_chunks
+from model_store.errors import WriteConflict
 
 
 def fsync_dir(path: Path) -> None:
@@ -105,6 +106,27 @@ class LocalBackend:
             tmp.unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
+
+    def _tag(self, path: Path) -> str | None:
+        # A replace is a rename of a new file, so the inode changes even within one mtime tick.
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+    def read_tagged(self, key: str) -> tuple[bytes, str]:
+        path = self._path(key)
+        with path.open("rb") as fh:  # the tag of the file that was read, even if replaced meanwhile
+            st = os.fstat(fh.fileno())
+            return fh.read(), f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+
+    def put_atomic_if(self, key: str, data: bytes, tag: str | None) -> None:
+        # Check-then-rename is only safe because callers hold the model's flock, which (unlike an S3
+        # lease) cannot be lost while held; the check catches writers that bypass the lock.
+        if self._tag(self._path(key)) != tag:
+            raise WriteConflict(f"{key} changed since it was read; nothing was written")
+        self.put_atomic(key, data)
 
     def commit_dir(self, src: str, dst: str) -> None:
         src_path, dst_path = self._path(src), self._path(dst)

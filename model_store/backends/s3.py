@@ -8,7 +8,9 @@ directories, so the guarantees of ``LocalBackend`` are rebuilt from what S3 does
   copied last by ``commit_dir`` with ``If-None-Match: *``: readers key on it, so they
   see a version whole or not at all, and an existing version is never replaced. The
   source's marker is deleted first, so a version moved to the trash vanishes at once;
-* ``put_atomic`` is one PUT (readers see the old or the new object);
+* ``put_atomic`` is one PUT (readers see the old or the new object); ``put_atomic_if`` is one
+  PUT with ``If-Match`` on the ETag read (``If-None-Match: *`` for a new key), so a writer whose
+  lease ran out while it stalled cannot overwrite what the lock's next holder wrote;
 * ``lock`` is a leased lock object taken with conditional writes (``s3_lease``).
 
 Readers never rely on listings for correctness: whether a version exists is a HEAD of
@@ -39,9 +41,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from model_store.backends.base import COMMIT_MARKER, Readable, iter_chunks
 from model_store.backends.blob_cache import BlobCache
-from model_store.backends.s3_lease import DEFAULT_LEASE_S, MISSING_CODES, ObjectLease, error_code
+from model_store.backends.s3_lease import CONFLICT_CODES, DEFAULT_LEASE_S, MISSING_CODES, ObjectLease, error_code
 from model_store.digest import HashingReader
-from model_store.errors import StoreUnavailable
+from model_store.errors import StoreUnavailable, WriteConflict
 
 log = logging.getLogger("model_store.s3")
 
@@ -242,6 +244,31 @@ class S3Backend:
         self.client.put_object(
             Bucket=self.bucket, Key=self._key(key), Body=data, Metadata={SHA256_META: hashlib.sha256(data).hexdigest()}
         )
+
+    @translated
+    def read_tagged(self, key: str) -> tuple[bytes, str]:
+        response = self._get(key)
+        body = response["Body"]
+        try:
+            return bytes(body.read()), str(response["ETag"])
+        finally:
+            body.close()
+
+    @translated
+    def put_atomic_if(self, key: str, data: bytes, tag: str | None) -> None:
+        condition = {"IfMatch": tag} if tag is not None else {"IfNoneMatch": "*"}
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=data,
+                Metadata={SHA256_META: hashlib.sha256(data).hexdigest()},
+                **condition,
+            )
+        except ClientError as exc:
+            if error_code(exc) in CONFLICT_CODES | MISSING_CODES:  # MISSING: If-Match on a deleted key
+                raise WriteConflict(f"{self.url}/{key} changed since it was read; nothing was written") from None
+            raise
 
     def _copy(self, src_key: str, dst_key: str) -> None:
         # Server-side copy (multipart above the transfer threshold); user metadata travels along.

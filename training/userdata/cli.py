@@ -103,7 +103,7 @@ def finish(run: Callable[[], Manifest | None], aliases: tuple[str, ...]) -> None
     """Run a training and print what it published; bad input exits 1 with its message."""
     try:
         manifest = run()
-    except ValueError as exc:
+    except (ValueError, StoreError) as exc:  # bad input, or the store refused (e.g. the evaluation gate)
         console.print(f"[red]{exc}[/red]", markup=False)
         raise typer.Exit(1) from None
     finally:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from model_store import ModelStore
+
+REPO = Path(__file__).resolve().parents[3]
+NEGATION = "pcclip.semclip.orig_over_neg.not"  # PC-CLIP: original caption over its "not" negation
 
 
 def manifest_fields(**overrides: Any) -> dict[str, Any]:
@@ -36,3 +42,20 @@ def publish_simple(store: ModelStore, payload: bytes = b"weights", name: str = "
 def promote_in_process(location: str, name: str, alias: str, version: str) -> None:
     """Target of a child process: open the store afresh and promote (module-level, so spawnable)."""
     ModelStore(location).promote(name, alias, version)
+
+
+def default_eval() -> dict[str, Any]:
+    """The eval.json of the committed default model's production version: a real report of ~390
+    figures with their standard errors."""
+    store = ModelStore(REPO / "models")
+    raw = store.read_annex(*store.resolve("default@production"), "eval.json")
+    assert raw is not None
+    report: dict[str, Any] = json.loads(raw)
+    return report
+
+
+def negation_fell(report: dict[str, Any], by: float = 0.1) -> dict[str, Any]:
+    """``report`` with its PC-CLIP negation figure lowered by ``by``."""
+    worse = copy.deepcopy(report)
+    worse["metrics"][NEGATION] -= by
+    return worse

@@ -55,7 +55,7 @@ def test_promote_and_rollback_history(three: ModelStore, root: Root) -> None:
     assert three.promote("clip", "production", "v3") == "v2"
     assert three.alias_history("clip") == {"production": ["v1", "v2"]}
     on_disk = json.loads(root.read("clip/aliases.json"))
-    assert on_disk["aliases"] == {"production": "v3"}
+    assert on_disk["schema_version"] == 2 and on_disk["aliases"]["production"]["version"] == "v3"
 
     assert three.rollback("clip", "production") == "v2"
     assert three.alias_target("clip", "production") == "v2"

@@ -1,0 +1,116 @@
+"""The evaluation gate on eval.json reports: the committed default model's, and both shapes
+``clip-train evaluate`` writes (built-in figures; user-data figures per dataset)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+from model_store_helpers import NEGATION, default_eval
+
+from model_store.gate import GatePolicy, compare_reports
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, Any]:
+    return default_eval()
+
+
+def gate(current: dict[str, Any] | None, candidate: dict[str, Any] | None, **kwargs: Any):  # type: ignore[no-untyped-def]
+    return compare_reports(current, candidate, candidate_version="v2", current_version="v1", **kwargs)
+
+
+def test_the_default_model_passes_against_itself_on_every_defined_figure(real: dict[str, Any]) -> None:
+    report = gate(real, real)
+    assert report.passed and report.gated
+    figures = [k for k in real["metrics"] if not k.endswith(".stderr")]
+    defined = [k for k in figures if math.isfinite(real["metrics"][k])]
+    ignored = [k for k in figures if k.endswith(".chance")]
+    assert report.compared == len(defined) - len(ignored) > 300
+    skipped = {r.figure: r.basis for r in report.rows if r.verdict == "skipped"}
+    assert skipped["dense.localisation.chance"] == "ignored"
+    assert any("undefined" in why for why in skipped.values())  # NaN figures (empty subsets) are not compared
+
+
+def test_a_pcclip_negation_drop_beyond_twice_the_stderr_is_refused(real: dict[str, Any]) -> None:
+    candidate = copy.deepcopy(real)
+    metrics = candidate["metrics"]
+    stderr = max(real["metrics"][f"{NEGATION}.stderr"], metrics[f"{NEGATION}.stderr"])
+    metrics[NEGATION] -= 2 * stderr + 0.01
+    report = gate(real, candidate)
+    assert not report.passed and report.regressed == [NEGATION]
+    (row,) = [r for r in report.rows if r.figure == NEGATION]
+    assert row.tolerance == pytest.approx(2 * stderr) and row.basis == "2 x stderr"
+    verdict = report.verdict()
+    assert verdict.result == "fail" and verdict.regressed == [NEGATION] and verdict.against == "v1"
+
+    within = copy.deepcopy(real)
+    within["metrics"][NEGATION] -= 2 * stderr - 0.001  # inside the noise the seeds already show
+    assert gate(real, within).passed
+
+
+def test_lower_is_better_figures_and_tolerances_without_stderr() -> None:
+    current = {"metrics": {"pcclip.semclip.zeroshot_not_photo": 0.30, "x.acc": 0.80, "x.acc.stderr": 0.0,
+                           "x.latency_ms": 40.0}}  # fmt: skip
+    worse = {"metrics": {"pcclip.semclip.zeroshot_not_photo": 0.32, "x.acc": 0.795, "x.latency_ms": 40.3}}
+    report = gate(current, worse)
+    rows = {r.figure: r for r in report.rows}
+    # Reading "not" better means *fewer* right answers to "this is not a photo of a X." prompts.
+    assert rows["pcclip.semclip.zeroshot_not_photo"].direction == "lower"
+    assert rows["pcclip.semclip.zeroshot_not_photo"].verdict == "regressed"
+    assert rows["x.acc"].verdict == "ok" and rows["x.acc"].basis == "1 point"  # a stderr of 0 is no estimate
+    assert rows["x.latency_ms"].verdict == "ok" and rows["x.latency_ms"].tolerance == pytest.approx(0.4)  # 1 %
+    better = {"metrics": {"pcclip.semclip.zeroshot_not_photo": 0.10, "x.acc": 0.9, "x.latency_ms": 30.0}}
+    assert gate(current, better).passed
+
+
+def test_missing_figures_refuse_and_nothing_to_compare_gates_nothing() -> None:
+    current = {"metrics": {"a": 0.5, "b": 0.5}}
+    report = gate(current, {"metrics": {"a": 0.5}})
+    assert not report.passed and report.missing == ["b"]
+    no_eval = gate(current, None)
+    assert no_eval.missing == ["a", "b"] and "has no eval.json" in (no_eval.note or "")
+    assert gate(current, {"metrics": {"a": 0.5, "b": math.nan}}).missing == ["b"]  # undefined for the candidate
+
+    for baseline, note in ((None, "v1 has no eval.json"), ({"metrics": {}}, "holds no figures")):
+        report = gate(baseline, {"metrics": {"a": 0.1}})
+        assert report.passed and not report.gated and note in (report.note or "")
+        assert report.verdict().result == "not gated"
+    first = compare_reports(None, None, candidate_version="v1", current_version=None)
+    assert first.passed and first.verdict().result == "not gated" and "first target" in (first.note or "")
+
+
+def test_user_data_figures_are_compared_per_dataset_only_on_the_same_data() -> None:
+    def report(acc: float, split: str, records: int) -> dict[str, Any]:
+        return {
+            "metrics": {"data.fruit.zeroshot.acc": acc, "data.fruit.zeroshot.acc.stderr": 0.01,
+                        "data.veg.rank_pair.label.base": 0.7},
+            "datasets": {"fruit": {"split": split, "records": records}, "veg": {"split": "test", "records": 10}},
+        }  # fmt: skip
+
+    assert gate(report(0.9, "test", 100), report(0.8, "test", 100)).regressed == ["data.fruit.zeroshot.acc"]
+    other = gate(report(0.9, "test", 100), report(0.8, "val", 100))
+    assert other.passed
+    (row,) = [r for r in other.rows if r.figure == "data.fruit.zeroshot.acc"]
+    assert row.verdict == "skipped" and "other data (split test vs val)" in row.basis
+    lacking = report(0.9, "test", 100)
+    del lacking["datasets"]["veg"], lacking["metrics"]["data.veg.rank_pair.label.base"]
+    assert gate(report(0.9, "test", 100), lacking).missing == ["data.veg.rank_pair.label.base"]
+
+
+def test_policy_tolerances_and_directions_by_name_or_glob() -> None:
+    current = {"metrics": {"pcclip.swap.negation": 0.9, "base.swap.negation": 0.9, "x.chance": 0.5}}
+    candidate = {"metrics": {"pcclip.swap.negation": 0.85, "base.swap.negation": 0.85, "x.chance": 0.1}}
+    assert set(gate(current, candidate).regressed) == {"pcclip.swap.negation", "base.swap.negation"}
+    policy = GatePolicy(tolerance={"*.swap.*": 0.1, "base.swap.negation": 0.01}, direction={"x.chance": "higher"})
+    report = gate(current, candidate, policy=policy)
+    assert set(report.regressed) == {"base.swap.negation", "x.chance"}  # exact name beats the glob
+    assert {r.figure: r.basis for r in report.rows}["pcclip.swap.negation"] == "policy"
+
+
+def test_only_numbers_are_figures() -> None:
+    assert not gate({"metrics": "oops"}, None).gated  # no figures in the baseline: nothing to hold against
+    report = gate({"metrics": {"a": 0.5}}, {"metrics": {"a": True}})  # a boolean is not a figure
+    assert report.missing == ["a"]
