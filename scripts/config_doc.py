@@ -18,54 +18,6 @@ from pydantic.fields import FieldInfo
 
 from service.config import Settings
 
-# Used only where a field has no ``Field(description=...)`` of its own; a setting with neither
-# makes the generator fail, so a new setting cannot ship undocumented.
-FALLBACK_DESCRIPTIONS: dict[str, str] = {
-    "host": "Bind address of the HTTP server.",
-    "port": "TCP port of the HTTP server.",
-    "store": "Model-store location: a directory (relative paths are taken from the working directory) or "
-    "`s3://bucket/prefix` on S3-compatible object storage, reached with the standard AWS environment or profile "
-    "(`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`, credentials; see docs/operations.md). Other schemes are "
-    "refused. The `model-store` and `clip-train` command lines read the same variable (`MODEL_STORE` is a "
-    "deprecated alias there).",
-    "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
-    "device": "Torch device; `auto` picks CUDA when available.",
-    "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "
-    "without it (or while it is down) only the in-process LRU is used. Redacted in logs.",
-    "cache_ttl_s": "Lifetime of an embedding in Redis, in seconds (7 days).",
-    "lru_items": "Embeddings kept in the in-process LRU cache (0 disables it).",
-    "redis_timeout_s": "Timeout of one Redis call; a slow Redis counts as a miss.",
-    "redis_retry_after_s": "After a Redis failure, how long the cache skips Redis before probing it again.",
-    "limits.max_body_bytes": "Largest request body (20 MiB).",
-    "limits.max_images": "Images per request (`images`), for /classify, /rank and /embed.",
-    "limits.max_labels": "Labels per /classify request.",
-    "limits.max_texts": "Texts per /embed request.",
-    "limits.max_text_chars": "Characters per text (label, template, description, difference, comparative).",
-    "limits.max_pixels": "Pixels per image, checked from the image header before decoding.",
-    "limits.max_image_bytes": "Encoded bytes per image (10 MiB).",
-    "limits.max_pairs": "Pairs per /rank-pair request.",
-    "limits.max_prompts_per_label": "Templates per request and descriptions per label.",
-    "limits.max_comparatives": "Comparatives per /classify request.",
-    "batching.max_batch_images": "Largest image batch handed to the model.",
-    "batching.max_batch_texts": "Largest text batch handed to the model.",
-    "batching.max_wait_ms": "How long a batch waits to fill before it runs (0: run as soon as the model is free).",
-    "batching.max_queue": "Items a batcher queues; beyond it requests answer 429 with `Retry-After`.",
-    "batching.request_timeout_s": "Budget of one request in the batchers; beyond it 504 `timeout`.",
-    "batching.decode_workers": "Threads that decode and preprocess images.",
-    "allow_url_images": 'Accept `{"url": ...}` images (fetched with an SSRF guard).',
-    "url_allowlist": "Hosts (exact names or IP literals) that may be fetched even when they resolve "
-    "to private, loopback or link-local addresses; every other host must resolve to public addresses.",
-    "url_timeout_s": "Total time allowed to fetch one image URL (redirects included).",
-    "api_keys": "Accepted API keys (`Authorization: Bearer <key>`); empty with no `api_keys_file`: "
-    "no authentication. Redacted in logs.",
-    "api_keys_file": "File with one API key per line (`#` comments allowed), re-read when it changes.",
-    "watch_interval_s": "How often the model alias is checked for a new version.",
-    "drain_timeout_s": "How long a swapped-out version may keep finishing requests.",
-    "graceful_shutdown_s": "How long SIGTERM waits for in-flight requests.",
-    "warmup": "Run a warm-up batch before a loaded version serves (and before /readyz says ready).",
-    "log_level": "Log level (case-insensitive).",
-    "cors_origins": "Origins allowed by CORS; empty: no CORS headers at all.",
-}
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path", SecretStr: "secret string"}
 
 
@@ -112,7 +64,7 @@ def settings_rows() -> list[tuple[str, str, str, str, str, str]]:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 add(ann.model_fields, f"{key}.", f"{var}__")
                 continue
-            text = field.description or FALLBACK_DESCRIPTIONS.get(key)
+            text = field.description
             if not text:
                 raise ValueError(f"setting {key!r} has no description: add Field(description=...) to it")
             rows.append((key, var, describe_type(ann), describe_default(field), describe_constraints(field), text))
