@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from service.cli import setting_groups, settings_flags
+from service.cli import OTHER_PROGRAMS_VARIABLES, setting_groups, settings_flags
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path", SecretStr: "secret string"}
 
@@ -90,6 +90,9 @@ def config_doc() -> str:
         "- Secrets (`api_keys`, the password in `redis_url`) are redacted in the startup log. Set them",
         "  in the environment or a file (`CLIP_API_KEYS_FILE`) rather than as flags: a flag's value is",
         "  visible to every user of the machine in `ps` and lands in shell history.",
+        "- An unknown `CLIP_*` variable (a misspelt setting) is reported at startup with the closest",
+        "  name: `unknown variable CLIP_BATCHING__MAX_BATCH_IMAGE (not a setting of the service): did",
+        "  you mean CLIP_BATCHING__MAX_BATCH_IMAGES?`. Inside a group it also stops the server.",
         "",
         "| Flag | Environment variable | Type | Default | Allowed | Description |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -100,6 +103,14 @@ def config_doc() -> str:
     for name, model in setting_groups().items():
         doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
         lines.append(f"- `--{name}-*`, `CLIP_{name.upper()}__*`: {doc}")
+    lines += [
+        "",
+        "## Other `CLIP_*` variables",
+        "",
+        "Read by other programs of this repository, not by the service (which does not warn about them):",
+        "",
+    ]
+    lines += [f"- `{name}`: {what}" for name, what in sorted(OTHER_PROGRAMS_VARIABLES.items())]
     lines += [
         "",
         "## Command line",

@@ -7,16 +7,19 @@ environment variable; flags win over variables, variables over defaults.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from service.cli import describe_errors, parse_args
+from service.cli import describe_errors, parse_args, unknown_variables
 from service.config import Settings
 
 __all__ = ["main", "parse_args"]
+
+logger = logging.getLogger("service")
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -25,12 +28,17 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     overrides = parse_args(argv)  # --help, --version and malformed flags end here, before the app is imported
+    warnings = unknown_variables(os.environ)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"invalid settings:\n{describe_errors(exc)}", file=sys.stderr)
+        # A misspelt variable inside a group is refused here: its hint belongs beside the error.
+        hints = "".join(f"\nwarning: {warning}" for warning in warnings)
+        print(f"invalid settings:\n{describe_errors(exc)}{hints}", file=sys.stderr)
         raise SystemExit(2) from None
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for warning in warnings:
+        logger.warning(warning)
 
     # The application imports torch and open_clip (seconds): only once the settings are known to be good.
     from service import http_server

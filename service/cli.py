@@ -23,7 +23,7 @@ import argparse
 import difflib
 import json
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,15 @@ from service.config import Settings
 
 ENV_PREFIX: str = Settings.model_config.get("env_prefix") or ""
 NESTED_DELIMITER: str = Settings.model_config.get("env_nested_delimiter") or "__"
+
+# CLIP_* variables that other programs of this repository read: not settings of the service, and
+# not misspellings of one, so the service does not warn about them.
+OTHER_PROGRAMS_VARIABLES: dict[str, str] = {
+    "CLIP_SERVICE_URL": "the Python client (clients/python): the server's URL",
+    "CLIP_SERVICE_API_KEY": "the Python client (clients/python): the API key it sends",
+    "CLIP_FEATURE_CACHE": "clip-train: where frozen image features are kept",
+    "CLIP_PLAYGROUND_SCREENSHOT": "the playground's browser test: where to copy its screenshot",
+}
 
 # argparse metavars, in the words typer uses for the other two command lines.
 _METAVARS: dict[Any, str] = {str: "TEXT", int: "INTEGER", float: "NUMBER", Path: "PATH", SecretStr: "SECRET"}
@@ -253,6 +262,36 @@ def _flag_suggestion(unknown: Sequence[str]) -> str:
         if close:
             return f" (did you mean {close[0]}?)"
     return ""
+
+
+def known_variables() -> set[str]:
+    """Every ``CLIP_*`` name something here reads: the settings, their groups as JSON, other programs'."""
+    names = {setting.env for setting in settings_flags()}
+    names |= {f"{ENV_PREFIX}{name.upper()}" for name in setting_groups()}
+    return names | set(OTHER_PROGRAMS_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``CLIP_*`` variable that nothing reads, naming the closest known name.
+
+    pydantic-settings ignores an unknown top-level variable without a word (and refuses an unknown
+    one inside a group), so a misspelt ``CLIP_*`` would otherwise leave its setting at the default.
+    """
+    known = known_variables()
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings matches the names case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        warnings.append(f"unknown variable {name} (not a setting of the service): {_suggestion(upper, known)}")
+    return warnings
+
+
+def _suggestion(name: str, known: Iterable[str]) -> str:
+    # Compared without the prefix that every name shares, which would make any two names look alike.
+    stems = {k[len(ENV_PREFIX) :]: k for k in known}
+    close = difflib.get_close_matches(name[len(ENV_PREFIX) :], list(stems), n=1)
+    return f"did you mean {stems[close[0]]}?" if close else "the settings are listed in docs/configuration.md"
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -292,14 +292,66 @@ def test_bad_flag_values_exit_2_with_a_message(
     assert expected in err and "Traceback" not in err
 
 
+# ----------------------------------------------------------------------------- CLIP_* variables nothing reads
+def test_an_unknown_variable_warns_with_the_closest_name() -> None:
+    from service.cli import unknown_variables
+
+    warnings = unknown_variables({"CLIP_BATCHING__MAX_BATCH_IMAGE": "4", "CLIP_TORCH_THREAD": "1", "HOME": "/"})
+    assert len(warnings) == 2
+    assert "CLIP_BATCHING__MAX_BATCH_IMAGE" in warnings[0]
+    assert warnings[0].endswith("did you mean CLIP_BATCHING__MAX_BATCH_IMAGES?")
+    assert warnings[1].endswith("did you mean CLIP_TORCH_THREADS?")
+    assert "docs/configuration.md" in unknown_variables({"CLIP_NOTHING_LIKE_IT": "1"})[0]
+
+
+def test_known_variables_do_not_warn() -> None:
+    from service.cli import unknown_variables
+
+    known = {
+        "CLIP_PORT": "1",
+        "clip_log_level": "debug",  # matched case-insensitively, as pydantic-settings does
+        "CLIP_BATCHING__MAX_BATCH_IMAGES": "4",
+        "CLIP_LIMITS": "{}",  # a whole group as JSON
+        "CLIP_STORE": "models",  # the service and both command lines
+        "CLIP_STORE_CACHE_DIR": "/tmp",
+        "CLIP_TORCH_THREADS": "1",
+        "CLIP_SERVICE_URL": "http://x",  # the Python client
+        "CLIP_SERVICE_API_KEY": "k",
+        "CLIP_FEATURE_CACHE": "/tmp",  # clip-train
+    }
+    assert unknown_variables(known) == []
+
+
+def test_no_clip_variable_the_repository_sets_warns() -> None:
+    """Manifests, compose files, load tests, the SDK and the docs name only variables something reads."""
+    from service.cli import unknown_variables
+
+    pattern = re.compile(r"\bCLIP_[A-Z0-9_]*[A-Z0-9]\b")
+    places = ["k8s", "deploy", "loadtests", "clients", "training", "model_store", "scripts", "docs", "README.md"]
+    found: dict[str, str] = {}
+    for place in places:
+        for path in [REPO / place] if (REPO / place).is_file() else sorted((REPO / place).rglob("*")):
+            # The reference page and its generator show a misspelling on purpose.
+            if not path.is_file() or path.name in ("configuration.md", "config_doc.py"):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            found.update({name: str(path.relative_to(REPO)) for name in pattern.findall(text)})
+    assert "CLIP_BATCHING__MAX_BATCH_IMAGES" in found and "CLIP_SERVICE_URL" in found  # the scan saw them
+    assert unknown_variables(dict.fromkeys(found, "x")) == [], found
+
+
 # ----------------------------------------------------------------------------- the process
-def test_python_m_service_takes_nested_flags(tiny_store: Path) -> None:
+def test_python_m_service_takes_nested_flags_and_warns_about_unknown_variables(tiny_store: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CLIP_")}
     env |= {
         "PYTHONPATH": str(REPO),
         "CLIP_LIMITS__MAX_IMAGES": "7",  # a variable of the group the flag sets: kept
         "CLIP_LIMITS__MAX_PIXELS": "999",  # the flag wins
+        "CLIP_WATCH_INTERVALS": "1",  # misspelt
     }
     cmd = [
         sys.executable, "-m", "service", "--store", str(tiny_store), "--model", "tiny@production",
@@ -323,6 +375,10 @@ def test_python_m_service_takes_nested_flags(tiny_store: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
+    assert (
+        "unknown variable CLIP_WATCH_INTERVALS (not a setting of the service): did you mean CLIP_WATCH_INTERVAL_S?"
+        in out
+    )
 
 
 def test_help_does_not_import_the_application() -> None:
