@@ -1,15 +1,16 @@
 """``model-store`` command line: inspect, verify, publish, promote and collect model versions.
 
 Every ``StoreError`` becomes a one-line red message and exit code 1, so the
-commands compose in deployment scripts without tracebacks. The store is ``--store`` or the
-``CLIP_STORE`` environment variable (the name the service reads too; ``MODEL_STORE`` is still
-read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
+commands compose in deployment scripts without tracebacks. The store is ``--store`` (before or
+after the command) or the ``CLIP_STORE`` environment variable (the name the service reads too;
+``MODEL_STORE`` is still read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
 version validators (``model_store.validators``): a version whose model cannot load is refused.
 """
 
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt
 from model_store.errors import StoreError
 from model_store.location import missing_directory
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
@@ -57,32 +59,25 @@ def _handles_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-STORE_ENV = "CLIP_STORE"
-DEPRECATED_STORE_ENV = "MODEL_STORE"
+@dataclass(frozen=True)
+class _GroupOptions:
+    load_check: bool
 
 
-def _store(ctx: typer.Context, must_exist: bool = True) -> ModelStore:
-    """The store of --store; commands that read it refuse a root that does not exist (a typo in a
-    path must not look like an empty store)."""
-    store: ModelStore = ctx.obj
-    root = ctx.find_root().params.get("store")
-    if must_exist and root is not None and missing_directory(root):
-        raise StoreError(f"no model store at {root} (set by --store or {STORE_ENV}): the directory does not exist")
-    return store
+def _store(ctx: typer.Context, location: str, must_exist: bool = True) -> ModelStore:
+    """The store at ``location`` (--store); commands that read it refuse a root that does not exist
+    (a typo in a path must not look like an empty store)."""
+    if must_exist and missing_directory(location):
+        raise StoreError(f"no model store at {location} (set by --store or {STORE_ENV}): the directory does not exist")
+    options = ctx.find_object(_GroupOptions)
+    load_check = options.load_check if options is not None else True
+    return ModelStore(location, validator=InstalledValidators() if load_check else None)
 
 
 @app.callback()
 def main(
     ctx: typer.Context,
-    store: Annotated[
-        str,
-        typer.Option(
-            "--store",
-            envvar=[STORE_ENV, DEPRECATED_STORE_ENV],
-            help=f"Registry location: a directory or s3://bucket/prefix (env {STORE_ENV}; "
-            f"{DEPRECATED_STORE_ENV} is a deprecated alias).",
-        ),
-    ] = "models",
+    store: GroupStoreOpt = DEFAULT_STORE,
     load_check: Annotated[
         bool,
         typer.Option(
@@ -96,7 +91,8 @@ def main(
     ] = False,
 ) -> None:
     """Operate on the model registry at --store (env CLIP_STORE)."""
-    ctx.obj = _handles_errors(ModelStore)(store, validator=InstalledValidators() if load_check else None)
+    # The store opens in the command: a --store after the command name is parsed only after this runs.
+    ctx.obj = _GroupOptions(load_check=load_check)
 
 
 @app.command("list")
@@ -104,13 +100,14 @@ def main(
 def list_cmd(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Show the versions of one model.")] = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """List models with their versions and aliases, or the versions of one model."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     if name is None:
         models = store.list_models()
         if not models:
-            _out().print(f"no models in {escape(str(ctx.find_root().params.get('store', '')))}")
+            _out().print(f"no models in {escape(store_location)}")
             return
         table = Table("model", "versions", DEFAULT_ALIAS, "aliases")
         for model in models:
@@ -145,9 +142,10 @@ def show(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name, name@alias or name@version.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw manifest.")] = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Show a version's manifest summary, files and metrics."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = store.resolve(ref)
     manifest = store.manifest(name, version)
     out = _out()
@@ -188,9 +186,10 @@ def show(
 def verify(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name, name@alias or name@version.")],
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Recompute the checksums of every file of a version, then load and run its model."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = store.resolve(ref)
     store.verify(name, version)
     manifest = store.manifest(name, version)
@@ -209,11 +208,12 @@ def promote(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name@version (or name@alias) to promote.")],
     alias: AliasOpt = DEFAULT_ALIAS,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Verify a version and point an alias at it (the old target is kept for rollback)."""
     if "@" not in ref:
         raise StoreError(f"promote needs name@version, got {ref!r}")
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = store.resolve(ref)
     previous = store.promote(name, alias, version)
     _out().print(f"{name}@{alias}: {previous or '-'} -> {version}")
@@ -225,9 +225,10 @@ def rollback(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Model name.")],
     alias: AliasOpt = DEFAULT_ALIAS,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Return an alias to the version it pointed to before the last promotion."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     current = store.alias_target(name, alias)
     target = store.rollback(name, alias)
     _out().print(f"{name}@{alias}: {current or '-'} -> {target}")
@@ -240,9 +241,10 @@ def gc(
     name: Annotated[str, typer.Argument(help="Model name.")],
     keep: Annotated[int, typer.Option("--keep", min=0, help="Also keep the newest N versions.")] = 0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would be removed.")] = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Remove versions no alias (or alias history) references, and stale staging dirs."""
-    removed = _store(ctx).gc(name, keep_latest=keep, dry_run=dry_run)
+    removed = _store(ctx, store_location).gc(name, keep_latest=keep, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     _out().print(f"{verb}: {', '.join(removed)}" if removed else "nothing to remove")
 
@@ -258,6 +260,7 @@ def publish(
         str | None, typer.Option("--version", help="Version name (default: the manifest's, else next vN).")
     ] = None,
     alias: Annotated[list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it.")] = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Publish every file under DIRECTORY as a new immutable version.
 
@@ -272,7 +275,9 @@ def publish(
         for path in sorted(directory.rglob("*"))
         if path.is_file() and path.relative_to(directory).as_posix() != MANIFEST_FILE
     }
-    manifest = _store(ctx, must_exist=False).publish(name, files, fields, version=version, aliases=alias or ())
+    manifest = _store(ctx, store_location, must_exist=False).publish(
+        name, files, fields, version=version, aliases=alias or ()
+    )
     size = f"{len(manifest.files)} files, {manifest.total_bytes:,} bytes"
     _out().print(f"[green]published[/green] {manifest.ref} ({size})")
 

@@ -29,7 +29,7 @@ from training.evaluation import EvalConfig, Evaluator, evaluate, generator_image
 from training.evaluation.userdata.command import evaluate_on_data, summary_lines
 from training.evaluation.userdata.data import UserEvalConfig
 from training.import_command import import_cmd
-from training.options import StoreOpt
+from training.options import GroupStoreOpt, StoreOpt
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
@@ -49,11 +49,13 @@ register_userdata_commands(app)
 
 @app.callback()
 def _main(
+    store: GroupStoreOpt = "models",
     show_version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
-    """Options that apply to every command."""
+    """Options that apply to every command (each command that opens a store reads this --store
+    unless it is given its own)."""
 
 
 console = Console()
