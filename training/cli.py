@@ -64,6 +64,7 @@ console = Console()
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
+RefArg = Annotated[str, typer.Argument(help="Version in the store: name, name@alias or name@version.")]
 
 
 @app.command("world-bench")
@@ -163,7 +164,7 @@ def build_default(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    ref: str,
+    ref: RefArg,
     store: StoreOpt = "models",
     device: DeviceOpt = "cpu",
     seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
@@ -213,7 +214,7 @@ def evaluate_cmd(
 
 
 @app.command("show-eval")
-def show_eval(ref: str, store: StoreOpt = "models") -> None:
+def show_eval(ref: RefArg, store: StoreOpt = "models") -> None:
     """Print the stored evaluation table of a version (no computation)."""
     model_store = ModelStore(store)
     name, version = model_store.resolve(ref)
@@ -280,9 +281,9 @@ def pcclip_sweep(
 
 @app.command("heatmap")
 def heatmap(
-    ref: str,
+    ref: Annotated[str, typer.Argument(help="Version with a DCSM scorer: name, name@alias or name@version.")],
     image: Annotated[Path, typer.Argument(help="Image file (any format PIL reads).")],
-    text: str,
+    text: Annotated[str, typer.Argument(help="Text whose tokens are matched to the image's patches.")],
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("heatmap.png"),
     store: StoreOpt = "models",
 ) -> None:
@@ -298,7 +299,7 @@ def heatmap(
 
 @app.command("init-random")
 def init_random(
-    name: str,
+    name: Annotated[str, typer.Argument(help="Model name to publish the random version under.")],
     store: StoreOpt = "models",
     config: ConfigOpt = "shapes-smoke",
     seed: SeedOpt = 0,
