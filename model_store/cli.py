@@ -1,15 +1,16 @@
 """``model-store`` command line: inspect, verify, publish, promote and collect model versions.
 
 Every ``StoreError`` becomes a one-line red message and exit code 1, so the
-commands compose in deployment scripts without tracebacks. The store is ``--store`` or the
-``CLIP_STORE`` environment variable (the name the service reads too; ``MODEL_STORE`` is still
-read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
+commands compose in deployment scripts without tracebacks. The store is ``--store`` (before or
+after the command) or the ``CLIP_STORE`` environment variable (the name the service reads too;
+``MODEL_STORE`` is still read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
 version validators (``model_store.validators``): a version whose model cannot load is refused.
 """
 
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -20,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_store.alias_views import entry_text, history_table, print_gate
+from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt
 from model_store.errors import StoreError
 from model_store.gate import GatePolicy
 from model_store.location import missing_directory
@@ -61,32 +63,25 @@ def _handles_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-STORE_ENV = "CLIP_STORE"
-DEPRECATED_STORE_ENV = "MODEL_STORE"
+@dataclass(frozen=True)
+class _GroupOptions:
+    load_check: bool
 
 
-def _store(ctx: typer.Context, must_exist: bool = True) -> ModelStore:
-    """The store of --store; commands that read it refuse a root that does not exist (a typo in a
-    path must not look like an empty store)."""
-    store: ModelStore = ctx.obj
-    root = ctx.find_root().params.get("store")
-    if must_exist and root is not None and missing_directory(root):
-        raise StoreError(f"no model store at {root} (set by --store or {STORE_ENV}): the directory does not exist")
-    return store
+def _store(ctx: typer.Context, location: str, must_exist: bool = True) -> ModelStore:
+    """The store at ``location`` (--store); commands that read it refuse a root that does not exist
+    (a typo in a path must not look like an empty store)."""
+    if must_exist and missing_directory(location):
+        raise StoreError(f"no model store at {location} (set by --store or {STORE_ENV}): the directory does not exist")
+    options = ctx.find_object(_GroupOptions)
+    load_check = options.load_check if options is not None else True
+    return ModelStore(location, validator=InstalledValidators() if load_check else None)
 
 
 @app.callback()
 def main(
     ctx: typer.Context,
-    store: Annotated[
-        str,
-        typer.Option(
-            "--store",
-            envvar=[STORE_ENV, DEPRECATED_STORE_ENV],
-            help=f"Registry location: a directory or s3://bucket/prefix (env {STORE_ENV}; "
-            f"{DEPRECATED_STORE_ENV} is a deprecated alias).",
-        ),
-    ] = "models",
+    store: GroupStoreOpt = DEFAULT_STORE,
     load_check: Annotated[
         bool,
         typer.Option(
@@ -100,7 +95,8 @@ def main(
     ] = False,
 ) -> None:
     """Operate on the model registry at --store (env CLIP_STORE)."""
-    ctx.obj = _handles_errors(ModelStore)(store, validator=InstalledValidators() if load_check else None)
+    # The store opens in the command: a --store after the command name is parsed only after this runs.
+    ctx.obj = _GroupOptions(load_check=load_check)
 
 
 @app.command("list")
@@ -108,13 +104,14 @@ def main(
 def list_cmd(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Show the versions of one model.")] = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """List models with their versions and aliases, or the versions of one model."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     if name is None:
         models = store.list_models()
         if not models:
-            _out().print(f"no models in {escape(str(ctx.find_root().params.get('store', '')))}")
+            _out().print(f"no models in {escape(store_location)}")
             return
         table = Table("model", "versions", DEFAULT_ALIAS, "aliases")
         for model in models:
@@ -149,9 +146,10 @@ def show(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name, name@alias or name@version.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw manifest.")] = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Show a version's manifest summary, files and metrics."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = store.resolve(ref)
     manifest = store.manifest(name, version)
     out = _out()
@@ -192,9 +190,10 @@ def show(
 def verify(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="name, name@alias or name@version.")],
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Recompute the checksums of every file of a version, then load and run its model."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = store.resolve(ref)
     store.verify(name, version)
     manifest = store.manifest(name, version)
@@ -237,10 +236,11 @@ def promote(
     force: ForceOpt = False,
     reason: ReasonOpt = None,
     all_figures: AllFiguresOpt = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Verify a version, run the evaluation gate against the alias' target, and point the alias at it
     (the old target is kept for rollback). Promoting a running canary's version ends it at 100 %."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     name, version = _name_and_version(store, ref, version, "promote")
     before = store.alias_entry(name, alias)
     out = _out()
@@ -262,10 +262,11 @@ def canary(
     force: ForceOpt = False,
     reason: ReasonOpt = None,
     all_figures: AllFiguresOpt = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Start a canary (or change its weight): VERSION answers WEIGHT percent of the alias' requests,
     chosen by caller, beside its target. End it with promote (100 %) or rollback (0 %)."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     out = _out()
     entry = store.canary(
         name, alias, version, weight, force=force, reason=reason,
@@ -286,12 +287,13 @@ def shadow(
     ] = 0.1,
     off: Annotated[bool, typer.Option("--off", help="Remove the alias' shadow.")] = False,
     reason: ReasonOpt = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Set a shadow: a sample of the alias' requests is re-run on VERSION after being answered, to
     compare the two (its answers are never returned). --off removes it. Not gated."""
     if off == (version is not None):
         raise StoreError("shadow needs a VERSION, or --off to remove the shadow")
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     entry = store.shadow(name, alias, None if off else version, fraction, reason=reason)
     _out().print(f"{name}@{alias}: {entry_text(entry)}" + ("" if entry.shadow else " (no shadow)"))
 
@@ -303,10 +305,11 @@ def rollback(
     name: Annotated[str, typer.Argument(help="Model name.")],
     alias: AliasOpt = DEFAULT_ALIAS,
     reason: ReasonOpt = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Return an alias to the version it pointed to before the last promotion; while a canary runs,
     end the canary at 0 % instead (the target answers everything again)."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     before = store.alias_entry(name, alias)
     target = store.rollback(name, alias, reason=reason)
     if before is not None and before.canary is not None:
@@ -322,10 +325,11 @@ def history(
     name: Annotated[str, typer.Argument(help="Model name.")],
     alias: Annotated[str | None, typer.Option("--alias", "-a", help="Only this alias.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the log as JSON.")] = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Every recorded move of a model's aliases (oldest first): when, what, from, to, the split, the
     gate's verdict, the reason and who; then where each alias points now."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     log = store.alias_log(name, alias)
     out = _out()
     if as_json:
@@ -349,10 +353,11 @@ def gate(
     version: Annotated[str, typer.Argument(help="Candidate version.")],
     alias: AliasOpt = DEFAULT_ALIAS,
     all_figures: AllFiguresOpt = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Dry run of the evaluation gate: compare VERSION's eval.json with the alias' target's and print
     the verdict; exit 1 if a promotion would be refused. Nothing moves."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     report = store.gate(name, alias, version)
     print_gate(_out(), report, all_figures)
     if not report.passed:
@@ -368,10 +373,11 @@ def policy(
         Path | None, typer.Option("--set", help="JSON file to install as the model's gate policy (gate.json).")
     ] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Remove the policy (back to the defaults).")] = False,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Show or set the evaluation gate's policy of a model (<name>/gate.json in the store):
     {"tolerance": {"figure or glob": 0.02}, "direction": {"figure or glob": "higher|lower|ignore"}}."""
-    store = _store(ctx)
+    store = _store(ctx, store_location)
     if set_file is not None and clear:
         raise StoreError("--set and --clear exclude each other")
     if set_file is not None:
@@ -403,9 +409,10 @@ def gc(
             "them for this long: a younger one may belong to a publish still running. 0 removes them all.",
         ),
     ] = STAGING_GRACE_S,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Remove versions no alias (or alias history) references, and stale staging dirs."""
-    removed = _store(ctx).gc(name, keep_latest=keep, dry_run=dry_run, staging_grace_s=staging_grace)
+    removed = _store(ctx, store_location).gc(name, keep_latest=keep, dry_run=dry_run, staging_grace_s=staging_grace)
     verb = "would remove" if dry_run else "removed"
     _out().print(f"{verb}: {', '.join(removed)}" if removed else "nothing to remove")
 
@@ -421,6 +428,7 @@ def publish(
         str | None, typer.Option("--version", help="Version name (default: the manifest's, else next vN).")
     ] = None,
     alias: Annotated[list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it.")] = None,
+    store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Publish every file under DIRECTORY as a new immutable version.
 
@@ -439,7 +447,7 @@ def publish(
     }
     out = _out()
     # One line per step, written out at once: a killed run's output must show where it stopped.
-    _store(ctx, must_exist=False).publish(
+    _store(ctx, store_location, must_exist=False).publish(
         name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line)
     )
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-import typer
-
 DISTRIBUTION = "clip-difference-service"
 
 
@@ -18,6 +16,8 @@ def package_version() -> str:
 
 def print_version(value: bool) -> None:
     """A typer callback for an eager ``--version`` option: print the version and exit."""
+    import typer  # here, not above: ``python -m service --help`` reads the version and should not load typer
+
     if value:
         typer.echo(package_version())
         raise typer.Exit()

@@ -1,37 +1,25 @@
 """``python -m service`` / ``clip-service``: run the HTTP service under uvicorn.
 
-Flags mirror the ``CLIP_*`` environment settings and win over them; everything else (limits,
-batching, API keys, ...) is set through the environment (see ``service.config``).
+Every setting of ``service.config.Settings`` is a flag (``service.cli``) and a ``CLIP_*``
+environment variable; flags win over variables, variables over defaults.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
-from model_store.version import package_version
+from service.cli import describe_errors, parse_args, unknown_variables
+from service.config import Settings
 
+__all__ = ["main", "parse_args"]
 
-def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="clip-service", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=package_version(), help="print the version and exit")
-    parser.add_argument("--host", help="bind address (CLIP_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (CLIP_PORT, default 8000)")
-    parser.add_argument("--store", help="model store: a directory or s3://bucket/prefix (CLIP_STORE, default ./models)")
-    parser.add_argument("--model", help="name@alias or name@version (CLIP_MODEL, default default@production)")
-    parser.add_argument("--redis-url", help="redis://host:port/db for the shared cache (CLIP_REDIS_URL)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (CLIP_DEVICE, default cpu)")
-    parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error", "critical"], help="CLIP_LOG_LEVEL, default info"
-    )
-    args = vars(parser.parse_args(argv))
-    return {key: value for key, value in args.items() if value is not None}
+logger = logging.getLogger("service")
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -39,17 +27,23 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from service import http_server
-    from service.app import create_app
-    from service.config import Settings
-
-    overrides = parse_args(argv)
+    overrides = parse_args(argv)  # --help, --version and malformed flags end here, before the app is imported
+    warnings = unknown_variables(os.environ)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"invalid settings:\n{exc}", file=sys.stderr)
+        # A misspelt variable inside a group is refused here: its hint belongs beside the error.
+        hints = "".join(f"\nwarning: {warning}" for warning in warnings)
+        print(f"invalid settings:\n{describe_errors(exc)}{hints}", file=sys.stderr)
         raise SystemExit(2) from None
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for warning in warnings:
+        logger.warning(warning)
+
+    # The application imports torch and open_clip (seconds): only once the settings are known to be good.
+    from service import http_server
+    from service.app import create_app
+
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler
     # that was installed before it started: make that one a clean exit (code 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)

@@ -28,13 +28,21 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_body_bytes: int = Field(default=20 * MiB, gt=0)
-    max_images: int = Field(default=64, ge=1)
-    max_labels: int = Field(default=1000, ge=2)
-    max_texts: int = Field(default=256, ge=1)
-    max_text_chars: int = Field(default=2000, ge=1)
+    max_body_bytes: int = Field(default=20 * MiB, gt=0, description="Largest request body (20 MiB).")
+    max_images: int = Field(
+        default=64, ge=1, description="Images per request (`images`), for /classify, /rank and /embed."
+    )
+    max_labels: int = Field(default=1000, ge=2, description="Labels per /classify request.")
+    max_texts: int = Field(default=256, ge=1, description="Texts per /embed request.")
+    max_text_chars: int = Field(
+        default=2000,
+        ge=1,
+        description="Characters per text (label, template, description, difference, comparative).",
+    )
     # Checked from the image header before any pixel is decoded (decompression-bomb guard).
-    max_pixels: int = Field(default=40_000_000, gt=0)
+    max_pixels: int = Field(
+        default=40_000_000, gt=0, description="Pixels per image, checked from the image header before decoding."
+    )
     max_aspect_ratio: float = Field(
         default=50.0,
         ge=1,
@@ -43,16 +51,18 @@ class Limits(BaseModel):
         "PNG of 160000x1 pixels is within `max_pixels` but a centre crop of it is one pixel wide, and decoding "
         "the widest such images costs hundreds of MB.",
     )
-    max_image_bytes: int = Field(default=10 * MiB, gt=0)
+    max_image_bytes: int = Field(default=10 * MiB, gt=0, description="Encoded bytes per image (10 MiB).")
     max_url_bytes: int = Field(
         default=20 * MiB,
         gt=0,
         description="Bytes that all the image URLs of one request may download together (a request of a few KB "
         "may name many large images; each is also capped by `max_image_bytes`).",
     )
-    max_pairs: int = Field(default=64, ge=1)
-    max_prompts_per_label: int = Field(default=64, ge=1)
-    max_comparatives: int = Field(default=256, ge=0)
+    max_pairs: int = Field(default=64, ge=1, description="Pairs per /rank-pair request.")
+    max_prompts_per_label: int = Field(
+        default=64, ge=1, description="Templates per request and descriptions per label."
+    )
+    max_comparatives: int = Field(default=256, ge=0, description="Comparatives per /classify request.")
 
 
 class Batching(BaseModel):
@@ -60,13 +70,19 @@ class Batching(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_batch_images: int = Field(default=64, ge=1)
-    max_batch_texts: int = Field(default=256, ge=1)
+    max_batch_images: int = Field(default=64, ge=1, description="Largest image batch handed to the model.")
+    max_batch_texts: int = Field(default=256, ge=1, description="Largest text batch handed to the model.")
     # 0: a batch runs as soon as the model is free; requests that arrive while it is busy form
     # the next batch. Measured (docs/benchmarks.md): 5 ms cost 40-45% of throughput at
     # concurrency 1 and bought nothing at concurrency 8.
-    max_wait_ms: float = Field(default=0.0, ge=0)
-    max_queue: int = Field(default=4096, ge=1)
+    max_wait_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="How long a batch waits to fill before it runs (0: run as soon as the model is free).",
+    )
+    max_queue: int = Field(
+        default=4096, ge=1, description="Items a batcher queues; beyond it requests answer 429 with `Retry-After`."
+    )
     max_queue_delay_s: float | None = Field(
         default=2.0,
         gt=0,
@@ -74,8 +90,10 @@ class Batching(BaseModel):
         "queue, estimated from the queue and the measured batch time: overload answers at once instead of with "
         "seconds of latency. `max_queue` still bounds the items held. Unset (null): no time bound.",
     )
-    request_timeout_s: float = Field(default=30.0, gt=0)
-    decode_workers: int = Field(default=2, ge=1)
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, description="Budget of one request in the batchers; beyond it 504 `timeout`."
+    )
+    decode_workers: int = Field(default=2, ge=1, description="Threads that decode and preprocess images.")
 
 
 class Settings(BaseSettings):
@@ -83,9 +101,16 @@ class Settings(BaseSettings):
         env_prefix="CLIP_", env_nested_delimiter="__", extra="ignore", validate_default=True
     )
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    store: str = "models"
+    host: str = Field(default="127.0.0.1", description="Bind address of the HTTP server.")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the HTTP server.")
+    store: str = Field(
+        default="models",
+        description="Model-store location: a directory (relative paths are taken from the working directory) or "
+        "`s3://bucket/prefix` on S3-compatible object storage, reached with the standard AWS environment or "
+        "profile (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`, credentials; see docs/operations.md). Other "
+        "schemes are refused. The `model-store` and `clip-train` command lines read the same variable "
+        "(`MODEL_STORE` is a deprecated alias there).",
+    )
     store_cache_dir: Path | None = Field(
         default=None,
         description="Local cache of the weight files of an `s3://` store, keyed by sha256 and checked on download, "
@@ -93,7 +118,10 @@ class Settings(BaseSettings):
         "local copies that loaders open. Unset: `$XDG_CACHE_HOME/clip-service/store`. Must be writable; never "
         "evicted, so size its volume for the versions a pod loads. Unused for a directory store.",
     )
-    model: str = "default@production"
+    model: str = Field(
+        default="default@production",
+        description="Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
@@ -165,9 +193,17 @@ class Settings(BaseSettings):
         gt=0,
         description="How long an idle keep-alive connection stays open between requests.",
     )
-    redis_url: SecretStr | None = None  # may carry a password: redacted like a key
-    cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
-    lru_items: int = Field(default=50_000, ge=0)
+    redis_url: SecretStr | None = Field(  # may carry a password: redacted like a key
+        default=None,
+        description="`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: without it "
+        "(or while it is down) only the in-process LRU is used. Redacted in logs.",
+    )
+    cache_ttl_s: int = Field(
+        default=7 * 24 * 3600, gt=0, description="Lifetime of an embedding in Redis, in seconds (7 days)."
+    )
+    lru_items: int = Field(
+        default=50_000, ge=0, description="Embeddings kept in the in-process LRU cache (0 disables it)."
+    )
     redis_timeout_s: float = Field(
         default=0.25,
         gt=0,
@@ -193,11 +229,17 @@ class Settings(BaseSettings):
     )
     limits: Limits = Field(default_factory=lambda: Limits())
     batching: Batching = Field(default_factory=lambda: Batching())
-    allow_url_images: bool = False
-    # Hosts (exact names or IP literals) that may be fetched even when they resolve to private,
-    # loopback or link-local addresses; everything else must resolve to public addresses only.
-    url_allowlist: list[str] = Field(default_factory=list)
-    url_timeout_s: float = Field(default=5.0, gt=0)
+    allow_url_images: bool = Field(
+        default=False, description='Accept `{"url": ...}` images (fetched with an SSRF guard).'
+    )
+    url_allowlist: list[str] = Field(
+        default_factory=list,
+        description="Hosts (exact names or IP literals) that may be fetched even when they resolve to private, "
+        "loopback or link-local addresses; every other host must resolve to public addresses.",
+    )
+    url_timeout_s: float = Field(
+        default=5.0, gt=0, description="Total time allowed to fetch one image URL (redirects included)."
+    )
     url_fetches_per_request: int = Field(
         default=4,
         ge=1,
@@ -211,15 +253,34 @@ class Settings(BaseSettings):
         description="Image URLs fetched at the same time by the whole server process, all requests together; a "
         "fetch beyond it waits for one to finish (each finishes within `url_timeout_s`).",
     )
-    api_keys: list[SecretStr] = Field(default_factory=list)
-    api_keys_file: Path | None = None
-    watch_interval_s: float = Field(default=2.0, gt=0)
-    # How long a swapped-out version may keep finishing requests before its batchers stop.
-    drain_timeout_s: float = Field(default=30.0, gt=0)
-    graceful_shutdown_s: int = Field(default=20, ge=0)
-    warmup: bool = True
-    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
-    cors_origins: list[str] = Field(default_factory=list)  # empty: no CORS headers at all
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Accepted API keys (`Authorization: Bearer <key>`); empty with no `api_keys_file`: no "
+        "authentication. Redacted in logs.",
+    )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="File with one API key per line (`#` comments allowed), re-read when it changes.",
+    )
+    watch_interval_s: float = Field(
+        default=2.0, gt=0, description="How often the model alias is checked for a new version."
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a swapped-out version may keep finishing requests (then its batchers stop).",
+    )
+    graceful_shutdown_s: int = Field(default=20, ge=0, description="How long SIGTERM waits for in-flight requests.")
+    warmup: bool = Field(
+        default=True,
+        description="Run a warm-up batch before a loaded version serves (and before /readyz says ready).",
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        default="info", description="Log level (case-insensitive)."
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Origins allowed by CORS; empty: no CORS headers at all."
+    )
     playground: bool = Field(
         default=True,
         description="Serve the playground page at `/` (static files that call the public API; its API calls need "

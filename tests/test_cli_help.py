@@ -1,4 +1,4 @@
-"""Every option of every command line says what it does, and every CLI tells its version."""
+"""Every option and argument of every command line says what it does, and every CLI tells its version."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from typer.main import get_command
+from typer.testing import CliRunner
 
 from model_store.cli import app as store_app
 from service.__main__ import parse_args
@@ -28,9 +29,50 @@ def _options_without_help(command: object, path: list[str]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("name", "app"), [("clip-train", train_app), ("model-store", store_app)])
+def _commands(command: object, path: list[str]) -> list[tuple[list[str], object]]:
+    """``(path below the program, command)`` of every leaf command."""
+    subcommands = getattr(command, "commands", None)
+    if not subcommands:
+        return [(path, command)]
+    return [leaf for name, sub in subcommands.items() for leaf in _commands(sub, [*path, name])]
+
+
+def _arguments(command: object) -> list[object]:
+    return [p for p in command.params if getattr(p, "param_type_name", "") == "argument"]  # type: ignore[attr-defined]
+
+
+APPS = [("clip-train", train_app), ("model-store", store_app)]
+
+
+@pytest.mark.parametrize(("name", "app"), APPS)
 def test_every_option_has_help(name: str, app: object) -> None:
     assert _options_without_help(get_command(app), [name]) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "app"), APPS)
+def test_every_argument_has_help(name: str, app: object) -> None:
+    missing = [
+        f"{name} {' '.join(path)} {arg.name}"  # type: ignore[attr-defined]
+        for path, command in _commands(get_command(app), [])  # type: ignore[arg-type]
+        for arg in _arguments(command)
+        if not getattr(arg, "help", None)
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("name", "app"), APPS)
+def test_help_of_every_command_shows_its_arguments_help(name: str, app: object) -> None:
+    runner = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"})
+    checked = 0
+    for path, command in _commands(get_command(app), []):  # type: ignore[arg-type]
+        result = runner.invoke(app, [*path, "--help"])  # type: ignore[arg-type]
+        assert result.exit_code == 0, (path, result.output)
+        text = " ".join(result.output.split())
+        for arg in _arguments(command):
+            words = " ".join(str(getattr(arg, "help", "") or "<no help>").split()[:4])
+            assert words in text, f"{name} {' '.join(path)} --help: no help for {arg.name}"  # type: ignore[attr-defined]
+            checked += 1
+    assert checked > 5  # the commands were found
 
 
 def test_python_m_service_flags_have_help(capsys: pytest.CaptureFixture[str]) -> None:

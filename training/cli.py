@@ -29,7 +29,7 @@ from training.evaluation import EvalConfig, Evaluator, evaluate, generator_image
 from training.evaluation.userdata.command import evaluate_on_data, summary_lines
 from training.evaluation.userdata.data import UserEvalConfig
 from training.import_command import import_cmd
-from training.options import StoreOpt
+from training.options import GroupStoreOpt, StoreOpt
 from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
@@ -49,11 +49,13 @@ register_userdata_commands(app)
 
 @app.callback()
 def _main(
+    store: GroupStoreOpt = "models",
     show_version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", callback=print_version, is_eager=True)
     ] = False,
 ) -> None:
-    """Options that apply to every command."""
+    """Options that apply to every command (each command that opens a store reads this --store
+    unless it is given its own)."""
 
 
 console = Console()
@@ -62,6 +64,7 @@ console = Console()
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 ConfigOpt = Annotated[str, typer.Option(help="Model config: a name in training/configs or a JSON path.")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
+RefArg = Annotated[str, typer.Argument(help="Version in the store: name, name@alias or name@version.")]
 
 
 @app.command("world-bench")
@@ -165,7 +168,7 @@ def build_default(
 
 @app.command("evaluate")
 def evaluate_cmd(
-    ref: str,
+    ref: RefArg,
     store: StoreOpt = "models",
     device: DeviceOpt = "cpu",
     seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
@@ -215,7 +218,7 @@ def evaluate_cmd(
 
 
 @app.command("show-eval")
-def show_eval(ref: str, store: StoreOpt = "models") -> None:
+def show_eval(ref: RefArg, store: StoreOpt = "models") -> None:
     """Print the stored evaluation table of a version (no computation)."""
     model_store = ModelStore(store)
     name, version = model_store.resolve(ref)
@@ -282,9 +285,9 @@ def pcclip_sweep(
 
 @app.command("heatmap")
 def heatmap(
-    ref: str,
+    ref: Annotated[str, typer.Argument(help="Version with a DCSM scorer: name, name@alias or name@version.")],
     image: Annotated[Path, typer.Argument(help="Image file (any format PIL reads).")],
-    text: str,
+    text: Annotated[str, typer.Argument(help="Text whose tokens are matched to the image's patches.")],
     out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("heatmap.png"),
     store: StoreOpt = "models",
 ) -> None:
@@ -300,7 +303,7 @@ def heatmap(
 
 @app.command("init-random")
 def init_random(
-    name: str,
+    name: Annotated[str, typer.Argument(help="Model name to publish the random version under.")],
     store: StoreOpt = "models",
     config: ConfigOpt = "shapes-smoke",
     seed: SeedOpt = 0,

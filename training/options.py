@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+# CLIP_STORE is the one name the service and both command lines read; MODEL_STORE is a deprecated
+# alias. ``StoreOpt`` is the command's --store, ``GroupStoreOpt`` the one before the command: a
+# --store given after the command wins, else the group's flag, variable or default applies.
+from model_store.cli_options import DEFAULT_STORE, GroupStoreOpt, StoreOpt
 
-import typer
-
-# A string, not a Path: pathlib would turn s3://bucket/prefix into s3:/bucket/prefix. CLIP_STORE is
-# the one name the service and both command lines read; MODEL_STORE is a deprecated alias.
-StoreOpt = Annotated[
-    str,
-    typer.Option(
-        "--store",
-        envvar=["CLIP_STORE", "MODEL_STORE"],
-        help="Model store: a directory or s3://bucket/prefix (env CLIP_STORE).",
-    ),
-]
+__all__ = ["DEFAULT_STORE", "GroupStoreOpt", "StoreOpt"]

@@ -307,7 +307,7 @@ def run_bash(script: str, cwd: Path, host_port: str) -> None:
     completed = subprocess.run(
         ["bash", "-c", CURL_WRAPPER + with_host(script, host_port)],
         cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "CURL_LOG": str(log), "CLIP_API_KEY": "unused"},
+        env={"PATH": "/usr/bin:/bin", "CURL_LOG": str(log), "CLIP_SERVICE_API_KEY": "unused"},
         capture_output=True,
         text=True,
         timeout=600,

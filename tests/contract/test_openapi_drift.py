@@ -115,7 +115,7 @@ def test_configuration_doc_is_current(exporter: ModuleType) -> None:
 
     current = exporter.CONFIG_DOC_PATH.read_text(encoding="utf-8") if exporter.CONFIG_DOC_PATH.exists() else ""
     assert current == config_doc(), (
-        "docs/configuration.md is out of date with service/config.py or service/__main__.py; "
+        "docs/configuration.md is out of date with service/config.py or service/cli.py; "
         "regenerate it with `python scripts/export_openapi.py --config-doc`"
     )
 
