@@ -79,8 +79,14 @@ class Batching(BaseModel):
 
 
 class Settings(BaseSettings):
+    # hide_input_in_errors: an error must not print what was given, which for redis_url or an
+    # API key is a secret (`python -m service` prints validation errors to stderr, into the logs).
     model_config = SettingsConfigDict(
-        env_prefix="CLIP_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="CLIP_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     host: str = "127.0.0.1"

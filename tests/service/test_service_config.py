@@ -62,6 +62,14 @@ def test_invalid_settings_are_rejected() -> None:
             Settings(**bad)
 
 
+def test_validation_errors_do_not_print_the_values_given() -> None:
+    """`python -m service` prints validation errors to stderr: a secret given where it does not
+    fit must not end up in the logs."""
+    with pytest.raises(ValidationError) as invalid:
+        Settings(device="hunter2", api_keys=["ok", " "])
+    assert "hunter2" not in str(invalid.value) and "device" in str(invalid.value)
+
+
 def test_secrets_are_redacted() -> None:
     s = Settings(api_keys=["super-secret"], redis_url="redis://:hunter2@cache:6379/0")
     text = repr(s.redacted()) + repr(s) + str(s)
