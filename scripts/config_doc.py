@@ -30,8 +30,6 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "deprecated alias there).",
     "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
     "device": "Torch device; `auto` picks CUDA when available.",
-    "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "
-    "without it (or while it is down) only the in-process LRU is used. Redacted in logs.",
     "cache_ttl_s": "Lifetime of an embedding in Redis, in seconds (7 days).",
     "lru_items": "Embeddings kept in the in-process LRU cache (0 disables it).",
     "redis_timeout_s": "Timeout of one Redis call; a slow Redis counts as a miss.",
@@ -173,7 +171,7 @@ def config_doc() -> str:
         "with a double underscore (`CLIP_LIMITS__MAX_IMAGES=16`), and a whole group can also be given",
         'as JSON (`CLIP_LIMITS=\'{"max_images": 16}\'`). Lists are JSON (`CLIP_API_KEYS=\'["k1","k2"]\'`),',
         "booleans are `true`/`false`. Invalid values stop the server at startup with a message naming",
-        "the setting. Secrets (`api_keys`, the password in `redis_url`) are redacted in the startup log.",
+        "the setting. Secrets (`api_keys`, the passwords in `redis_url`) are redacted in the startup log.",
         "",
         "| Environment variable | Type | Default | Allowed | Description |",
         "| --- | --- | --- | --- | --- |",

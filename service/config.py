@@ -12,13 +12,13 @@ import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_store import parse_ref
 from model_store.location import check_location
+from service.redis_url import parse_redis_url, redact_redis_url
 
 MiB = 1024 * 1024
 
@@ -157,7 +157,17 @@ class Settings(BaseSettings):
         gt=0,
         description="How long an idle keep-alive connection stays open between requests.",
     )
-    redis_url: SecretStr | None = None  # may carry a password: redacted like a key
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="Shared embedding cache; unset (or while Redis is down), the in-process LRU only. One server: "
+        "`redis://[[user]:password@]host:port/db` (`rediss://` for TLS). Redis Sentinel: "
+        "`redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]` names the Sentinels "
+        "(port 26379 when left out) and the master they monitor; the password is the master's, "
+        "`?sentinel_password=...` the Sentinels' own when they require one; a failover is followed. Redis "
+        "Cluster: `redis+cluster://[[user]:password@]host:port[,host:port...]` names a few nodes (database 0 "
+        "only); keys spread over the masters by hash slot. Passwords are redacted in logs and responses. See "
+        'docs/operations.md, "Redis Sentinel or Redis Cluster".',
+    )
     cache_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
     lru_items: int = Field(default=50_000, ge=0)
     redis_timeout_s: float = Field(
@@ -264,6 +274,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_form(cls, value: SecretStr | None) -> SecretStr | None:
+        # A malformed URL fails at start-up, not at the first cache lookup. Neither the message
+        # (parse_redis_url never repeats the URL) nor pydantic (hide_input_in_errors) prints the
+        # URL, which may carry a password.
+        if value is not None:
+            parse_redis_url(value.get_secret_value())
+        return value
+
     @field_validator("store")
     @classmethod
     def _store_location(cls, value: str) -> str:
@@ -275,7 +295,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_keys"] = ["**********" for _ in self.api_keys]
         if self.redis_url is not None:
-            data["redis_url"] = _without_password(self.redis_url.get_secret_value())
+            data["redis_url"] = redact_redis_url(self.redis_url.get_secret_value())
         return data
 
     def redis_url_value(self) -> str | None:
@@ -295,17 +315,3 @@ def _cuda_device(device: str) -> bool:
     import torch  # only here: settings stay importable without loading torch
 
     return bool(torch.cuda.is_available())
-
-
-def _without_password(url: str) -> str:
-    """``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0`` (host stays visible)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-    except ValueError:
-        return "**********"

@@ -76,6 +76,15 @@ def test_secrets_are_redacted() -> None:
     assert "super-secret" not in text and "hunter2" not in text
     assert s.redis_url_value() == "redis://:hunter2@cache:6379/0"
     assert s.redacted()["redis_url"] == "redis://:***@cache:6379/0"
+    sentinel = Settings(redis_url="redis+sentinel://:hunter2@s0:26379,s1:26379/clipcache/0?sentinel_password=hunter3")
+    assert (
+        sentinel.redacted()["redis_url"] == "redis+sentinel://:***@s0:26379,s1:26379/clipcache/0?sentinel_password=***"
+    )
+    cluster = Settings(redis_url="redis+cluster://cache:hunter2@n0:7000,n1:7000")
+    assert cluster.redacted()["redis_url"] == "redis+cluster://cache:***@n0:7000,n1:7000"
+    for settings in (sentinel, cluster):
+        text = repr(settings.redacted()) + repr(settings) + str(settings)
+        assert "hunter2" not in text and "hunter3" not in text
 
 
 def test_cli_flags_mirror_settings() -> None:
