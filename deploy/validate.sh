@@ -3,8 +3,9 @@
 #
 #   bash deploy/validate.sh            # exits non-zero on any problem
 #
-# 1. renders k8s/overlays/{cpu,gpu,s3} with `kubectl kustomize` or `kustomize` when installed,
-#    else with deploy/render_kustomize.py (and, when both exist, checks they agree);
+# 1. renders k8s/overlays/{cpu,gpu,s3,redis-sentinel,redis-cluster} with `kubectl kustomize` or
+#    `kustomize` when installed, else with deploy/render_kustomize.py (and, when both exist,
+#    checks they agree);
 # 2. validates every rendered object (and k8s/tools/*.yaml) against the Kubernetes schemas of
 #    $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors;
 # 3. runs checkov's Kubernetes policies on the same objects. Rendered output rather than
@@ -23,7 +24,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 K8S_VERSION="${K8S_VERSION:-1.32.0}"
-OVERLAYS=(cpu gpu s3)
+OVERLAYS=(cpu gpu s3 redis-sentinel redis-cluster)
 TOOLS_VENV="${DEPLOY_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/clip-deploy-tools}"
 REQUIREMENTS="deploy/requirements-validate.txt"
 

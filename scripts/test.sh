@@ -3,12 +3,14 @@
 # run the static checks and the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Debian packages the suite runs: redis-server (the embedding cache), qemu-user (runs the int8
+# Debian packages the suite runs: redis-server (the embedding cache, also as Redis Cluster nodes),
+# redis-sentinel (the cache behind Sentinel, failing over), qemu-user (runs the int8
 # graphs on an emulated AVX2-only CPU, whatever CPU this is), chromium and chromium-driver (the
 # playground's browser test), dataset-fashion-mnist (real photos for the tutorial and the
 # evaluation on one's own data). Installed when missing.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-sentinel >/dev/null || missing+=(redis-sentinel)
 command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)

@@ -12,13 +12,13 @@ import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model_store import parse_ref
 from model_store.location import check_location
+from service.redis_url import parse_redis_url, redact_redis_url
 
 MiB = 1024 * 1024
 
@@ -97,8 +97,14 @@ class Batching(BaseModel):
 
 
 class Settings(BaseSettings):
+    # hide_input_in_errors: an error must not print what was given, which for redis_url or an
+    # API key is a secret (`python -m service` prints validation errors to stderr, into the logs).
     model_config = SettingsConfigDict(
-        env_prefix="CLIP_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="CLIP_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+        hide_input_in_errors=True,
     )
 
     host: str = Field(default="127.0.0.1", description="Bind address of the HTTP server.")
@@ -193,10 +199,16 @@ class Settings(BaseSettings):
         gt=0,
         description="How long an idle keep-alive connection stays open between requests.",
     )
-    redis_url: SecretStr | None = Field(  # may carry a password: redacted like a key
+    redis_url: SecretStr | None = Field(
         default=None,
-        description="`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: without it "
-        "(or while it is down) only the in-process LRU is used. Redacted in logs.",
+        description="Shared embedding cache; unset (or while Redis is down), the in-process LRU only. One server: "
+        "`redis://[[user]:password@]host:port/db` (`rediss://` for TLS). Redis Sentinel: "
+        "`redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]` names the Sentinels "
+        "(port 26379 when left out) and the master they monitor; the password is the master's, "
+        "`?sentinel_password=...` the Sentinels' own when they require one; a failover is followed. Redis "
+        "Cluster: `redis+cluster://[[user]:password@]host:port[,host:port...]` names a few nodes (database 0 "
+        "only); keys spread over the masters by hash slot. Passwords are redacted in logs and responses. See "
+        'docs/operations.md, "Redis Sentinel or Redis Cluster".',
     )
     cache_ttl_s: int = Field(
         default=7 * 24 * 3600, gt=0, description="Lifetime of an embedding in Redis, in seconds (7 days)."
@@ -333,6 +345,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_form(cls, value: SecretStr | None) -> SecretStr | None:
+        # A malformed URL fails at start-up, not at the first cache lookup. Neither the message
+        # (parse_redis_url never repeats the URL) nor pydantic (hide_input_in_errors) prints the
+        # URL, which may carry a password.
+        if value is not None:
+            parse_redis_url(value.get_secret_value())
+        return value
+
     @field_validator("store")
     @classmethod
     def _store_location(cls, value: str) -> str:
@@ -344,7 +366,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         data["api_keys"] = ["**********" for _ in self.api_keys]
         if self.redis_url is not None:
-            data["redis_url"] = _without_password(self.redis_url.get_secret_value())
+            data["redis_url"] = redact_redis_url(self.redis_url.get_secret_value())
         return data
 
     def redis_url_value(self) -> str | None:
@@ -364,17 +386,3 @@ def _cuda_device(device: str) -> bool:
     import torch  # only here: settings stay importable without loading torch
 
     return bool(torch.cuda.is_available())
-
-
-def _without_password(url: str) -> str:
-    """``redis://user:secret@host:6379/0`` -> ``redis://user:***@host:6379/0`` (host stays visible)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-    except ValueError:
-        return "**********"

@@ -111,6 +111,28 @@ def private_redis(tmp_path: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
+@pytest.fixture
+def redis_sentinel(tmp_path: Path) -> Iterator[Any]:
+    """A master, a replica and three Sentinels of this test's own (tests/redis_ha.py)."""
+    from redis_ha import SentinelSetup, missing_binaries
+
+    if missing := missing_binaries("redis-server", "redis-sentinel"):
+        pytest.skip(f"not installed: {', '.join(missing)} (scripts/test.sh installs them)")
+    with SentinelSetup(tmp_path / "sentinel") as setup:
+        yield setup
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[Any]:
+    """A three-master Redis Cluster of this test's own (tests/redis_ha.py)."""
+    from redis_ha import ClusterSetup, missing_binaries
+
+    if missing := missing_binaries("redis-server", "redis-cli"):
+        pytest.skip(f"not installed: {', '.join(missing)} (scripts/test.sh installs them)")
+    with ClusterSetup(tmp_path / "cluster") as setup:
+        yield setup
+
+
 # ----------------------------------------------------------------------------- model store
 def publish_tiny(
     root: Path | str,

@@ -20,6 +20,15 @@ Probes run on fresh sockets: when the pause ends, the idle pooled connections ar
 after a restart (``kill -9``, a new pod on the same address) each of them is dead and would fail
 once, which says nothing about the server. Only a round of probes that fails before any success
 doubles the pause, so a Redis that comes back is used again one pause later, not several.
+
+The shared Redis is one server, a master watched by Redis Sentinel (``redis+sentinel://``) or a
+Redis Cluster (``redis+cluster://``); ``RedisLink`` (redis_link.py) holds the client of each.
+The breaker treats each as one Redis. Sentinel: while the master is dead, and unknown until a
+replica is promoted, commands fail and the breaker opens; a probe's fresh connections ask the
+Sentinels where the master is, so the first probe after the promotion finds the new one.
+Cluster: a batch spans the masters (keys hash to slots all over), one round trip per node; a
+batch that meets a dead node fails as a whole and pauses the whole cluster, and a probe rereads
+the slot map, so a restarted or failed-over node is found again.
 """
 
 from __future__ import annotations
@@ -32,11 +41,12 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from clipcore.methods.common import quantize
+from service.runtime.redis_link import RedisLink
 
 if TYPE_CHECKING:
     from service.runtime.metrics import ServiceMetrics
@@ -144,7 +154,7 @@ class EmbeddingCache:
         self._metrics = metrics
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lru_bytes = 0
-        self._redis: Any = None
+        self._redis: RedisLink | None = None
         self._state: RedisState = "disabled"
         self._down_until = 0.0
         # A dead server (refused, reset) opens the breaker at once; timeouts only after this many
@@ -162,7 +172,7 @@ class EmbeddingCache:
         self._last_warn = -_WARN_INTERVAL_S
         self._suppressed = 0
         if redis_url:
-            self._redis = _make_client(redis_url, self.timeout_s)
+            self._redis = RedisLink(redis_url, self.timeout_s)
             self._state = "up"  # optimistic: the first failure opens the breaker
 
     # -- public -------------------------------------------------------------------------------
@@ -197,11 +207,12 @@ class EmbeddingCache:
         self._observe("lru", started)
         if not missing or not await self._redis_usable():
             return out
+        assert self._redis is not None  # _redis_usable says so
         miss_keys = [keys[i] for i in missing]
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
-                raw = await self._redis.mget(miss_keys)
+                raw = await self._redis.mget(miss_keys)  # in a cluster: one round trip per node
         except Exception as exc:  # any Redis or network failure degrades to misses
             self._on_error("get", exc, len(miss_keys))
             self._observe("redis", started)
@@ -235,9 +246,10 @@ class EmbeddingCache:
             self._lru_set(key, decode_value(data))
         if not await self._redis_usable():
             return
+        assert self._redis is not None  # _redis_usable says so
         try:
             async with asyncio.timeout(self.timeout_s):
-                pipe = self._redis.pipeline(transaction=False)
+                pipe = self._redis.pipeline(transaction=False)  # in a cluster: one per node
                 for key, data in encoded.items():
                     pipe.set(key, data, ex=self.ttl_s)
                 await pipe.execute()
@@ -309,9 +321,11 @@ class EmbeddingCache:
     async def _drop_idle_connections(self) -> None:
         """Close the pool's idle sockets so the next commands connect afresh (connections in use
         are left to their commands)."""
+        if self._redis is None:
+            return
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._redis.connection_pool.disconnect(inuse_connections=False)
+                await self._redis.drop_idle_connections()
         except Exception as exc:  # a dead socket may fail to close cleanly; it is dropped all the same
             log.debug("dropping idle redis connections: %s", exc)
 
@@ -325,7 +339,9 @@ class EmbeddingCache:
 
     def _on_error(self, op: str, exc: BaseException, keys: int) -> None:
         self._count("redis", "error", max(keys, 1))
-        self.last_error = f"{op}: {type(exc).__name__}: {exc}"[:300]
+        # /models shows last_error: no password in it, whatever redis-py put in the message.
+        detail = self._redis.scrub(str(exc)) if self._redis is not None else str(exc)
+        self.last_error = f"{op}: {type(exc).__name__}: {detail}"[:300]
         timed_out = isinstance(exc, TimeoutError) or type(exc).__name__ == "TimeoutError"
         self._timeouts = self._timeouts + 1 if timed_out else 0
         if self._state == "up" and timed_out and self._timeouts < self.timeouts_to_open:
@@ -345,7 +361,7 @@ class EmbeddingCache:
                 "redis cache %s failed (%s: %s); skipping redis for %.1fs (%d errors suppressed)",
                 op,
                 type(exc).__name__,
-                exc,
+                detail,
                 self._pause_s,
                 self._suppressed,
             )
@@ -361,20 +377,3 @@ class EmbeddingCache:
     def _count(self, layer: str, result: str, n: int) -> None:
         if self._metrics is not None and n > 0:
             self._metrics.cache_event(layer, result, n)
-
-
-def _make_client(url: str, timeout_s: float) -> Any:
-    # Imported here so the service runs without Redis installed when no URL is configured.
-    from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    # No client-side retries: a retry multiplies the latency of a dead Redis; the breaker
-    # above decides when to try again.
-    return Redis.from_url(
-        url,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        health_check_interval=0,
-    )

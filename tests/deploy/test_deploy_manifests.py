@@ -21,10 +21,14 @@ import pytest
 import yaml
 
 from service.config import Settings
+from service.redis_url import parse_redis_url
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAYS = ("cpu", "gpu", "s3")
-VOLUME_OVERLAYS = ("cpu", "gpu")  # the store on a shared volume; s3 keeps it in a bucket
+OVERLAYS = ("cpu", "gpu", "s3", "redis-sentinel", "redis-cluster")
+# The store on a shared volume; s3 keeps it in a bucket.
+VOLUME_OVERLAYS = ("cpu", "gpu", "redis-sentinel", "redis-cluster")
+# The cache on a Redis installed on its own (Sentinel or Cluster): no in-cluster Redis of ours.
+HA_REDIS_OVERLAYS = {"redis-sentinel": "sentinel", "redis-cluster": "cluster"}
 Obj = dict[str, Any]
 
 
@@ -203,6 +207,8 @@ def test_supporting_objects(overlay: tuple[str, list[Obj]]) -> None:
         assert [o for o in objs if o["kind"] == "PersistentVolumeClaim"] == []
     cfg = config(objs)
     assert cfg["CLIP_MODEL"] == "default@production"
+    if overlay[0] in HA_REDIS_OVERLAYS:
+        return  # see test_ha_redis_overlays_point_the_cache_at_sentinel_or_cluster
     assert cfg["CLIP_REDIS_URL"] == "redis://redis:6379/0"
     assert one(objs, "Service", "redis")["spec"]["ports"][0]["port"] == 6379
     redis_policy = one(objs, "NetworkPolicy", "redis-from-clip-service")
@@ -233,6 +239,26 @@ def test_configmap_keys_are_real_settings(overlay: tuple[str, list[Obj]], monkey
     settings = Settings()
     store = "/models" if name in VOLUME_OVERLAYS else "s3://clip-models/store"
     assert settings.model == "default@production" and settings.store == store
+
+
+@pytest.mark.parametrize(("name", "mode"), sorted(HA_REDIS_OVERLAYS.items()))
+def test_ha_redis_overlays_point_the_cache_at_sentinel_or_cluster(name: str, mode: str) -> None:
+    objs = render_kustomize.render(REPO / "k8s" / "overlays" / name)
+    url = config(objs)["CLIP_REDIS_URL"]
+    target = parse_redis_url(url)
+    assert target.mode == mode and target.password is None, "a password belongs in the clip-redis Secret"
+    assert all(host.endswith(".svc.cluster.local") for host, _ in target.hosts)
+    # The base's single Redis and its policy are gone; everything else is the cpu overlay's.
+    dropped = {"redis", "redis-from-clip-service"}
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    cpu = render_kustomize.render(REPO / "k8s" / "overlays" / "cpu")
+    assert names == {(o["kind"], o["metadata"]["name"]) for o in cpu if o["metadata"]["name"] not in dropped}
+    (api,) = pod_spec(one(objs, "Deployment", "clip-service"))["containers"]
+    env = {e["name"]: e for e in api["env"]}
+    # The Secret's URL (with a password) wins when it exists; without it the ConfigMap's applies.
+    assert env["CLIP_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "clip-redis", "key": "url", "optional": True}
+    assert api["envFrom"] == [{"configMapRef": {"name": "clip-config"}}]
+    assert "CLIP_API_KEYS_FILE" in env
 
 
 def test_s3_overlay_shares_the_store_through_the_bucket() -> None:

@@ -64,12 +64,29 @@ def test_invalid_settings_are_rejected() -> None:
             Settings(**bad)
 
 
+def test_validation_errors_do_not_print_the_values_given() -> None:
+    """`python -m service` prints validation errors to stderr: a secret given where it does not
+    fit must not end up in the logs."""
+    with pytest.raises(ValidationError) as invalid:
+        Settings(device="hunter2", api_keys=["ok", " "])
+    assert "hunter2" not in str(invalid.value) and "device" in str(invalid.value)
+
+
 def test_secrets_are_redacted() -> None:
     s = Settings(api_keys=["super-secret"], redis_url="redis://:hunter2@cache:6379/0")
     text = repr(s.redacted()) + repr(s) + str(s)
     assert "super-secret" not in text and "hunter2" not in text
     assert s.redis_url_value() == "redis://:hunter2@cache:6379/0"
     assert s.redacted()["redis_url"] == "redis://:***@cache:6379/0"
+    sentinel = Settings(redis_url="redis+sentinel://:hunter2@s0:26379,s1:26379/clipcache/0?sentinel_password=hunter3")
+    assert (
+        sentinel.redacted()["redis_url"] == "redis+sentinel://:***@s0:26379,s1:26379/clipcache/0?sentinel_password=***"
+    )
+    cluster = Settings(redis_url="redis+cluster://cache:hunter2@n0:7000,n1:7000")
+    assert cluster.redacted()["redis_url"] == "redis+cluster://cache:***@n0:7000,n1:7000"
+    for settings in (sentinel, cluster):
+        text = repr(settings.redacted()) + repr(settings) + str(settings)
+        assert "hunter2" not in text and "hunter3" not in text
 
 
 def test_cli_flags_mirror_settings() -> None:
