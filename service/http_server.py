@@ -31,6 +31,8 @@ proxy, set the same bounds there too (docs/operations.md).
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from typing import Any, cast
 
 import uvicorn
@@ -309,6 +311,7 @@ def run(
     **options: Any,
 ) -> None:
     """``uvicorn.run`` with the head and body bounds and the keep-alive timeout."""
+    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
     uvicorn.run(
         app,
         http=guarded_protocol(max_header_bytes, header_timeout_s, body_idle_timeout_s, body_timeout_s),  # type: ignore[arg-type]
@@ -316,3 +319,24 @@ def run(
         timeout_keep_alive=int(max(1, keep_alive_s)),
         **options,
     )
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Exit at once, saying what to do, when ``host:port`` cannot be bound: uvicorn binds only after
+    the app's startup (the model load, seconds to minutes), then exits with the bare errno text."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            hint = (
+                f"another process is listening there: stop it, or choose another port with --port (CLIP_PORT); "
+                f"`ss -ltnp 'sport = :{port}'` shows which process it is"
+                if exc.errno == errno.EADDRINUSE
+                else "check --host (CLIP_HOST): it must be an address of this machine, and ports below 1024 need "
+                "privileges"
+            )
+            raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}") from None

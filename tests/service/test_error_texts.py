@@ -3,12 +3,18 @@ and the SDK against a server that is down or a base_url with a wrong path."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from clipdiff import Client, ConnectionFailed, NotFound
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_an_unknown_path_names_itself_and_where_the_endpoints_are(base_url: str) -> None:
@@ -40,3 +46,20 @@ def test_the_sdk_with_a_wrong_base_path_says_which_url_was_not_found(base_url: s
         client.models()
     assert info.value.url == f"GET {base_url}/api/v2/models"
     assert f"GET {base_url}/api/v2/models" in str(info.value) and "no endpoint GET /api/v2/models" in str(info.value)
+
+
+def test_a_port_in_use_is_refused_at_once_with_what_to_do(tiny_store: Path) -> None:
+    """It exited 3 after 12.8 s (the model load) with uvicorn's errno text; now before any loading,
+    naming the address and the --port flag."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "service", "--port", str(port), "--store", str(tiny_store), "--model",
+             "tiny@production"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port (CLIP_PORT)" in proc.stderr, proc.stderr
+    assert "loaded" not in proc.stderr  # refused before the model was loaded
