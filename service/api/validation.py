@@ -27,9 +27,16 @@ from service.api.schemas import (
 from service.config import Limits
 
 
+def _amount(n: int, what: str) -> str:
+    """``none``, ``one text``, ``3 texts`` (``what`` is the plural)."""
+    if n == 0:
+        return "none"
+    return f"one {what.removesuffix('s')}" if n == 1 else f"{n} {what}"
+
+
 def check_count(items: Sequence[Any], field: str, low: int, high: int, what: str) -> None:
     if len(items) < low:
-        raise bad_input(f"{field} needs at least {low} {what}, got {len(items)}", field)
+        raise bad_input(f"{field} needs at least {_amount(low, what)}, got {_amount(len(items), what)}", field)
     if len(items) > high:
         raise too_large(f"{field} has {len(items)} {what}; this server accepts at most {high}", field)
 

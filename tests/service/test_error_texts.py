@@ -63,3 +63,15 @@ def test_a_port_in_use_is_refused_at_once_with_what_to_do(tiny_store: Path) -> N
     assert proc.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port (CLIP_PORT)" in proc.stderr, proc.stderr
     assert "loaded" not in proc.stderr  # refused before the model was loaded
+
+
+def test_a_count_below_its_minimum_reads_as_english(base_url: str) -> None:
+    """It said "texts needs at least 1 texts, got 0"."""
+    from service.api.validation import check_count
+
+    with pytest.raises(Exception, match="^texts needs at least one text, got none$"):
+        check_count([], "texts", 1, 10, "texts")
+    with pytest.raises(Exception, match="^images needs at least 2 images, got one image$"):
+        check_count([0], "images", 2, 10, "images")
+    r = httpx.post(f"{base_url}/classify", json={"images": [], "labels": ["a", "b"]})
+    assert r.status_code in (400, 422) and "1 images" not in r.text
