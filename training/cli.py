@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
@@ -58,7 +59,9 @@ def _main(
     unless it is given its own)."""
 
 
-console = Console()
+# soft_wrap: lines are never broken at the width rich assumes for a pipe (80 columns), so a
+# markdown table piped to a file or another program keeps one row per line.
+console = Console(soft_wrap=True)
 
 
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
@@ -326,5 +329,15 @@ def init_random(
     console.print(f"published {manifest.ref}")
 
 
+def main() -> None:
+    """``clip-train``: the app, with a store error (no such model, version or alias; no store there)
+    said in one line instead of a traceback."""
+    try:
+        app()
+    except StoreError as exc:
+        Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/red] {escape(str(exc))}")
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()
