@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -323,6 +324,181 @@ def run_python(code: str, cwd: Path) -> str:
     return completed.stdout
 
 
+# ----------------------------------------------------------------------------- documented answers
+# The answers the documents show (a ```json block right after an example's ```bash block, or a
+# `# {...}` comment after a command) are compared with the service's answers to those examples:
+# every field shown must be in the answer with that value (strings exactly, numbers within
+# NUMBER_TOLERANCE absolute or relative, whichever is larger); `...` stands for any value, for
+# more list items after it, or (`, ...}`) for more fields. CLIP_UPDATE_DOC_OUTPUTS=1 writes the
+# service's answers into the documents instead (the shown fields only, `...` kept).
+MARKER = "doc-block"
+NUMBER_TOLERANCE = 0.05
+UPDATE_OUTPUTS = os.environ.get("CLIP_UPDATE_DOC_OUTPUTS") == "1"
+ANY = "\u2026any"
+
+
+def split_by_marker(exchanges: list[Exchange]) -> list[list[Exchange]]:
+    """The exchanges of each block, in block order (the markers themselves left out)."""
+    out: list[list[Exchange]] = [[]]
+    for exchange in exchanges:
+        if MARKER in exchange.query:
+            out.append([])
+        else:
+            out[-1].append(exchange)
+    return out[:-1]
+
+
+def lenient_json(text: str) -> Any:
+    """A documented answer: JSON where `...` elides values, list items or fields."""
+    text = re.sub(r",\s*\.\.\.\s*}", "}", text)
+    text = re.sub(r"{\s*\.\.\.\s*}", "...", text)  # an object shown as {...}: any value
+    return json.loads(re.sub(r"\.\.\.", lambda _: json.dumps(ANY), text))
+
+
+def differences(shown: Any, actual: Any, where: str = "") -> list[str]:
+    """Where a documented answer differs from the service's (empty: it matches)."""
+    if shown == ANY:
+        return []
+    if isinstance(shown, dict):
+        if not isinstance(actual, dict):
+            return [f"{where or '.'}: an object in the docs, {type(actual).__name__} in the answer"]
+        out = []
+        for key, value in shown.items():
+            if key not in actual:
+                out.append(f"{where}.{key}: in the docs, not in the answer")
+            else:
+                out += differences(value, actual[key], f"{where}.{key}")
+        return out
+    if isinstance(shown, list):
+        if not isinstance(actual, list):
+            return [f"{where}: a list in the docs, {type(actual).__name__} in the answer"]
+        more = bool(shown) and shown[-1] == ANY
+        items = shown[:-1] if more else shown
+        if len(actual) < len(items) or (not more and len(actual) != len(items)):
+            return [f"{where}: {len(items)} items in the docs, {len(actual)} in the answer"]
+        return [d for i, item in enumerate(items) for d in differences(item, actual[i], f"{where}[{i}]")]
+    if isinstance(shown, bool) or not isinstance(shown, (int, float)):
+        return [] if shown == actual else [f"{where}: {shown!r} in the docs, {actual!r} in the answer"]
+    if isinstance(actual, bool) or not isinstance(actual, (int, float)):
+        return [f"{where}: {shown!r} in the docs, {actual!r} in the answer"]
+    if abs(shown - actual) > NUMBER_TOLERANCE * max(1.0, abs(actual)):
+        return [f"{where}: {shown} in the docs, {actual} in the answer"]
+    return []
+
+
+def missing_fields(shown: Any, actual: Any) -> int:
+    """How many top-level fields of a documented answer an answer lacks (which answer it shows)."""
+    if not isinstance(shown, dict) or not isinstance(actual, dict):
+        return 0 if type(shown) is type(actual) else 1
+    return sum(key not in actual for key in shown)
+
+
+def mismatch(shown: Any, actual: Any) -> tuple[int, int]:
+    """(differences of shape: fields, lengths, types; differences of value) between a documented
+    answer and an answer: a block's shown answer is the one of its answers whose shape it has."""
+    found = differences(shown, actual)
+    shape = sum("in the answer" in d and (" items " in d or "not in the answer" in d or " a " in d) for d in found)
+    return shape, len(found) - shape
+
+
+def updated(shown: Any, actual: Any) -> Any:
+    """``shown`` with the answer's values in it: the same fields, items and elisions."""
+    if shown == ANY:
+        return ANY
+    if isinstance(shown, dict) and isinstance(actual, dict):
+        return {k: updated(v, actual[k]) if k in actual else v for k, v in shown.items()}
+    if isinstance(shown, list) and isinstance(actual, list):
+        more = bool(shown) and shown[-1] == ANY
+        items = shown[:-1] if more else shown
+        if more:  # the shown items, then the elision
+            return [*(updated(item, actual[i]) for i, item in enumerate(items) if i < len(actual)), ANY]
+        # Every item of the answer, each shaped like the shown item in its place (or the last one).
+        return [updated(items[min(i, len(items) - 1)] if items else value, value) for i, value in enumerate(actual)]
+    if isinstance(actual, float) and not isinstance(shown, bool) and isinstance(shown, (int, float)):
+        decimals = len(repr(float(shown)).split(".")[1]) if "." in repr(shown) else 2
+        return round(actual, max(2, min(decimals, 4)))
+    return actual
+
+
+WIDTH = 110
+
+
+def render(value: Any, one_line: bool, column: int = 0) -> str:
+    """JSON as the documents write it: on one line where it fits (always for a `# {...}` comment),
+    else one field or item per line, aligned; elisions written as `...`."""
+    flat = json.dumps(value, ensure_ascii=False).replace(json.dumps(ANY, ensure_ascii=False), "...")
+    if one_line or column + len(flat) <= WIDTH or not isinstance(value, (dict, list)) or not value:
+        return flat
+    joint = ",\n" + " " * (column + 1)
+    if isinstance(value, dict):
+        parts = []
+        for key, item in value.items():
+            prefix = json.dumps(key, ensure_ascii=False) + ": "
+            parts.append(prefix + render(item, False, column + 1 + len(prefix)))
+        return "{" + joint.join(parts) + "}"
+    return "[" + joint.join(render(item, False, column + 1) for item in value) + "]"
+
+
+def documented_outputs(doc_text: str, script: str) -> list[tuple[str, int | None]]:
+    """(documented text, which answer of the block: its index, or None for the one it matches best) for
+    the `# {...}` comments of a block and the ```json block that follows it."""
+    out: list[tuple[str, int | None]] = []
+    curls = 0
+    for line in script.splitlines():
+        curls += line.count("curl ")
+        if line.startswith("# {"):
+            out.append((line[2:], curls - 1))
+    after = doc_text[doc_text.index(script) + len(script) :]
+    following = re.match(r"```\n\s*```json\n(.*?)^```", after, re.MULTILINE | re.DOTALL)
+    if following:
+        out.append((following.group(1), None))
+    return out
+
+
+def json_answers(exchanges: list[Exchange]) -> list[Any]:
+    found = []
+    for e in exchanges:
+        try:
+            found.append(e.response_json() if "json" in e.content_type else None)
+        except ValueError:
+            found.append(None)
+    return found
+
+
+def compare_documented_outputs(doc: str, scripts: list[str], per_block: list[list[Exchange]]) -> None:
+    path = DOCS[doc]
+    text = path.read_text(encoding="utf-8")
+    assert len(per_block) == len(scripts), (len(per_block), len(scripts))
+    problems, replacements, compared = [], [], 0
+    for script, exchanges in zip(scripts, per_block, strict=True):
+        answers = json_answers(exchanges)
+        for shown_text, index in documented_outputs(text, script):
+            shown = lenient_json(shown_text)
+            if index is not None and 0 <= index < len(answers) and answers[index] is not None:
+                actual = answers[index]
+            else:  # a block's shown answer: the one of its answers it describes best
+                candidates = [a for a in answers if a is not None]
+                assert candidates, f"{doc}: no JSON answer for {shown_text[:60]!r}"
+                actual = min(candidates, key=lambda a: (missing_fields(shown, a), *mismatch(shown, a)))
+            compared += 1
+            found = differences(shown, actual)
+            if found:
+                problems.append(f"{shown_text.strip()[:80]}...: " + "; ".join(found[:5]))
+                one_line = "\n" not in shown_text.strip()
+                end = "\n" if shown_text.endswith("\n") else ""
+                replacements.append((shown_text, render(updated(shown, actual), one_line) + end))
+    if UPDATE_OUTPUTS and replacements:
+        for old, new in replacements:
+            text = text.replace(old, new, 1)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert compared > 0, f"{doc} shows no answer of its examples"
+    assert not problems, (
+        f"{doc}: documented answers differ from the service's (CLIP_UPDATE_DOC_OUTPUTS=1 rewrites them):\n"
+        + "\n".join(problems)
+    )
+
+
 @pytest.mark.parametrize("doc", list(DOCS))
 def test_the_shell_examples_run_and_answer_right(doc: str, server: tuple[str, Recorder], clone: Path) -> None:
     url, recorder = server
@@ -333,8 +509,15 @@ def test_the_shell_examples_run_and_answer_right(doc: str, server: tuple[str, Re
     # One shell for the whole document, as a reader would type them (variables carry over). The
     # README's examples start with `cd examples`; docs/api.md's run from that folder.
     cwd = clone if doc == "README.md" else clone / "examples"
-    run_bash("\n".join(scripts), cwd, host_port)
+    # A marker request after each block tells which answers each block's commands got.
+    marked = [
+        f"{script}\ncommand curl -s -o /dev/null 'http://{host_port}/healthz?{MARKER}={i}'"
+        for i, script in enumerate(scripts)
+    ]
+    run_bash("\n".join(marked), cwd, host_port)
     exchanges = recorder.take()
+    compare_documented_outputs(doc, scripts, split_by_marker(exchanges))
+    exchanges = [e for e in exchanges if MARKER not in e.query]
     checked = {path for path in map(check, exchanges) if path is not None}
     missing = CHECKED[doc] - checked
     assert not missing, f"{doc}: no checked answer from {sorted(missing)}; requests: {[e.path for e in exchanges]}"
