@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                     "mix",
                     concurrency=args.concurrency,
                     duration_s=args.duration,
-                    pool=images,  # type: ignore[arg-type]  # the same take() as ImagePool's
+                    pool=images,
                     on_request=Freshener(dense=has_dcsm(url)),
                     timeout_s=120,
                 )
