@@ -16,14 +16,19 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.bench_latency import free_port
-
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_CONFIG = REPO / "training" / "configs" / "shapes-smoke.json"
 TINY_COMPARATIVES = [
     {"a": "red circle", "b": "blue circle", "text": "the first is red, while the second is blue."},
     {"a": "green square", "b": "green circle", "text": "the first has corners, while the second is round."},
 ]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class RedisProcess:
