@@ -58,6 +58,9 @@ class SeaweedS3:
         # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
         # tests get private prefixes in it.
         self.bucket = f"tests-{secrets.token_hex(4)}"
+        # Created by the first start only: after a kill -9, SeaweedFS can answer a create of the
+        # bucket it holds with BucketAlreadyExists (a collection of that name) for a long while.
+        self.created = False
 
     @property
     def endpoint(self) -> str:
@@ -113,12 +116,11 @@ class SeaweedS3:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
-            try:  # ready once the bucket exists (created on the first start) and takes a write
+            try:  # ready once the bucket (created by the first start) takes a write
                 client = self.client()
-                try:
+                if not self.created:
                     client.create_bucket(Bucket=self.bucket)
-                except client.exceptions.BucketAlreadyOwnedByYou:
-                    pass  # a restart
+                    self.created = True
                 client.put_object(Bucket=self.bucket, Key="ready", Body=b"1")
                 return self
             except Exception:
