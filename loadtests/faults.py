@@ -5,8 +5,9 @@ directory, or with ``--s3`` a prefix on a SeaweedFS S3 server it starts) holding
 ``production`` (``--source tiny``: the shapes-smoke architecture with random weights;
 ``committed``: the committed default model), and the service (``python -m service``) on
 NAME@production with that Redis and a 0.5 s store watch. A closed loop of ``--concurrency`` clients
-(``loadtests.run``) sends /embed, /classify and /rank-pair in turn for the whole run, every image
-new, so each request goes through the embedding cache to Redis. Meanwhile these faults come one
+(``loadtests.run``; ``--think-ms`` pauses each between requests, 0 saturates the service) sends
+/embed, /classify and /rank-pair in turn for the whole run, every image new, so each request goes
+through the embedding cache to Redis. Meanwhile these faults come one
 after another, with ``--settle`` seconds of plain traffic before the first and after each:
 
 - ``redis kill -9``: the redis-server is killed, stays down ``--down`` s and starts again on its
@@ -33,8 +34,8 @@ exit status is 1 when a request failed, a phase had requests but no answer, or a
 corrupt version served, the good one not served, Redis or the store not back, production moved by
 a killed publish, a listed version that does not verify but should), else 0.
 
-    .venv/bin/python -m loadtests.faults --settle 8 --down 4
-    .venv/bin/python -m loadtests.faults --s3 --settle 2 --down 2 --kill-at staging load-check
+    .venv/bin/python -m loadtests.faults --settle 4 --down 3
+    .venv/bin/python -m loadtests.faults --s3 --settle 1 --down 1 --concurrency 2 --think-ms 20 --kill-at staging
 """
 
 from __future__ import annotations
