@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import socket
 import statistics
 import sys
 import time
@@ -39,12 +38,6 @@ DENSE_TEXTS = [
     "a square without a triangle",
 ]
 SIZE_TEXT = "The first image contains a larger shape, while the second contains a smaller shape."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def png(scene: Scene) -> bytes:

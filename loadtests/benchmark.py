@@ -41,7 +41,7 @@ import torch
 from clipcore.backends.base import ServingTowers
 from clipcore.models.bundle import ModelBundle
 from loadtests.bench_cuda import cuda_or_exit
-from loadtests.bench_latency import free_port
+from loadtests.local_stack import free_port
 from loadtests.run import ImagePool, RunResult, run_load
 from model_store import ModelStore
 from service.config import Settings

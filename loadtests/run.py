@@ -31,11 +31,12 @@ import base64
 import io
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -88,10 +89,19 @@ class ImagePool:
         return {"data": next(self._next)}
 
 
+class ImageSource(Protocol):
+    """Where requests get their images: ``ImagePool``, or ``loadtests.soak.UniqueImages``."""
+
+    def take(self) -> dict[str, str]: ...
+
+
 RequestSpec = tuple[str, str, dict[str, Any]]  # (endpoint name, path, JSON body)
+# Called with each request's endpoint name, its start (time.perf_counter()) and its response, or
+# the transport error it ended with (refused, reset, timed out).
+ResultHook = Callable[[str, float, httpx.Response | httpx.HTTPError], None]
 
 
-def make_request(scenario: str, pool: ImagePool, rng: random.Random) -> RequestSpec:
+def make_request(scenario: str, pool: ImageSource, rng: random.Random) -> RequestSpec:
     if scenario == "mix":
         names, weights = zip(*MIX_WEIGHTS.items(), strict=True)
         scenario = rng.choices(names, weights)[0]
@@ -172,13 +182,18 @@ async def run_load(
     concurrency: int,
     duration_s: float | None = None,
     requests: int | None = None,
-    pool: ImagePool,
+    pool: ImageSource,
     warmup: int = 0,
     seed: int = 0,
     timeout_s: float = 120.0,
     on_request: Callable[[RequestSpec], RequestSpec] | None = None,
+    on_result: ResultHook | None = None,
+    stop: threading.Event | None = None,
+    think_s: float = 0.0,
 ) -> RunResult:
-    """Run one closed-loop load; ``warmup`` requests (sequential, not counted) go first."""
+    """Run one closed-loop load; ``warmup`` requests (sequential, not counted) go first. It ends
+    after ``duration_s``, ``requests`` or once ``stop`` is set, whichever comes first. Each client
+    waits ``think_s`` between an answer and its next request (0: the load saturates the server)."""
     check_local(url)
     if duration_s is None and requests is None:
         raise ValueError("give a duration or a request count")
@@ -195,7 +210,11 @@ async def run_load(
 
         async def worker() -> None:
             nonlocal sent
-            while time.perf_counter() < deadline and (requests is None or sent < requests):
+            while (
+                time.perf_counter() < deadline
+                and (requests is None or sent < requests)
+                and (stop is None or not stop.is_set())
+            ):
                 sent += 1
                 spec = make_request(scenario, pool, rng)
                 if on_request is not None:
@@ -203,17 +222,22 @@ async def run_load(
                 name, path, body = spec
                 st = stats.setdefault(name, EndpointStats())
                 t0 = time.perf_counter()
+                outcome: httpx.Response | httpx.HTTPError
                 try:
-                    resp = await client.post(path, json=body)
-                    status = resp.status_code
-                except httpx.HTTPError:
-                    status = 0  # connection-level failure
+                    outcome = await client.post(path, json=body)
+                    status = outcome.status_code
+                except httpx.HTTPError as exc:
+                    outcome, status = exc, 0  # connection-level failure
                 elapsed = (time.perf_counter() - t0) * 1000
+                if on_result is not None:
+                    on_result(name, t0, outcome)
                 st.statuses[status] = st.statuses.get(status, 0) + 1
                 if status == 200:
                     st.latencies_ms.append(elapsed)
                 else:
                     st.errors += 1
+                if think_s > 0:
+                    await asyncio.sleep(think_s)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start

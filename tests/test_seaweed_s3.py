@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from seaweed_s3 import running_seaweed, weed_binary
+
+from loadtests.seaweed_s3 import running_seaweed, weed_binary
 
 
 def test_stopping_the_server_does_not_wait_out_its_graceful_shutdown(tmp_path: Path) -> None:

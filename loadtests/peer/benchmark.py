@@ -42,8 +42,8 @@ from statistics import median
 from PIL import Image
 
 from clipcore.backends.auto import TIMED_BATCHES
-from loadtests.bench_latency import free_port
 from loadtests.benchmark import model_ceiling, publish_random_arch, served_towers, server, wait_ready
+from loadtests.local_stack import free_port
 from loadtests.run import RequestSpec, RunResult, run_load
 from loadtests.soak import UniqueImages
 

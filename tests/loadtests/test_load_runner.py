@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
+
+from loadtests.run import ImagePool, run_load
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # ``loadtests`` is a folder of scripts, not an installed package
@@ -129,3 +134,21 @@ def test_naive_server_answers_the_contract_subset(tiny_store: Path, make_image) 
     r = client.post("/embed", json={"texts": ["a red circle"]})
     assert r.status_code == 200 and r.json()["dim"] == bundle.embed_dim
     assert client.post("/classify", json={"images": [{"data": "!!"}], "labels": labels}).status_code == 400
+
+
+def test_runner_hands_each_result_over_and_stops_when_told(base_url: str) -> None:
+    stop = threading.Event()
+    seen: list[tuple[str, float, int]] = []
+
+    def on_result(endpoint: str, started: float, outcome: httpx.Response | httpx.HTTPError) -> None:
+        assert isinstance(outcome, httpx.Response), outcome
+        seen.append((endpoint, started, outcome.status_code))
+        if len(seen) == 6:
+            stop.set()
+
+    result = asyncio.run(run_load(base_url, "embed", concurrency=2, duration_s=60, pool=ImagePool(20, px=64),
+                                  on_result=on_result, stop=stop, think_s=0.01))  # fmt: skip
+    assert result.wall_s < 30  # stopped long before the duration
+    assert len(seen) in (6, 7)  # the other client may finish the request it had sent
+    assert {(endpoint, status) for endpoint, _, status in seen} == {("/embed", 200)}
+    assert result.endpoints["/embed"].requests == len(seen)

@@ -2,7 +2,7 @@
 under the store (read, tamper with, list raw blobs) without going through ``ModelStore``.
 
 ``LocalRoot`` is a directory; ``S3Root`` a private prefix in a real S3 server's bucket
-(tests/seaweed_s3.py). Raw S3 writes carry no sha256 metadata, as a blob replaced
+(loadtests/seaweed_s3.py). Raw S3 writes carry no sha256 metadata, as a blob replaced
 behind the store's back would not.
 """
 

@@ -3,71 +3,33 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from loadtests.local_stack import RedisProcess, free_port
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["RedisServer", "free_port"]  # test_cache.py imports both from here
 
 
-class RedisServer:
-    """A redis-server process that tests can stop and start again on the same port."""
+class RedisServer(RedisProcess):
+    """A redis-server process that tests can stop and start again on the same port, with a client
+    and a count of the commands it processed."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(workdir)
         self._stats_client: redis.Redis | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
-
-    def start(self) -> None:
-        cmd = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if self.client().ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not start")
 
     def stop(self) -> None:
         if self._stats_client is not None:
             self._stats_client.close()
             self._stats_client = None
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
+        super().stop()
 
     def commands_processed(self) -> int:
         """Server-side command count; each call adds exactly one (its own INFO)."""

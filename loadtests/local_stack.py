@@ -1,0 +1,132 @@
+"""What a load script or a test runs beside the service on 127.0.0.1, shared by ``tests/conftest.py``
+and ``loadtests.faults``: a redis-server that may be killed and started again on its port, a tiny
+random model published into a store, one value read off a server's ``/metrics``.
+
+The tiny model is ``training/configs/shapes-smoke.json`` with random weights: fast to build, load
+and run, and it answers every endpoint but ``/score/dense`` (it has no DCSM scorer).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_CONFIG = REPO / "training" / "configs" / "shapes-smoke.json"
+TINY_COMPARATIVES = [
+    {"a": "red circle", "b": "blue circle", "text": "the first is red, while the second is blue."},
+    {"a": "green square", "b": "green circle", "text": "the first has corners, while the second is round."},
+]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisProcess:
+    """A redis-server on a free 127.0.0.1 port, persisting nothing, that tests and fault runs may kill."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        cmd = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+def publish_tiny(
+    root: Path | str,
+    name: str = "tiny",
+    *,
+    seed: int = 0,
+    aliases: tuple[str, ...] = ("production",),
+    comparatives: list[dict[str, str]] | None = None,
+) -> str:
+    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version."""
+    import torch
+
+    from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import publish_bundle
+    from model_store import ModelStore
+
+    config = json.loads(SMOKE_CONFIG.read_text())
+    torch.manual_seed(seed)
+    model = build_model(config)
+    generator = torch.Generator().manual_seed(seed + 1)
+    variant = {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator) if k.startswith("transformer.") else v
+        for k, v in model.state_dict().items()
+    }
+    manifest = publish_bundle(
+        ModelStore(root),
+        name,
+        model,
+        config,
+        text_variants={"pcclip": variant},
+        default_text_encoder="base",
+        comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
+        aliases=list(aliases),
+        fp16=False,
+        training={"seed": seed},
+        metrics={"smoke.random": 0.5},
+    )
+    return manifest.version
+
+
+def metric_value(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
