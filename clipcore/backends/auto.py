@@ -9,18 +9,22 @@ onnxruntime is installed. On CUDA: torch fp32, torch fp16 autocast and ONNX
 Runtime fp32 on the CUDA provider (int8 has no CUDA kernels). Nothing is assumed about a CPU kind:
 every candidate but torch fp32 is built behind its own gate on this machine (an ONNX export is
 made once and kept; a refusal is recorded in its export folder for this CPU, so it is not
-exported again), then its image tower is timed for a moment at batch 1 and at batch 8 on fixed
-pixels; the score is the geometric mean of the two (batch 1 is what a lone request waits for,
-batch 8 what a loaded server gets through). A candidate replaces the best so far only when it is
-at least ``MIN_GAIN`` faster, so timing noise never trades exact fp32 for a backend that is not
-clearly faster.
+exported again), then the image towers of all that built are timed in interleaved rounds (every
+round times each one at batch 1 and at batch 8 on fixed pixels, A B C A B C ...), so noise from
+other processes lands on all of them alike; a round's score is the geometric mean of the two (batch
+1 is what a lone request waits for, batch 8 what a loaded server gets through). A candidate
+replaces the best so far only when the median of its per-round ratios to it is at least
+``MIN_GAIN`` and that gain exceeds the ratios' spread (``compare``). When the rounds cannot tell
+(some round says faster, the median and spread do not), the decision is deferred: the reference
+serves, nothing is kept, and the next load of the version measures again.
 
 The decision is kept as JSON under ``<onnx cache>/auto/<name>/<version>-<key>.json``, keyed by the
 version's manifest, the torch and onnxruntime versions, the export scheme, the device, the thread
 count, the CPU model, its instruction sets, torch's kernel level and the kernel settings in the
-environment (``KERNEL_ENV``): a restart (or a retry) with the same key
-builds the winner directly (its gate still runs), without timing or touching the losers; on
-another CPU kind the key differs and the candidates are measured there. A winner that no longer
+environment (``KERNEL_ENV``): a restart (or a retry) with the same key builds the winner directly
+(its gate still runs), without timing or touching the losers (a deferred decision is recorded for
+operators, never read back); on another CPU kind the key differs and the candidates are measured
+there. A winner that no longer
 builds sends the selection back to measuring.
 """
 
@@ -32,14 +36,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from clipcore.backends.base import BackendError, ServingTowers
+from clipcore.backends.base import AutoDecision, BackendError, ServingTowers
 from clipcore.backends.cpu import cpu_identity, has_native_bf16
 from clipcore.backends.onnx_export import INT8_SCHEME, OPSET
 from clipcore.backends.torch_int8 import has_int8_engine
@@ -50,7 +54,11 @@ log = logging.getLogger(__name__)
 REFERENCE = ("torch", "fp32")
 TIMED_BATCHES = (1, 8)
 MIN_GAIN = 1.1  # how much faster than the best so far a candidate must be to replace it
-DECISION_FORMAT = 3  # 3: torch int8 became a candidate
+# Interleaved rounds: five give a median that ignores two disturbed rounds, and a spread to compare with.
+ROUNDS = 5
+# 3: torch int8 became a candidate; 4: interleaved rounds, a margin must exceed the rounds' spread
+# (decisions of format 3 may have been taken on a busy machine: they are measured again).
+DECISION_FORMAT = 4
 # Set, these make the libraries pick other kernels than the CPU would get (fbgemm's, MKL's, oneDNN's).
 KERNEL_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
@@ -66,14 +74,13 @@ class Trial:
     precision: str
     images_per_s: dict[str, float] | None = None
     refused: str | None = None
+    rounds: list[float] | None = None  # the score of each interleaved round
+    spread: float | None = None  # (max - min) / median of ``rounds``
 
     @property
     def score(self) -> float:
         """Geometric mean of the timed batch sizes' images/s (0 for a refused candidate)."""
-        if not self.images_per_s:
-            return 0.0
-        values = list(self.images_per_s.values())
-        return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+        return geometric_mean(self.images_per_s or {})
 
 
 def candidates(device: str, precision: str = "auto") -> list[tuple[str, str]]:
@@ -138,22 +145,56 @@ def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | N
     return root / "auto" / bundle.name / f"{bundle.version}-{key}.json"
 
 
-def time_images(encode: Callable[[np.ndarray], np.ndarray], image_size: int, seconds: float) -> dict[str, float]:
-    """Images/s of ``encode`` per timed batch size, from the median of at least 3 calls (the median
-    keeps time slices stolen by other processes out of the figure)."""
+def time_rounds(
+    encoders: Sequence[Callable[[np.ndarray], np.ndarray]], image_size: int, seconds: float, rounds: int = ROUNDS
+) -> list[list[dict[str, float]]]:
+    """Per encoder, its images/s per timed batch size in each of ``rounds`` interleaved rounds: every
+    round times every encoder at every batch size, A B C A B C ..., so a burst of other work on the
+    cores lands on all of them alike instead of on whichever was being timed. Each encoder gets about
+    ``seconds`` in all, split over the rounds and batch sizes; a slot is the median of its calls (at
+    least one)."""
     rng = np.random.default_rng(0)
-    out = {}
-    for bs in TIMED_BATCHES:
-        batch = rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8)
-        encode(batch)  # warm-up: first calls allocate
-        times: list[float] = []
-        start = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < seconds:
-            t0 = time.perf_counter()
-            encode(batch)
-            times.append(time.perf_counter() - t0)
-        out[str(bs)] = bs / float(np.median(times))
-    return out
+    batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in TIMED_BATCHES]
+    for encode in encoders:
+        for batch in batches:
+            encode(batch)  # warm-up: first calls allocate
+    slot = seconds / (rounds * len(batches))
+    figures: list[list[dict[str, float]]] = [[] for _ in encoders]
+    for _ in range(rounds):
+        for i, encode in enumerate(encoders):
+            figure = {}
+            for batch in batches:
+                times: list[float] = []
+                start = time.perf_counter()
+                while not times or time.perf_counter() - start < slot:
+                    t0 = time.perf_counter()
+                    encode(batch)
+                    times.append(time.perf_counter() - t0)
+                figure[str(len(batch))] = len(batch) / max(float(np.median(times)), 1e-12)
+            figures[i].append(figure)
+    return figures
+
+
+def geometric_mean(images_per_s: dict[str, float]) -> float:
+    """The score of one set of figures: batch 1 is what a lone request waits for, batch 8 what a
+    loaded server gets through; neither may hide the other."""
+    values = list(images_per_s.values())
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values)) if values else 0.0
+
+
+def compare(candidate: Sequence[float], best: Sequence[float]) -> tuple[float, float, str]:
+    """``candidate``'s per-round scores against ``best``'s, paired round by round (the same moment of
+    the machine): the median ratio (the margin), the ratios' spread relative to it (the noise), and a
+    verdict: ``faster`` when the margin is at least ``MIN_GAIN`` and its gain exceeds the spread,
+    ``not faster`` when no round reached ``MIN_GAIN``, ``unclear`` otherwise."""
+    ratios = [c / max(b, 1e-12) for c, b in zip(candidate, best, strict=True)]
+    margin = float(np.median(ratios))
+    spread = (max(ratios) - min(ratios)) / max(margin, 1e-12)
+    if margin >= MIN_GAIN and margin - 1 > spread:
+        return margin, spread, "faster"
+    if max(ratios) < MIN_GAIN:
+        return margin, spread, "not faster"
+    return margin, spread, "unclear"
 
 
 def fastest_towers(
@@ -167,23 +208,29 @@ def fastest_towers(
     seconds: float = 1.0,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
-    gate, and a description for the log. The first candidate is the baseline a later one must beat by
-    ``MIN_GAIN``: torch fp32 for fp32 and ``auto``, torch int8 (no export) for int8. Raises
-    ``BackendError`` when no candidate passes (never for fp32: torch fp32 is the reference)."""
+    gate, and a description for the log; ``towers.auto`` says how it was decided. The first candidate
+    that builds is the reference a later one must clearly beat (``compare``): torch fp32 for fp32 and
+    ``auto``, torch int8 (no export) for int8. When the rounds cannot tell whether a candidate beats
+    the winner (``unclear``), the decision is deferred: the reference serves and no decision is kept,
+    so the next load of the version measures again. Raises ``BackendError`` when no candidate passes
+    (never for fp32: torch fp32 is the reference)."""
     contenders = candidates(device, precision)
     if threads:
         torch.set_num_threads(threads)  # time torch with the model thread's count (per-thread in OpenMP)
     path = decision_path(cache_root, bundle, device, threads, precision)
     remembered = _read_decision(path)
-    if remembered is not None and remembered in contenders:
+    if remembered is not None and remembered[0] in contenders:
         try:
-            towers, described = build(*remembered)
+            towers, described = build(*remembered[0])
+            towers.auto = replace(remembered[1], outcome="remembered")
             return towers, f"{described}; auto: remembered in {path}"
         except BackendError as exc:
             log.warning("auto: %s %s no longer builds for %s (%s); measuring again",
-                        *remembered, bundle.ref, exc)  # fmt: skip
+                        *remembered[0], bundle.ref, exc)  # fmt: skip
     trials: list[Trial] = []
-    best: tuple[Trial, ServingTowers, str] | None = None
+    # Every candidate that builds is held until the rounds end (they are timed in turns): memory
+    # for a few image towers at once while a version loads.
+    built: list[tuple[Trial, ServingTowers, str]] = []
     for backend, arithmetic in contenders:
         try:
             towers, described = build(backend, arithmetic)
@@ -196,39 +243,97 @@ def fastest_towers(
             log.exception("auto: %s %s failed to build for %s", backend, arithmetic, bundle.ref)
             trials.append(Trial(backend, arithmetic, refused=f"{type(exc).__name__}: {exc}"))
             continue
-        trial = Trial(backend, arithmetic, time_images(towers.encode_images, bundle.image_size, seconds))
+        trial = Trial(backend, arithmetic)
         trials.append(trial)
-        if best is None or trial.score >= MIN_GAIN * best[0].score:
-            best = trial, towers, described  # a loser's sessions are freed with its last reference
-        del towers
-    if best is None:
+        built.append((trial, towers, described))
+    if not built:
         refusals = "; ".join(f"{t.backend} {t.precision}: {t.refused}" for t in trials)
         raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
-    winner, towers, described = best
-    _write_decision(path, bundle, winner, trials)
+    started = time.perf_counter()
+    figures = time_rounds([t.encode_images for _, t, _ in built], bundle.image_size, seconds)
+    elapsed = time.perf_counter() - started
+    scores = [[geometric_mean(f) for f in per_round] for per_round in figures]
+    measured = {id(trial): _measured(trial, f) for (trial, _, _), f in zip(built, figures, strict=True)}
+    trials = [measured.get(id(t), t) for t in trials]
+    decision, best = _decide([measured[id(trial)] for trial, _, _ in built], scores, elapsed)
+    _, towers, described = built[best]
+    del built  # the losers' sessions are freed with their last reference
+    _write_decision(path, bundle, decision, trials)
+    towers.auto = decision
     summary = ", ".join(
         f"{t.backend} {t.precision} " + (f"{t.score:.1f} images/s" if t.refused is None else "refused") for t in trials
     )
-    log.info("auto for %s: %s; chose %s %s (kept in %s)", bundle.ref, summary, winner.backend, winner.precision, path)
+    if decision.outcome == "deferred":
+        log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again at the next load",
+                    bundle.ref, summary, decision.reason, decision.backend, decision.precision)  # fmt: skip
+        return towers, f"{described}; auto deferred ({decision.reason}): {summary}"
+    log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s)", bundle.ref, summary,
+             decision.backend, decision.precision, decision.margin, decision.spread, decision.rounds, path)  # fmt: skip
     return towers, f"{described}; auto: {summary}"
 
 
-def _read_decision(path: Path) -> tuple[str, str] | None:
+def _measured(trial: Trial, figures: list[dict[str, float]]) -> Trial:
+    """The trial's figures: the median over rounds per batch size, each round's score, their spread."""
+    scores = [geometric_mean(f) for f in figures]
+    median = float(np.median(scores))
+    per_batch = {bs: float(np.median([f[bs] for f in figures])) for bs in figures[0]}
+    spread = (max(scores) - min(scores)) / max(median, 1e-12)
+    return replace(trial, images_per_s=per_batch, rounds=[round(s, 3) for s in scores], spread=round(spread, 4))
+
+
+def _decide(trials: list[Trial], scores: list[list[float]], elapsed: float) -> tuple[AutoDecision, int]:
+    """Which measured trial serves (an index), and the decision: the reference (index 0) unless a
+    later candidate is clearly faster than the best before it; deferred when an unclear comparison
+    could change the winner (the winner is not clearly faster than that candidate either)."""
+    best, unclear = 0, []
+    for i in range(1, len(trials)):
+        _, _, verdict = compare(scores[i], scores[best])
+        if verdict == "faster":
+            best = i
+        elif verdict == "unclear":
+            unclear.append((i, best))
+    rounds = len(scores[0])
+    for i, against in unclear:
+        if i == best or compare(scores[best], scores[i])[2] == "faster":
+            continue  # the winner is clearly faster than it anyway: the doubt changes nothing
+        margin, spread, _ = compare(scores[i], scores[against])
+        name, other = trials[i], trials[against]
+        reason = (f"{name.backend} {name.precision} over {other.backend} {other.precision}: {margin:.2f}x "
+                  f"with a spread of {spread:.2f} over {rounds} rounds")  # fmt: skip
+        ref = trials[0]
+        return AutoDecision("deferred", ref.backend, ref.precision, margin, spread, rounds, elapsed, reason,
+                            time.time()), 0  # fmt: skip
+    margin, spread, _ = compare(scores[best], scores[0])
+    winner = trials[best]
+    return AutoDecision("chosen", winner.backend, winner.precision, margin, spread, rounds, elapsed, None,
+                        time.time()), best  # fmt: skip
+
+
+def _read_decision(path: Path) -> tuple[tuple[str, str], AutoDecision] | None:
     try:
         record = json.loads(path.read_text())
         chosen = record["chosen"]
-        return str(chosen["backend"]), str(chosen["precision"])
-    except (OSError, ValueError, KeyError, TypeError):
+        pair = (str(chosen["backend"]), str(chosen["precision"]))
+        kept = record.get("decision") or {}
+        decision = AutoDecision("remembered", *pair, margin=kept.get("margin"), spread=kept.get("spread"),
+                                rounds=int(kept.get("rounds", 0)), seconds=float(kept.get("seconds", 0.0)),
+                                at=float(record.get("at", 0.0)))  # fmt: skip
+        return pair, decision
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _write_decision(path: Path, bundle: ModelBundle, winner: Trial, trials: list[Trial]) -> None:
-    record = {
+def _write_decision(path: Path, bundle: ModelBundle, decision: AutoDecision, trials: list[Trial]) -> None:
+    """Keep the decision; a deferred one is written without ``chosen`` (for operators: why), so it is
+    never read back as a decision and the next load measures again."""
+    record: dict[str, object] = {
         "ref": bundle.ref,
-        "chosen": {"backend": winner.backend, "precision": winner.precision},
+        "decision": asdict(decision),
         "trials": [asdict(t) for t in trials],
-        "at": time.time(),
+        "at": decision.at,
     }
+    if decision.outcome == "chosen":
+        record["chosen"] = {"backend": decision.backend, "precision": decision.precision}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # pods sharing the cache never write one file

@@ -7,7 +7,8 @@ The service's batchers call these named methods of one towers object chosen per 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -33,6 +34,27 @@ class PooledTowers(Protocol):
     def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray: ...
 
 
+@dataclass(frozen=True)
+class AutoDecision:
+    """How ``precision=auto`` / ``backend=auto`` picked what serves (``clipcore.backends.auto``).
+
+    ``outcome``: ``chosen`` (measured now and kept), ``remembered`` (read from the kept decision),
+    ``deferred`` (the measurement could not tell the candidates apart from its noise: the safe default
+    serves and nothing is kept, so the next load measures again). ``margin``: the serving candidate's
+    images/s over the reference's, the median of the per-round ratios (for ``deferred``: the unclear
+    comparison's); ``spread``: (max - min) / median of those ratios, the noise the margin had to beat."""
+
+    outcome: Literal["chosen", "remembered", "deferred"]
+    backend: str
+    precision: str
+    margin: float | None = None
+    spread: float | None = None
+    rounds: int = 0
+    seconds: float = 0.0
+    reason: str | None = None
+    at: float = 0.0
+
+
 class ServingTowers:
     """Where each kind of batch of one version is encoded: the service's batchers call exactly
     these methods (one per batcher). Pooled image and text features come from ``pooled`` (torch,
@@ -41,6 +63,7 @@ class ServingTowers:
 
     def __init__(self, bundle: ModelBundle, pooled: PooledTowers, dense: DenseRunner | None = None) -> None:
         self.bundle, self.pooled, self.dense = bundle, pooled, dense
+        self.auto: AutoDecision | None = None  # set when ``auto`` picked these towers
 
     def encode_images(self, pixels: np.ndarray) -> np.ndarray:
         """(N, S, S, 3) uint8 preprocessed pixels -> (N, D) normalised embeddings."""

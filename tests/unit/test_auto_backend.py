@@ -83,7 +83,7 @@ def test_auto_serves_a_gated_candidate_and_remembers_the_choice(
     def must_not_time(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a remembered decision was measured again")
 
-    monkeypatch.setattr(auto, "time_images", must_not_time)
+    monkeypatch.setattr(auto, "time_rounds", must_not_time)
     again, described = select_towers(bundle, backend="onnx", precision="auto", device="cpu",
                                      onnx_cache_root=cache, threads=1)  # fmt: skip
     assert "remembered in" in described and described.startswith(f"{chosen[0]} {chosen[1]}")
