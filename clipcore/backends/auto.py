@@ -266,7 +266,7 @@ def fastest_towers(
     if decision.outcome == "deferred":
         log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again at the next load",
                     bundle.ref, summary, decision.reason, decision.backend, decision.precision)  # fmt: skip
-        return towers, f"{described}; auto deferred ({decision.reason}): {summary}"
+        return towers, f"{described}; auto: {summary}; deferred: {decision.reason}"
     log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s)", bundle.ref, summary,
              decision.backend, decision.precision, decision.margin, decision.spread, decision.rounds, path)  # fmt: skip
     return towers, f"{described}; auto: {summary}"

@@ -362,6 +362,25 @@ class EmbedResponse(BaseModel):
 
 
 # ----------------------------------------------------------------------------- models / health
+class AutoInfo(BaseModel):
+    """How ``precision=auto`` / ``backend=auto`` picked the serving version's backend."""
+
+    outcome: Literal["chosen", "remembered", "deferred"] = Field(
+        description="chosen: measured at this load and kept; remembered: read from the kept decision; deferred: the "
+        "measurement's noise could not settle it, the reference serves and the next load measures again"
+    )
+    backend: str
+    precision: str
+    margin: float | None = Field(
+        default=None, description="speed over the reference, median of the per-round ratios (deferred: the unclear one)"
+    )
+    spread: float | None = Field(default=None, description="(max - min) / median of those ratios: the noise")
+    rounds: int = Field(description="interleaved timing rounds")
+    seconds: float = Field(description="time the rounds took")
+    reason: str | None = Field(default=None, description="deferred: why")
+    at: float = Field(description="when it was decided (Unix time)")
+
+
 class VersionInfo(BaseModel):
     version: str
     created_at: str
@@ -374,6 +393,9 @@ class VersionInfo(BaseModel):
     eval: dict[str, object] | None = None
     error: str | None = Field(
         default=None, description="set when the version's manifest cannot be read: it cannot be served"
+    )
+    auto: AutoInfo | None = Field(
+        default=None, description="the serving version under precision=auto / backend=auto: how its backend was picked"
     )
 
 

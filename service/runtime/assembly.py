@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from clipcore.backends.base import ServingTowers
+from clipcore.backends.base import AutoDecision, ServingTowers
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
@@ -62,6 +62,7 @@ class ModelRuntime:
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     backend: str = "torch fp32"  # what the pooled batchers call, for logs
+    auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
 
     @property
     def ref(self) -> str:
@@ -165,7 +166,7 @@ def build_runtime(
     texts = {
         v: batcher(f"text-{v}", partial(serving.encode_texts, encoder=v), b.max_batch_texts) for v in bundle.text_models
     }
-    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend)
+    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend, auto=serving.auto)
     if bundle.dcsm is not None:
         # Dense and pooled features are different model calls, so they cannot share a batch;
         # they still share the one model thread, so they never run at the same time.

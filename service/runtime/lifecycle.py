@@ -298,6 +298,9 @@ class ModelManager:
 
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend)
+        if runtime.auto is not None:
+            decision = runtime.auto
+            self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)
         await runtime.start()
         log.info(
             "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",

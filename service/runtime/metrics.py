@@ -133,6 +133,23 @@ class ServiceMetrics:
             ["result"],
             registry=r,
         )
+        self.backend_auto_decisions_total = Counter(
+            "backend_auto_decisions_total",
+            "precision=auto / backend=auto decisions by outcome: chosen (measured and kept), remembered (read back), "
+            "deferred (the rounds' noise could not settle it: the reference serves, measured again at the next load).",
+            ["outcome"],
+            registry=r,
+        )
+        self.backend_auto_margin = Gauge(
+            "backend_auto_margin",
+            "The serving auto candidate's speed over the reference (median of per-round ratios; 1 for the reference).",
+            registry=r,
+        )
+        self.backend_auto_spread = Gauge(
+            "backend_auto_spread",
+            "The spread of the per-round ratios behind the last auto decision (the noise its margin had to beat).",
+            registry=r,
+        )
         self.store_watch_ok = Gauge(
             "store_watch_ok",
             "1 while the serving alias can be read from the model store (hot swaps work), 0 when not.",
@@ -204,6 +221,13 @@ class ServiceMetrics:
 
     def set_store_watch(self, ok: bool) -> None:
         self.store_watch_ok.set(1 if ok else 0)
+
+    def backend_auto(self, outcome: str, margin: float | None, spread: float | None) -> None:
+        self.backend_auto_decisions_total.labels(outcome=outcome).inc()
+        # A deferred decision serves the reference: its margin is 1, whatever the unclear candidate showed.
+        self.backend_auto_margin.set(1.0 if outcome == "deferred" or margin is None else margin)
+        if spread is not None:
+            self.backend_auto_spread.set(spread)
 
     def model_swap(self, result: str) -> None:
         self.model_swaps_total.labels(result=result).inc()

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
 
+from clipcore.backends.base import AutoDecision
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import ERROR_RESPONSES, AutoInfo, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
 from service.config import Limits
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
@@ -38,7 +40,7 @@ def _problem(exc: Exception, store: ModelStore) -> str:
     return f"{type(exc).__name__}: {exc}".replace(root + os.sep, "").replace(root, ".")[:300]
 
 
-def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
+def describe(store: ModelStore, name: str, serving: str | None, auto: AutoDecision | None = None) -> ModelInfo:
     """One model's versions. A version (or alias table) that cannot be read is listed with its
     error instead of failing the whole answer: the others, and the serving one, stay visible."""
     versions_listed = store.list_versions(name)  # ModelNotFound for an unknown name
@@ -81,6 +83,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
                 components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
                 metrics=dict(manifest.metrics),
                 eval=_eval_annex(store, name, version),
+                auto=AutoInfo(**asdict(auto)) if auto is not None and serving == f"{name}@{version}" else None,
             )
         )
     serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
@@ -90,6 +93,11 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
 def _serving(services: ServicesDep) -> str | None:
     current = services.manager.current
     return current.ref if current is not None else None
+
+
+def _auto(services: ServicesDep) -> AutoDecision | None:
+    current = services.manager.current
+    return current.auto if current is not None else None
 
 
 def _store_unreadable(exc: StoreError) -> ApiError:
@@ -105,7 +113,8 @@ def list_models(services: ServicesDep) -> ModelsResponse:
     serving = _serving(services)
     store = services.store
     try:
-        models = [describe(store, name, serving) for name in sorted(store.list_models())]
+        auto = _auto(services)
+        models = [describe(store, name, serving, auto) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
@@ -117,7 +126,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return describe(services.store, name, _serving(services))
+        return describe(services.store, name, _serving(services), _auto(services))
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too
