@@ -184,12 +184,15 @@ def geometric_mean(images_per_s: dict[str, float]) -> float:
 
 def compare(candidate: Sequence[float], best: Sequence[float]) -> tuple[float, float, str]:
     """``candidate``'s per-round scores against ``best``'s, paired round by round (the same moment of
-    the machine): the median ratio (the margin), the ratios' spread relative to it (the noise), and a
+    the machine): the median ratio (the margin), the ratios' interquartile range relative to it (the noise), and a
     verdict: ``faster`` when the margin is at least ``MIN_GAIN`` and its gain exceeds the spread,
     ``not faster`` when no round reached ``MIN_GAIN``, ``unclear`` otherwise."""
     ratios = [c / max(b, 1e-12) for c, b in zip(candidate, best, strict=True)]
     margin = float(np.median(ratios))
-    spread = (max(ratios) - min(ratios)) / max(margin, 1e-12)
+    # The interquartile range: one or two rounds hit by a burst widen it less than they would max - min,
+    # so a quiet-enough machine still decides; a noise that shifts most rounds widens it.
+    q1, q3 = np.percentile(ratios, [25, 75])
+    spread = float(q3 - q1) / max(margin, 1e-12)
     if margin >= MIN_GAIN and margin - 1 > spread:
         return margin, spread, "faster"
     if max(ratios) < MIN_GAIN:

@@ -42,7 +42,7 @@ class AutoDecision:
     ``deferred`` (the measurement could not tell the candidates apart from its noise: the safe default
     serves and nothing is kept, so the next load measures again). ``margin``: the serving candidate's
     images/s over the reference's, the median of the per-round ratios (for ``deferred``: the unclear
-    comparison's); ``spread``: (max - min) / median of those ratios, the noise the margin had to beat."""
+    comparison's); ``spread``: their interquartile range / median, the noise the margin had to beat."""
 
     outcome: Literal["chosen", "remembered", "deferred"]
     backend: str

@@ -374,7 +374,7 @@ class AutoInfo(BaseModel):
     margin: float | None = Field(
         default=None, description="speed over the reference, median of the per-round ratios (deferred: the unclear one)"
     )
-    spread: float | None = Field(default=None, description="(max - min) / median of those ratios: the noise")
+    spread: float | None = Field(default=None, description="interquartile range / median of those ratios: the noise")
     rounds: int = Field(description="interleaved timing rounds")
     seconds: float = Field(description="time the rounds took")
     reason: str | None = Field(default=None, description="deferred: why")
