@@ -22,6 +22,7 @@ import torch
 from typer.testing import CliRunner
 
 from model_store import ModelStore
+from model_store.cli import app as store_app
 from tests.training_job.fake_llm import fake_llm_server
 from training.cli import app
 
@@ -78,6 +79,13 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
                 result = runner.invoke(app, small, catch_exceptions=False)
                 assert result.exit_code == 0, f"{line}\n{result.output}"
                 outputs.append(result.output)
+            elif argv[0] == ".venv/bin/model-store":
+                result = runner.invoke(store_app, argv[1:], catch_exceptions=False)
+                # `gate` is a dry run that exits 1 when the move would be refused; all else must pass.
+                assert result.exit_code == 0 or (argv[1] == "gate" and result.exit_code == 1), (
+                    f"{line}\n{result.output}"
+                )
+                outputs.append(result.output)
             elif argv[:3] == [".venv/bin/python", "-m", "tests.training_job.fake_llm"]:
                 llm = stack.enter_context(fake_llm_server())
             elif argv[0] == "export":
@@ -114,3 +122,5 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     assert "eval.json" in annex and "report.html" in annex
     assert any("published fashion-llm@v1" in out for out in outputs), "the LLM library was not published"
     assert (tmp_path / "reports").is_dir()
+    promoted = store.alias_log("fashion", "production")["production"][-1]
+    assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record
