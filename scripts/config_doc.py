@@ -28,7 +28,6 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "(`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_PROFILE`, credentials; see docs/operations.md). Other schemes are "
     "refused. The `model-store` and `clip-train` command lines read the same variable (`MODEL_STORE` is a "
     "deprecated alias there).",
-    "model": "Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
     "device": "Torch device; `auto` picks CUDA when available.",
     "redis_url": "`redis://[user:password@]host:port/db` of the shared embedding cache. Optional: "
     "without it (or while it is down) only the in-process LRU is used. Redacted in logs.",

@@ -24,7 +24,11 @@ def parse_args(argv: Sequence[str] | None) -> dict[str, Any]:
     parser.add_argument("--host", help="bind address (CLIP_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (CLIP_PORT, default 8000)")
     parser.add_argument("--store", help="model store: a directory or s3://bucket/prefix (CLIP_STORE, default ./models)")
-    parser.add_argument("--model", help="name@alias or name@version (CLIP_MODEL, default default@production)")
+    parser.add_argument(
+        "--model",
+        help="model refs to serve, comma-separated (name, name@alias, name@version); the first answers requests "
+        "that name none (CLIP_MODEL, default default@production)",
+    )
     parser.add_argument("--redis-url", help="redis://host:port/db for the shared cache (CLIP_REDIS_URL)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N or auto (CLIP_DEVICE, default cpu)")
     parser.add_argument(

@@ -93,7 +93,13 @@ class Settings(BaseSettings):
         "local copies that loaders open. Unset: `$XDG_CACHE_HOME/clip-service/store`. Must be writable; never "
         "evicted, so size its volume for the versions a pod loads. Unused for a directory store.",
     )
-    model: str = "default@production"
+    model: str = Field(
+        default="default@production",
+        description="The served set: one model ref or a comma-separated list of them (`name`, `name@alias`, "
+        "`name@version`; `default@production,default@v5,other`). Each is loaded, warmed, watched and hot-swapped "
+        "on its own, and requests pick one with their `model` field; the first answers requests that name none, "
+        "and `/readyz` is ready once it serves.",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
@@ -233,9 +239,17 @@ class Settings(BaseSettings):
 
     @field_validator("model")
     @classmethod
-    def _valid_ref(cls, value: str) -> str:
-        parse_ref(value)  # "name", "name@alias" or "name@version"; raises ValueError otherwise
-        return value
+    def _valid_refs(cls, value: str) -> str:
+        refs = [ref.strip() for ref in value.split(",")]
+        if not all(refs):
+            raise ValueError(f"an empty model ref in {value!r}: refs are separated by single commas")
+        seen: dict[tuple[str, str], str] = {}
+        for ref in refs:
+            key = parse_ref(ref)  # "name", "name@alias" or "name@version"; raises ValueError otherwise
+            if key in seen:  # "tiny" and "tiny@production" are one entry
+                raise ValueError(f"model refs {seen[key]!r} and {ref!r} name the same entry")
+            seen[key] = ref
+        return ",".join(refs)
 
     @field_validator("api_keys", mode="after")
     @classmethod
@@ -277,6 +291,10 @@ class Settings(BaseSettings):
     def _store_location(cls, value: str) -> str:
         check_location(value)  # a directory or s3://bucket/prefix; gs://, http:// ... are refused here
         return value
+
+    def served_refs(self) -> list[str]:
+        """The refs of ``model``, in order: the first answers requests that name no model."""
+        return self.model.split(",")
 
     def redacted(self) -> dict[str, Any]:
         """Settings for the startup log line: secrets are replaced by ``**********``."""

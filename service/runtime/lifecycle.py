@@ -11,6 +11,9 @@ and keep that reference to the end: a swap never changes the model under a runni
 the old runtime is only stopped once the requests holding it are done (or after
 ``drain_timeout_s``). The watcher survives any error: it logs it (once a minute at most when it
 repeats), waits longer after each failure in a row, and polls on.
+
+One ``ModelManager`` serves one entry of the served set (``service.runtime.served``), which
+starts and stops the entries; everything above holds per entry.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
@@ -30,7 +34,7 @@ from service.config import Settings
 from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
 from service.runtime.metrics import ServiceMetrics
 
-__all__ = ["ModelManager", "ModelRuntime"]
+__all__ = ["ModelManager", "ModelRuntime", "ModelState"]
 
 log = logging.getLogger("service.lifecycle")
 
@@ -39,6 +43,7 @@ STORE_SETTING = "CLIP_STORE / --store"
 TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, MemoryError, ModelNotFound)
 MAX_BACKOFF_S = 300.0
 LOG_REPEAT_S = 60.0  # the same error again is logged once a minute at most
+ModelState = Literal["ready", "loading", "failed", "unloaded"]
 
 
 def may_pass(exc: BaseException) -> bool:
@@ -56,11 +61,21 @@ def backoff_s(interval_s: float, failures: int) -> float:
 
 
 class ModelManager:
-    def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
+    """One served model: ``ref`` (default: the ``model`` setting, which must then be one ref)
+    loaded, watched and hot-swapped."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ModelStore,
+        metrics: ServiceMetrics,
+        ref: str | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.name, self.selector = parse_ref(settings.model)
+        self.ref = settings.model if ref is None else ref
+        self.name, self.selector = parse_ref(self.ref)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -77,9 +92,30 @@ class ModelManager:
         self._retry_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._retiring: dict[asyncio.Task[None], ModelRuntime] = {}
+        metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
+        self.launch()
+
+    def launch(self) -> None:
+        """Start loading (and then watching) unless already started; returns at once."""
+        if not self.started:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model-manager {self.ref}")
+
+    @property
+    def started(self) -> bool:
+        """Whether this entry holds (or is loading) a version."""
+        return self.current is not None or (self._task is not None and not self._task.done())
+
+    @property
+    def state(self) -> ModelState:
+        """``ready`` (serving), ``loading``, ``failed`` (no version loaded; retrying, the log says
+        why) or ``unloaded`` (not started)."""
+        if self.current is not None:
+            return "ready"
+        if self._task is None or self._task.done():
+            return "unloaded"
+        return "failed" if self.last_error is not None else "loading"
 
     async def close(self) -> None:
         if self._task is not None:
@@ -122,7 +158,7 @@ class ModelManager:
         # A reason without detail: callers need not be authenticated and errors name internal
         # paths (the store's among them); the log has the detail.
         reason = f" ({self.not_ready_reason})" if self.not_ready_reason else ""
-        return f"model {self.settings.model} is not loaded yet{reason}; the server log says why"
+        return f"model {self.ref} is not loaded yet{reason}; the server log says why"
 
     def store_missing(self) -> bool:
         """Whether the configured store is a local directory that does not exist."""
@@ -151,19 +187,12 @@ class ModelManager:
             return f"{exc} in the model store set by {STORE_SETTING}"
         return f"loading failed ({type(exc).__name__})"
 
-    def matches(self, requested: str, runtime: ModelRuntime) -> bool:
-        """Whether a request's ``model`` field names the serving version."""
-        accepted = {runtime.bundle.name, runtime.ref}
-        if self.alias is not None:
-            accepted.add(f"{runtime.bundle.name}@{self.alias}")
-        return requested in accepted
-
     # ------------------------------------------------------------------ loading
     async def _run(self) -> None:
         last_logged = 0.0
         while self.current is None:
             try:
-                name, version = await asyncio.to_thread(self.store.resolve, self.settings.model)
+                name, version = await asyncio.to_thread(self.store.resolve, self.ref)
                 aliases = await asyncio.to_thread(self.store.aliases, name)
                 runtime = await self._load(name, version)
             except asyncio.CancelledError:
@@ -178,7 +207,7 @@ class ModelManager:
                 if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(
                         "cannot load %s from the store %r (%s); retrying every %.1fs",
-                        self.settings.model,
+                        self.ref,
                         self.settings.store,
                         error,
                         self.settings.watch_interval_s,
@@ -226,7 +255,7 @@ class ModelManager:
         if self.watch_error is not None:
             log.info("alias %s@%s readable again", self.name, self.alias)
             self.watch_error = None
-            self.metrics.set_store_watch(ok=True)
+            self.metrics.set_store_watch(ok=True, model=self.ref)
         if target is None or target == self.current.bundle.version or target == self._refused:
             return
         if self._retry is not None and self._retry[0] == target and time.monotonic() < self._retry_at:
@@ -242,7 +271,7 @@ class ModelManager:
                 return
             self._retry = None
             self._refused = target
-            self.metrics.model_swap("refused")
+            self.metrics.model_swap("refused", model=self.ref)
             log.error(
                 "refusing %s@%s (%s: %s); %s keeps serving",
                 self.name,
@@ -259,7 +288,7 @@ class ModelManager:
         self._retry = (target, failures)
         delay = backoff_s(self.settings.watch_interval_s, failures)
         self._retry_at = time.monotonic() + delay
-        self.metrics.model_swap("retrying")
+        self.metrics.model_swap("retrying", model=self.ref)
         log.warning(
             "cannot load %s@%s yet (%s); %s keeps serving, retrying in %.1fs",
             self.name,
@@ -283,7 +312,7 @@ class ModelManager:
             )
             self._watch_logged = time.monotonic()
         self.watch_error = error
-        self.metrics.set_store_watch(ok=False)
+        self.metrics.set_store_watch(ok=False, model=self.ref)
 
     async def _load(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
@@ -297,7 +326,7 @@ class ModelManager:
             return bundle, towers, backend
 
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)
-        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend)
+        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
         await runtime.start()
         log.info(
             "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",
@@ -315,9 +344,10 @@ class ModelManager:
         self.last_error = None
         self._refused = None
         self._retry = None
-        self.metrics.set_serving_model(runtime.bundle.name, runtime.bundle.version, sorted(runtime.text_batchers))
+        bundle = runtime.bundle
+        self.metrics.set_serving_model(bundle.name, bundle.version, sorted(runtime.text_batchers), model=self.ref)
         if not initial:
-            self.metrics.model_swap("ok")
+            self.metrics.model_swap("ok", model=self.ref)
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             task = asyncio.get_running_loop().create_task(self._retire(old))

@@ -1,4 +1,4 @@
-"""GET /models and GET /models/{name}: what the store holds and which version serves."""
+"""GET /models and GET /models/{name}: what the store holds and which versions serve."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from fastapi import APIRouter
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, ServedModel, VersionInfo
 from service.config import Limits
+from service.runtime.served import EntryStatus
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -38,9 +39,11 @@ def _problem(exc: Exception, store: ModelStore) -> str:
     return f"{type(exc).__name__}: {exc}".replace(root + os.sep, "").replace(root, ".")[:300]
 
 
-def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
-    """One model's versions. A version (or alias table) that cannot be read is listed with its
-    error instead of failing the whole answer: the others, and the serving one, stay visible."""
+def describe(store: ModelStore, name: str, served: list[EntryStatus]) -> ModelInfo:
+    """One model's versions, marked where an entry of the served set serves them. A version (or
+    alias table) that cannot be read is listed with its error instead of failing the whole
+    answer: the others, and the serving ones, stay visible."""
+    serving_refs = {entry.serving for entry in served if entry.serving is not None}
     versions_listed = store.list_versions(name)  # ModelNotFound for an unknown name
     alias_error = None
     try:
@@ -59,7 +62,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
                     version=version,
                     created_at="",
                     aliases=sorted(a for a, v in aliases.items() if v == version),
-                    serving=serving == f"{name}@{version}",
+                    serving=f"{name}@{version}" in serving_refs,
                     text_encoders=[],
                     default_text_encoder="",
                     components=[],
@@ -75,7 +78,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
                 version=version,
                 created_at=manifest.created_at,
                 aliases=sorted(a for a, v in aliases.items() if v == version),
-                serving=serving == f"{name}@{version}",
+                serving=f"{name}@{version}" in serving_refs,
                 text_encoders=encoders,
                 default_text_encoder=str(components.get("default_text_encoder", "base")),
                 components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
@@ -83,13 +86,23 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
                 eval=_eval_annex(store, name, version),
             )
         )
-    serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
+    # What a request naming just this model gets: the first entry of that name.
+    first = next((entry.serving for entry in served if entry.name == name and entry.serving is not None), None)
+    serving_version = first.partition("@")[2] if first is not None else None
     return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions, error=alias_error)
 
 
-def _serving(services: ServicesDep) -> str | None:
-    current = services.manager.current
-    return current.ref if current is not None else None
+def served_models(served: list[EntryStatus]) -> list[ServedModel]:
+    return [
+        ServedModel(
+            ref=entry.ref,
+            serving=entry.serving,
+            state=entry.state,
+            default=entry.default,
+            store="ok" if entry.store_ok else "unreadable",
+        )
+        for entry in served
+    ]
 
 
 def _store_unreadable(exc: StoreError) -> ApiError:
@@ -102,22 +115,23 @@ def _store_unreadable(exc: StoreError) -> ApiError:
 # Plain ``def``: FastAPI runs these in its thread pool, so store reads never block the loop.
 @router.get("/models", response_model=ModelsResponse)
 def list_models(services: ServicesDep) -> ModelsResponse:
-    serving = _serving(services)
+    served = services.models.status()
+    serving = served[0].serving
     store = services.store
     try:
-        models = [describe(store, name, serving) for name in sorted(store.list_models())]
+        models = [describe(store, name, served) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
     state = cache.redis_state
     info = CacheInfo(redis=state, last_error=cache.last_error if state != "up" else None, lru_items=len(cache))
-    return ModelsResponse(serving=serving, models=models, cache=info)
+    return ModelsResponse(serving=serving, served=served_models(served), models=models, cache=info)
 
 
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return describe(services.store, name, _serving(services))
+        return describe(services.store, name, services.models.status())
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too
