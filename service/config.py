@@ -100,6 +100,14 @@ class Settings(BaseSettings):
         "on its own, and requests pick one with their `model` field; the first answers requests that name none, "
         "and `/readyz` is ready once it serves.",
     )
+    max_loaded_models: int = Field(
+        default=0,
+        ge=0,
+        description="Models of the served set held in memory at once (0: all of them). Beyond it, the first ones "
+        "load at start and the others on their first request (which waits for the load, within "
+        "`batching.request_timeout_s`, else 503 with Retry-After), unloading the least recently used model that "
+        "has no request in flight. The first model is never unloaded, so a set of several needs at least 2.",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
@@ -250,6 +258,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"model refs {seen[key]!r} and {ref!r} name the same entry")
             seen[key] = ref
         return ",".join(refs)
+
+    @model_validator(mode="after")
+    def _budget_fits_the_set(self) -> Settings:
+        # The first model is never unloaded (it answers requests without `model` and makes /readyz
+        # ready): a budget of one would leave no room for any other model of the set.
+        if self.max_loaded_models == 1 and len(self.served_refs()) > 1:
+            raise ValueError("max_loaded_models=1 holds only the first model of the set; use 0 (no limit) or 2 or more")
+        return self
 
     @field_validator("api_keys", mode="after")
     @classmethod

@@ -56,7 +56,8 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 @contextlib.asynccontextmanager
 async def use_model(request: Request, services: Services, model: ModelManager) -> AsyncIterator[ModelRuntime]:
     """The runtime of ``model`` (from ``services.models.resolve``: an unknown name is a 404 before
-    the request's input is checked), held from start to end even if a new version is swapped in."""
+    the request's input is checked), held from start to end even if a new version is swapped in.
+    Under a memory budget, a model that is not loaded loads first."""
     async with services.models.acquire_entry(model) as runtime:
         request.state.model = runtime.ref  # for the access log line
         yield runtime

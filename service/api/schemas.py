@@ -407,7 +407,7 @@ class CacheInfo(BaseModel):
 ServedState = Literal["ready", "loading", "failed", "unloaded"]
 SERVED_STATE = (
     "`ready` (serving), `loading`, `failed` (its load failed and is retried; the server log says why) or "
-    "`unloaded` (not loaded)"
+    "`unloaded` (held out of memory by `max_loaded_models` until a request names it)"
 )
 
 

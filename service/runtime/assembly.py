@@ -64,6 +64,7 @@ class ModelRuntime:
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     backend: str = "torch fp32"  # what the pooled batchers call, for logs
+    load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
 
     @property
     def ref(self) -> str:

@@ -12,18 +12,19 @@ the old runtime is only stopped once the requests holding it are done (or after
 ``drain_timeout_s``). The watcher survives any error: it logs it (once a minute at most when it
 repeats), waits longer after each failure in a row, and polls on.
 
-One ``ModelManager`` serves one entry of the served set (``service.runtime.served``), which
-starts and stops the entries; everything above holds per entry.
+One ``ModelManager`` serves one entry of the served set (``service.runtime.served``): the set
+starts, stops and, under a memory budget, unloads entries; everything above holds per entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Literal
 
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
@@ -55,6 +56,16 @@ def may_pass(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_LOAD_ERRORS)
 
 
+def release_freed_memory() -> None:
+    """Give the pages of freed memory back to the system. glibc's allocator keeps what an
+    unloaded model freed for its own reuse: without this the process's RSS stays as high as if the
+    model were still loaded (no effect, and no error, with another C library)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def backoff_s(interval_s: float, failures: int) -> float:
     """Wait before the next try after ``failures`` failures in a row: the interval, doubling."""
     return min(interval_s * 2 ** max(failures - 1, 0), max(interval_s, MAX_BACKOFF_S))
@@ -62,7 +73,8 @@ def backoff_s(interval_s: float, failures: int) -> float:
 
 class ModelManager:
     """One served model: ``ref`` (default: the ``model`` setting, which must then be one ref)
-    loaded, watched and hot-swapped."""
+    loaded, watched and hot-swapped. ``on_change`` is called whenever what it serves, or whether
+    it has requests in flight, changes (the served set waits on it to load models on demand)."""
 
     def __init__(
         self,
@@ -70,12 +82,18 @@ class ModelManager:
         store: ModelStore,
         metrics: ServiceMetrics,
         ref: str | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
         self.ref = settings.model if ref is None else ref
         self.name, self.selector = parse_ref(self.ref)
+        self.on_change = on_change
+        self.last_used = 0.0  # monotonic time of the last request, for unloading the least recently used
+        self.load_started: float | None = None  # monotonic start of the load in progress
+        self.last_load_s: float | None = None  # how long the last load took
+        self._loading = 0  # loads in progress (first load or a hot swap's)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -104,18 +122,60 @@ class ModelManager:
 
     @property
     def started(self) -> bool:
-        """Whether this entry holds (or is loading) a version."""
+        """Whether this entry holds (or is loading) a version: what a memory budget counts."""
         return self.current is not None or (self._task is not None and not self._task.done())
 
     @property
     def state(self) -> ModelState:
         """``ready`` (serving), ``loading``, ``failed`` (no version loaded; retrying, the log says
-        why) or ``unloaded`` (not started)."""
+        why) or ``unloaded`` (not loaded: past the memory budget, until a request names it)."""
         if self.current is not None:
             return "ready"
         if self._task is None or self._task.done():
             return "unloaded"
         return "failed" if self.last_error is not None else "loading"
+
+    @property
+    def evictable(self) -> bool:
+        """No request in flight on any of its versions and no load in progress: unloading it now
+        fails nothing."""
+        if self._loading:
+            return False
+        runtimes = [*self._retiring.values(), *([self.current] if self.current is not None else [])]
+        return all(runtime.active == 0 for runtime in runtimes)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def unload(self) -> Coroutine[Any, Any, None]:
+        """Stop watching and stop the serving version, to make room under a memory budget; the
+        next ``launch`` loads the ref again (the alias may have moved meanwhile). The caller checks
+        ``evictable`` first. The entry lets go of its version now, before this returns, so no
+        request can acquire it after the check; await the returned coroutine to stop the version
+        (its batchers and model thread)."""
+        task, self._task = self._task, None
+        current, self.current = self.current, None
+        self.last_error = self.watch_error = None
+        self._refused, self._retry = None, None
+        self.not_ready_reason = "unloaded to make room for other models; the next request loads it"
+        self.metrics.clear_model(self.ref)
+        self.metrics.set_store_watch(ok=True, model=self.ref)
+        if current is not None:
+            self.metrics.model_unloaded(self.ref)
+        self._changed()
+        return self._stop_unloaded(task, current)
+
+    async def _stop_unloaded(self, task: asyncio.Task[None] | None, runtime: ModelRuntime | None) -> None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if runtime is not None:
+            version = runtime.ref
+            await runtime.stop()
+            del runtime  # the last reference: the version's weights are freed here
+            await asyncio.to_thread(release_freed_memory)
+            log.info("unloaded %s (%s) to make room for other models", version, self.ref)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -147,12 +207,15 @@ class ModelManager:
             raise ClipError(ErrorCode.not_ready, self.not_ready_message(), retry_after=1)
         runtime.active += 1
         runtime.idle.clear()
+        self.last_used = time.monotonic()
         try:
             yield runtime
         finally:
             runtime.active -= 1
+            self.last_used = time.monotonic()
             if runtime.active == 0:
                 runtime.idle.set()
+                self._changed()  # an idle model may now be unloaded for one a request waits for
 
     def not_ready_message(self) -> str:
         # A reason without detail: callers need not be authenticated and errors name internal
@@ -215,10 +278,12 @@ class ModelManager:
                     last_logged = time.monotonic()
                 self.last_error = error
                 self.not_ready_reason = self._not_ready_reason(exc)
+                self._changed()
                 await asyncio.sleep(self.settings.watch_interval_s)
                 continue
             self.alias = self.selector if self.selector in aliases else None
             self._install(runtime, initial=True)
+            self.metrics.model_loaded(self.ref)
             # The watcher below runs in this frame for good: it must not keep the first version
             # alive after a swap (that held ~190 MB per swap for ViT-sized models).
             del runtime
@@ -315,6 +380,17 @@ class ModelManager:
         self.metrics.set_store_watch(ok=False, model=self.ref)
 
     async def _load(self, name: str, version: str) -> ModelRuntime:
+        self._loading += 1
+        self.load_started = time.monotonic()
+        try:
+            runtime = await self._load_version(name, version)
+        finally:
+            self._loading -= 1
+            self.load_started = None
+        self.last_load_s = runtime.load_s
+        return runtime
+
+    async def _load_version(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
 
         def load_and_warm() -> tuple[ModelBundle, ServingTowers, str]:
@@ -328,6 +404,7 @@ class ModelManager:
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
         await runtime.start()
+        runtime.load_s = time.perf_counter() - started
         log.info(
             "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",
             bundle.ref,
@@ -348,6 +425,7 @@ class ModelManager:
         self.metrics.set_serving_model(bundle.name, bundle.version, sorted(runtime.text_batchers), model=self.ref)
         if not initial:
             self.metrics.model_swap("ok", model=self.ref)
+        self._changed()
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             task = asyncio.get_running_loop().create_task(self._retire(old))

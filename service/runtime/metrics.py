@@ -139,6 +139,19 @@ class ServiceMetrics:
             ["model"],
             registry=r,
         )
+        self.model_loads_total = Counter(
+            "model_loads_total",
+            "Models of the served set loaded (at start, or on a request while over the memory budget); hot swaps "
+            "are counted by model_swaps_total.",
+            ["model"],
+            registry=r,
+        )
+        self.model_unloads_total = Counter(
+            "model_unloads_total",
+            "Idle models unloaded to make room under max_loaded_models.",
+            ["model"],
+            registry=r,
+        )
         self.inflight_requests = Gauge(
             "inflight_requests",
             "HTTP requests being handled right now.",
@@ -213,6 +226,12 @@ class ServiceMetrics:
 
     def model_swap(self, result: str, model: str = "") -> None:
         self.model_swaps_total.labels(model=model, result=result).inc()
+
+    def model_loaded(self, model: str) -> None:
+        self.model_loads_total.labels(model=model).inc()
+
+    def model_unloaded(self, model: str) -> None:
+        self.model_unloads_total.labels(model=model).inc()
 
     def image_decoded(self, count: int = 1) -> None:
         self.images_decoded_total.inc(count)

@@ -3,13 +3,16 @@
 ``model="alpha,beta@production,beta@v1"`` serves three entries: requests pick one with their
 ``model`` field and every answer names the version that answered; each entry answers exactly what
 a server of that version alone answers. A version one entry cannot load is refused (or retried)
-by that entry alone while the others keep serving.
+by that entry alone while the others keep serving. Under ``max_loaded_models`` the models past the
+budget load on their first request, unloading the least recently used model that is idle.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -187,3 +190,63 @@ def test_v1_embeddings_route_by_their_model(two_models: Path, serve_app: Any) ->
             assert np.all(_cosines(vectors[version], native) >= 0.99999)
     assert np.all(_cosines(vectors["alpha@v1"], vectors["beta@v2"]) < 0.999)
     assert np.all(_cosines(vectors["beta@v1"], vectors["beta@v2"]) < 0.999)
+
+
+def _states(url: str) -> dict[str, str]:
+    return {m["ref"]: m["state"] for m in httpx.get(f"{url}/models").json()["served"]}
+
+
+def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    root = tmp_path / "store"
+    for seed, name in enumerate(("alpha", "beta", "gamma"), start=51):
+        publish_model(root, name, seed=seed)
+    settings = {"max_loaded_models": 2, "batching": {"request_timeout_s": 5.0}}
+    with serve_app(store=str(root), model="alpha,beta,gamma", **settings) as running:
+        _wait(lambda: _states(running.url)["beta"] == "ready", what="beta, within the budget, to load at start")
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded"}
+        beta = weakref.ref(running.services.models.entries[1].current.bundle.model)
+        # A request for gamma loads it, unloading beta (idle; alpha, the default, never is).
+        answered, _ = _embed(running.url, {"texts": TEXTS}, "gamma")
+        assert answered == "gamma@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
+        _wait(lambda: gc.collect() >= 0 and beta() is None, what="beta's weights to be freed")
+        assert metric_value(running.url, "model_unloads_total", model="beta") == 1
+        assert metric_value(running.url, "model_loads_total", model="gamma") == 1
+        # A model with a request in flight is never unloaded: a request for beta waits for room,
+        # then gets a 503 with Retry-After when its time budget runs out.
+        gamma = running.services.models.entries[2].current
+        gamma.active += 1  # a request that has not finished (nothing else touches it meanwhile)
+        gamma.idle.clear()
+        r = httpx.post(f"{running.url}/embed", json={"texts": TEXTS, "model": "beta"}, timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "not_ready" and int(r.headers["retry-after"]) >= 1
+        assert "in flight" in r.json()["error"]["message"]
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
+        # Once that request is done, beta loads in gamma's place.
+        gamma.active -= 1
+        gamma.idle.set()
+        answered, _ = _embed(running.url, {"texts": TEXTS}, "beta")
+        assert answered == "beta@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded"}
+        # Requests naming no model are still answered by the default model, never unloaded.
+        assert _embed(running.url, {"texts": TEXTS})[0] == "alpha@v1"
+        assert httpx.get(f"{running.url}/readyz").status_code == 200
+
+
+def test_the_least_recently_used_idle_model_is_the_one_unloaded(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    root = tmp_path / "store"
+    names = ("alpha", "beta", "gamma", "delta")
+    for seed, name in enumerate(names, start=61):
+        publish_model(root, name, seed=seed)
+    with serve_app(store=str(root), model=",".join(names), max_loaded_models=3) as running:
+        _wait(lambda: _states(running.url)["gamma"] == "ready", what="the first three models to load")
+        for model in ("gamma", "beta", "gamma"):  # beta is now the least recently used
+            _embed(running.url, {"texts": TEXTS}, model)
+        assert _embed(running.url, {"texts": TEXTS}, "delta")[0] == "delta@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready", "delta": "ready"}
+        assert _embed(running.url, {"texts": TEXTS}, "beta")[0] == "beta@v1"  # gamma was used before delta
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded", "delta": "ready"}

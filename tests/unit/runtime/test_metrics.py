@@ -16,6 +16,8 @@ NAMES = [
     "cache_requests_total",
     "model_info",
     "model_swaps_total",
+    "model_loads_total",
+    "model_unloads_total",
     "inflight_requests",
     "images_decoded_total",
     "texts_truncated_total",
