@@ -192,6 +192,26 @@ def test_v1_embeddings_route_by_their_model(two_models: Path, serve_app: Any) ->
     assert np.all(_cosines(vectors["beta@v1"], vectors["beta@v2"]) < 0.999)
 
 
+def test_the_sdk_names_a_model_per_call_or_for_the_whole_client(
+    two_models: Path, serve_app: Any, make_image: Any
+) -> None:
+    from clipdiff import Client
+
+    images = [make_image("circle", "red", "large"), make_image("circle", "red", "small")]
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        with Client(running.url) as client:
+            assert [(m.ref, m.serving, m.state, m.default) for m in client.served_models()] == [
+                ("alpha", "alpha@v1", "ready", True),
+                ("beta@production", "beta@v2", "ready", False),
+                ("beta@v1", "beta@v1", "ready", False),
+            ]
+            assert client.embed_texts(TEXTS).model == "alpha@v1"
+            assert client.embed_texts(TEXTS, model="beta@v1").model == "beta@v1"
+        with Client(running.url, model="beta") as client:
+            assert client.rank(images, "The first shape is larger.").model == "beta@v2"
+            assert client.rank_pair(*images, "The first shape is larger.", model="alpha").model == "alpha@v1"
+
+
 def _states(url: str) -> dict[str, str]:
     return {m["ref"]: m["state"] for m in httpx.get(f"{url}/models").json()["served"]}
 
