@@ -122,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True, help="store to copy from (read-only)")
     parser.add_argument("--target", required=True, help="store volume to fill, or s3://bucket/prefix")
-    parser.add_argument("--verify", metavar="REF", help="name@alias that must resolve and verify afterwards")
+    parser.add_argument(
+        "--verify",
+        metavar="REF",
+        help="name@alias that must resolve and verify afterwards; of a served set (refs separated by commas, as "
+        "CLIP_MODEL takes them) the first, which the service's readiness waits for",
+    )
     args = parser.parse_args(argv)
     if not args.source.is_dir():
         print(f"seed_store: no source store at {args.source}", file=sys.stderr)
@@ -138,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"seeded {len(copied)} entries: {', '.join(copied)}" if copied else "target already holds every version")
     if args.verify:
+        # The other models of a set may be published later: the service serves without them.
+        ref = args.verify.split(",")[0].strip()
         store = ModelStore(args.target)
         try:
-            name, version = store.resolve(args.verify)
+            name, version = store.resolve(ref)
             store.verify(name, version)
         except StoreError as exc:
-            print(f"seed_store: {args.verify} does not verify: {exc}", file=sys.stderr)
+            print(f"seed_store: {ref} does not verify: {exc}", file=sys.stderr)
             return 1
-        print(f"ok {args.verify} -> {name}@{version}")
+        print(f"ok {ref} -> {name}@{version}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The FastAPI application: ``create_app(settings)`` wires settings, store, model, cache and routes.
 
-Startup order (lifespan): store -> embedding cache (Redis optional) -> model manager, which
-loads and warms the model in the background (so /healthz answers at once and /readyz says 503
-until the model is warm) and then watches its alias for hot swaps. Shutdown reverses it.
+Startup order (lifespan): store -> embedding cache (Redis optional) -> the served set, whose
+models load and warm in the background (so /healthz answers at once and /readyz says 503 until
+the default model is warm) and then watch their aliases for hot swaps. Shutdown reverses it.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
-from service.runtime.lifecycle import ModelManager
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
+from service.runtime.served import ServedModels
 
 log = logging.getLogger("service")
 
@@ -59,7 +59,7 @@ def build_services(settings: Settings) -> Services:
         store=store,
         metrics=metrics,
         cache=cache,
-        manager=ModelManager(settings, store, metrics),
+        models=ServedModels(settings, store, metrics),
         pipeline=Pipeline(settings, cache, metrics),
         auth=ApiKeyAuth(settings),
     )
@@ -77,12 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "redis at the configured redis_url is unreachable; serving with the in-process cache "
                 "only until it comes back"
             )
-        await services.manager.start()
+        await services.models.start()
         try:
             yield
         finally:
             # Each part closes even if one before it fails.
-            for part in (services.manager, services.pipeline, services.cache):
+            for part in (services.models, services.pipeline, services.cache):
                 try:
                     await part.close()
                 except Exception:

@@ -126,7 +126,18 @@ class Settings(BaseSettings):
     )
     model: str = Field(
         default="default@production",
-        description="Model to serve: `name`, `name@alias` (polled and hot-swapped) or `name@version`.",
+        description="The served set: one model ref or a comma-separated list of them (`name`, `name@alias`, "
+        "`name@version`; `default@production,default@v5,other`). Each is loaded, warmed, watched and hot-swapped "
+        "on its own, and requests pick one with their `model` field; the first answers requests that name none, "
+        "and `/readyz` is ready once it serves.",
+    )
+    max_loaded_models: int = Field(
+        default=0,
+        ge=0,
+        description="Models of the served set held in memory at once (0: all of them). Beyond it, the first ones "
+        "load at start and the others on their first request (which waits for the load, within "
+        "`batching.request_timeout_s`, else 503 with Retry-After), unloading the least recently used model that "
+        "has no request in flight. The first model is never unloaded, so a set of several needs at least 2.",
     )
     device: str = Field(
         default="cpu",
@@ -306,9 +317,25 @@ class Settings(BaseSettings):
 
     @field_validator("model")
     @classmethod
-    def _valid_ref(cls, value: str) -> str:
-        parse_ref(value)  # "name", "name@alias" or "name@version"; raises ValueError otherwise
-        return value
+    def _valid_refs(cls, value: str) -> str:
+        refs = [ref.strip() for ref in value.split(",")]
+        if not all(refs):
+            raise ValueError(f"an empty model ref in {value!r}: refs are separated by single commas")
+        seen: dict[tuple[str, str], str] = {}
+        for ref in refs:
+            key = parse_ref(ref)  # "name", "name@alias" or "name@version"; raises ValueError otherwise
+            if key in seen:  # "tiny" and "tiny@production" are one entry
+                raise ValueError(f"model refs {seen[key]!r} and {ref!r} name the same entry")
+            seen[key] = ref
+        return ",".join(refs)
+
+    @model_validator(mode="after")
+    def _budget_fits_the_set(self) -> Settings:
+        # The first model is never unloaded (it answers requests without `model` and makes /readyz
+        # ready): a budget of one would leave no room for any other model of the set.
+        if self.max_loaded_models == 1 and len(self.served_refs()) > 1:
+            raise ValueError("max_loaded_models=1 holds only the first model of the set; use 0 (no limit) or 2 or more")
+        return self
 
     @field_validator("api_keys", mode="after")
     @classmethod
@@ -360,6 +387,10 @@ class Settings(BaseSettings):
     def _store_location(cls, value: str) -> str:
         check_location(value)  # a directory or s3://bucket/prefix; gs://, http:// ... are refused here
         return value
+
+    def served_refs(self) -> list[str]:
+        """The refs of ``model``, in order: the first answers requests that name no model."""
+        return self.model.split(",")
 
     def redacted(self) -> dict[str, Any]:
         """Settings for the startup log line: secrets are replaced by ``**********``."""

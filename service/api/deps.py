@@ -1,7 +1,8 @@
-"""Annotated dependencies shared by the routers: services, the serving runtime, auth."""
+"""Annotated dependencies shared by the routers: services, the pipeline, the model a request names."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -9,13 +10,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from model_store import ModelStore
-from service.api.errors import ApiError, ErrorCode
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
 from service.runtime.lifecycle import ModelManager, ModelRuntime
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
+from service.runtime.served import ServedModels
 
 
 @dataclass
@@ -26,9 +27,14 @@ class Services:
     store: ModelStore
     metrics: ServiceMetrics
     cache: EmbeddingCache
-    manager: ModelManager
+    models: ServedModels
     pipeline: Pipeline
     auth: ApiKeyAuth
+
+    @property
+    def manager(self) -> ModelManager:
+        """The default entry of the served set: it answers requests that name no model."""
+        return self.models.default
 
 
 # Dependencies are coroutines even where they do not await: FastAPI runs a plain function in its
@@ -40,16 +46,6 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-async def serving_runtime(request: Request, services: ServicesDep) -> AsyncIterator[ModelRuntime]:
-    """The runtime this request uses from start to end, even if a new version is swapped in."""
-    async with services.manager.acquire() as runtime:
-        request.state.model = runtime.ref  # for the access log line
-        yield runtime
-
-
-RuntimeDep = Annotated[ModelRuntime, Depends(serving_runtime)]
-
-
 async def get_pipeline(services: ServicesDep) -> Pipeline:
     return services.pipeline
 
@@ -57,11 +53,11 @@ async def get_pipeline(services: ServicesDep) -> Pipeline:
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 
 
-def ensure_model(services: Services, runtime: ModelRuntime, requested: str | None) -> None:
-    """A request may name the model it expects; anything but the serving one is a 404."""
-    if requested is not None and not services.manager.matches(requested, runtime):
-        raise ApiError(
-            ErrorCode.unknown_model,
-            f"model {requested!r} is not served here; this server serves {runtime.ref}",
-            "model",
-        )
+@contextlib.asynccontextmanager
+async def use_model(request: Request, services: Services, model: ModelManager) -> AsyncIterator[ModelRuntime]:
+    """The runtime of ``model`` (from ``services.models.resolve``: an unknown name is a 404 before
+    the request's input is checked), held from start to end even if a new version is swapped in.
+    Under a memory budget, a model that is not loaded loads first."""
+    async with services.models.acquire_entry(model) as runtime:
+        request.state.model = runtime.ref  # for the access log line
+        yield runtime

@@ -29,6 +29,7 @@ from service.api.vector_encoding import encode_rows
 from service.config import Limits
 from service.runtime.assembly import ModelRuntime
 from service.runtime.pipeline import Pipeline
+from service.runtime.served import EntryStatus
 
 OWNER = "clip-difference-service"
 
@@ -114,9 +115,21 @@ async def token_count(pipeline: Pipeline, rt: ModelRuntime, texts: list[str]) ->
     return await pipeline.offload(lambda: sum(rt.bundle.token_count(t) for t in texts))
 
 
-def model_list(rt: ModelRuntime) -> OpenAIModelList:
-    """The names a request's ``model`` may use for the serving version: its model name (follows
-    hot swaps) and its exact ``name@version``."""
-    created = int(datetime.fromisoformat(rt.bundle.manifest.created_at.replace("Z", "+00:00")).timestamp())
-    ids = [rt.bundle.name, rt.ref]
-    return OpenAIModelList(data=[OpenAIModel(id=i, created=created, owned_by=OWNER) for i in ids])
+def model_list(served: list[EntryStatus]) -> OpenAIModelList:
+    """The names a request's ``model`` may use, entry by entry of the served set: a model name
+    (the first entry of that name answers it; it follows hot swaps) and the exact ``name@version``
+    an entry serves, or its configured ref while it is not loaded. Each id is listed once."""
+    out: dict[str, OpenAIModel] = {}
+    for entry in served:
+        created = _unix(entry.created_at) if entry.created_at else 0
+        ids = [entry.name, entry.serving or entry.ref]
+        for model_id in ids:
+            if model_id not in out:
+                out[model_id] = OpenAIModel(
+                    id=model_id, created=created, owned_by=OWNER, serving=entry.serving, state=entry.state
+                )
+    return OpenAIModelList(data=list(out.values()))
+
+
+def _unix(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())

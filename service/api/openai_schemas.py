@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from service.api.schemas import TEXT_SCHEMA, IntegralFloat
+from service.api.schemas import SERVED_STATE, TEXT_SCHEMA, IntegralFloat, ServedState
 
 IMAGE_PREFIX = "data:image/"
 
@@ -34,8 +34,8 @@ class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # as service.api.schemas._Request
 
     model: str = Field(
-        description="the served model's name (`default`), its version (`default@v6`) or an alias (`default@prod`); "
-        "anything else is a 404 unknown_model",
+        description="which served model answers: a name (`default`), a version (`default@v6`) or an alias "
+        "(`default@production`) of the served set (GET /v1/models lists it); anything else is a 404 unknown_model",
         examples=["default"],
     )
     input: Input = Field(description=INPUT, examples=[["a red circle"]])
@@ -70,10 +70,14 @@ class EmbeddingsResponse(BaseModel):
 
 
 class OpenAIModel(BaseModel):
-    id: str
+    id: str = Field(description="a value `model` may take: a model name, or the `name@version` an entry serves")
     object: Literal["model"] = "model"
-    created: int = Field(description="when the version was published, Unix seconds")
+    created: int = Field(description="when the version it answers with was published, Unix seconds (0: not loaded)")
     owned_by: str
+    serving: str | None = Field(
+        default=None, description="this service's addition: the `name@version` it answers with, null while not loaded"
+    )
+    state: ServedState = Field(default="ready", description="this service's addition: " + SERVED_STATE)
 
 
 class OpenAIModelList(BaseModel):

@@ -99,6 +99,13 @@ def _shapes_schema(schema: JsonDict, cls: type[Any]) -> None:
         schema["oneOf"] = [shape.json_schema(fields) for shape in shapes]
 
 
+MODEL_CHOICE = (
+    "which served model answers: a name (`default`), a version (`default@v6`) or an alias (`default@production`) "
+    "of the served set (GET /models lists it in `served`); left out, the first model of the set. Anything else "
+    "is a 404 unknown_model"
+)
+
+
 class _Request(BaseModel):
     # strict: JSON's types as they are, as the schema states them ("3" is no integer, 1 no
     # boolean); forms convert their texts to those types first (service.api.multipart).
@@ -200,7 +207,7 @@ class ClassifyRequest(_Request):
         "with the YUKINO component's text encoder (labels are usually whole captions, templates ['{}']); "
         "not combinable with comparative=true",
     )
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
 
 
 class LabelScore(BaseModel):
@@ -253,7 +260,7 @@ class RankPairRequest(_Request):
     difference: Text | None = None
     pairs: list[PairInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
 
 
 class PairResult(BaseModel):
@@ -276,7 +283,7 @@ class RankRequest(_Request):
     images: list[ImageInput] = Field(json_schema_extra=_min_items(2))
     difference: Text
     encoder: str | None = None
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
 
 
 class RankedImage(BaseModel):
@@ -298,7 +305,7 @@ class DenseRequest(_Request):
         description="1 to max_texts candidate texts, each scored against the image", json_schema_extra=_min_items(1)
     )
     return_maps: bool = Field(default=False, description="also return the z-scored token x patch maps")
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
 
 
 class DenseResponse(BaseModel):
@@ -330,7 +337,7 @@ class DenseResponse(BaseModel):
 class HeatmapRequest(_Request):
     image: DrawnImageInput = Field(description="given as data or url: the picture is drawn into the heatmap")
     text: Text
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
 
 
 # ----------------------------------------------------------------------------- embed
@@ -348,7 +355,7 @@ class EmbedRequest(_Request):
     texts: list[Text] | None = Field(default=None, json_schema_extra=_min_items(1))
     images: list[ImageInput] | None = Field(default=None, json_schema_extra=_min_items(1))
     encoder: str | None = None
-    model: str | None = None
+    model: str | None = Field(default=None, description=MODEL_CHOICE)
     encoding_format: Literal["float", "base64", "float16"] = Field(default="float", description=ENCODING_FORMAT)
 
 
@@ -385,7 +392,7 @@ class VersionInfo(BaseModel):
     version: str
     created_at: str
     aliases: list[str]
-    serving: bool
+    serving: bool = Field(description="whether this server answers with this version (for any model of its set)")
     text_encoders: list[str]
     default_text_encoder: str = Field(description="the variant used when a request names no encoder")
     components: list[str] = Field(description="optional components this version has, e.g. 'dcsm' (dense scoring)")
@@ -402,7 +409,11 @@ class VersionInfo(BaseModel):
 class ModelInfo(BaseModel):
     name: str
     aliases: dict[str, str]
-    serving: str | None = Field(default=None, description="the version this server answers with, if any")
+    serving: str | None = Field(
+        default=None,
+        description="the version this server answers with for this model name, if any (of the first entry of the "
+        "served set with this name)",
+    )
     versions: list[VersionInfo]
     error: str | None = Field(default=None, description="set when the model's alias table cannot be read")
 
@@ -415,8 +426,30 @@ class CacheInfo(BaseModel):
     lru_items: int = Field(description="embeddings held in this replica's in-process cache")
 
 
+ServedState = Literal["ready", "loading", "failed", "unloaded"]
+SERVED_STATE = (
+    "`ready` (serving), `loading`, `failed` (its load failed and is retried; the server log says why) or "
+    "`unloaded` (held out of memory by `max_loaded_models` until a request names it)"
+)
+
+
+class ServedModel(BaseModel):
+    """One entry of the served set (the `model` setting)."""
+
+    ref: str = Field(description="the entry as configured: `default@production`, `other@v3`, `other`")
+    serving: str | None = Field(description="the `name@version` it answers with; null while not loaded")
+    state: ServedState = Field(description=SERVED_STATE)
+    default: bool = Field(description="whether it answers requests that name no model (the first of the set)")
+    store: Literal["ok", "unreadable"] = Field(
+        default="ok", description="whether its alias can be read from the model store (hot swaps wait while not)"
+    )
+
+
 class ModelsResponse(BaseModel):
-    serving: str | None
+    serving: str | None = Field(description="the `name@version` of the default model (null while loading)")
+    served: list[ServedModel] = Field(
+        default_factory=list, description="GET /models only: every model this server serves, the default first"
+    )
     models: list[ModelInfo]
     cache: CacheInfo | None = Field(default=None, description="the embedding cache's state (GET /models only)")
 
@@ -427,7 +460,7 @@ class HealthResponse(BaseModel):
 
 class ReadyResponse(BaseModel):
     ready: bool
-    model: str | None
+    model: str | None = Field(description="the `name@version` of the default model")
     redis: Literal["disabled", "up", "down", "probing"] = Field(
         default="disabled",
         description="the shared embedding cache; the service is ready without it (details in GET /models)",
@@ -436,6 +469,10 @@ class ReadyResponse(BaseModel):
         default="ok",
         description="whether the served alias can be read from the model store; while 'unreadable' the loaded "
         "version keeps serving and hot swaps wait (details in the server log)",
+    )
+    models: list[ServedModel] = Field(
+        default_factory=list,
+        description="every model of the served set and its state; the server is ready once the first one is",
     )
 
 

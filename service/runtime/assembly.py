@@ -3,6 +3,8 @@
 A ``ModelRuntime`` is one loaded version with its own batchers (one for images, one per
 text-encoder variant, and for a version with a DCSM scorer one each for dense image and dense
 text features) sharing a single worker thread, so model calls of one version never overlap.
+Each runtime has a thread of its own: in a served set of several models, a request for one
+model never queues behind another model's batch (docs/benchmarks.md measures why).
 
 The pooled image and text batchers call the towers the settings pick (``serving_towers``):
 torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime (fp32, or an int8 image tower).
@@ -63,6 +65,7 @@ class ModelRuntime:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     backend: str = "torch fp32"  # what the pooled batchers call, for logs
     auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
+    load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
 
     @property
     def ref(self) -> str:
@@ -144,14 +147,18 @@ def build_runtime(
     metrics: ServiceMetrics,
     towers: ServingTowers | None = None,
     backend: str = "torch fp32",
+    model: str | None = None,
 ) -> ModelRuntime:
     """One batcher per kind of batch, each calling its named method of ``towers`` (default: the
-    bundle's torch fp32 towers), all on one model thread."""
+    bundle's torch fp32 towers), all on one model thread of this runtime's own: a version of
+    another model in the served set never waits for this one's batches. ``model`` is the
+    served-set entry its metrics are labelled with (default: the version's ``name@version``)."""
     b = settings.batching
+    recorder = metrics.for_model(model if model is not None else bundle.ref)
     serving = towers if towers is not None else ServingTowers(bundle, TorchTowers(bundle))
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=1,
-        thread_name_prefix=f"model-{bundle.version}",
+        thread_name_prefix=f"model-{bundle.name}-{bundle.version}",
         initializer=_model_thread_init,
         initargs=(settings.torch_threads,),
     )
@@ -160,7 +167,7 @@ def build_runtime(
         name: str, fn: Callable[[list[Any]], Iterable[np.ndarray]], max_batch: int
     ) -> DynamicBatcher[Any, np.ndarray]:
         return DynamicBatcher(name, fn, max_batch=max_batch, max_wait_ms=b.max_wait_ms, max_queue=b.max_queue,
-                              max_delay_s=b.max_queue_delay_s, executor=executor, metrics=metrics)  # fmt: skip
+                              max_delay_s=b.max_queue_delay_s, executor=executor, metrics=recorder)  # fmt: skip
 
     images = batcher(IMAGE_BATCHER, _stacked(serving.encode_images), b.max_batch_images)
     texts = {

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from service.runtime.metrics import ServiceMetrics
+    from service.runtime.metrics import ModelMetrics, ServiceMetrics
 
 __all__ = [
     "BatcherClosed",
@@ -132,7 +132,7 @@ class DynamicBatcher(Generic[T, R]):
         max_wait_ms: float = 5.0,
         max_queue: int = 1024,
         executor: concurrent.futures.ThreadPoolExecutor | None = None,
-        metrics: ServiceMetrics | None = None,
+        metrics: ServiceMetrics | ModelMetrics | None = None,
         default_timeout_s: float | None = None,
         max_delay_s: float | None = None,
     ) -> None:
@@ -219,12 +219,12 @@ class DynamicBatcher(Generic[T, R]):
             results = await asyncio.wait_for(asyncio.shield(req.future), timeout)
         except TimeoutError:
             self._drop(req)
-            self._reject("deadline")
+            self.record_rejection("deadline")
             raise DeadlineExceeded(f"batcher {self.name!r}: request not done within {timeout:.3f}s") from None
         except asyncio.CancelledError:
             # Client went away: free its queue slots so they are not computed for nobody.
             self._drop(req)
-            self._reject("cancelled")
+            self.record_rejection("cancelled")
             raise
         end = self._loop.time()
         start = req.first_start if req.first_start is not None else end
@@ -243,21 +243,21 @@ class DynamicBatcher(Generic[T, R]):
         """Raise now what a submit of ``n`` items would raise (closed, too large, queue full or
         too long a wait), without queueing or reserving anything."""
         if self._closing:
-            self._reject("closed")
+            self.record_rejection("closed")
             raise BatcherClosed(f"batcher {self.name!r} is shutting down", self._retry_after(n))
         if n == 0:
             return
         if n > self.max_queue:
-            self._reject("too_large")
+            self.record_rejection("too_large")
             raise RequestTooLarge(f"{n} items exceed the queue size {self.max_queue}")
         ahead = self._depth + self._reserved
         if ahead + n > self.max_queue:
-            self._reject("queue_full")
+            self.record_rejection("queue_full")
             raise QueueFull(f"batcher {self.name!r} queue is full", self._retry_after(n))
         if self.max_delay_s is not None and ahead > 0:  # an idle queue takes any request
             delay = math.ceil((ahead + n) / self.max_batch) * self._batch_s
             if delay > self.max_delay_s:
-                self._reject("queue_delay")
+                self.record_rejection("queue_delay")
                 raise QueueFull(
                     f"batcher {self.name!r} queue would take {delay:.2f}s (limit {self.max_delay_s:g}s)",
                     max(delay - self.max_delay_s, self._batch_s, 0.001),
@@ -320,7 +320,7 @@ class DynamicBatcher(Generic[T, R]):
             if head.dead or head.untaken == 0:
                 self._queue.popleft()
             elif head.deadline is not None and now >= head.deadline:
-                self._reject("deadline")
+                self.record_rejection("deadline")
                 self._fail(head, DeadlineExceeded(f"batcher {self.name!r}: deadline passed"))
             else:
                 return
@@ -416,7 +416,8 @@ class DynamicBatcher(Generic[T, R]):
         if self._metrics is not None:
             self._metrics.set_queue_depth(self.name, self._depth)
 
-    def _reject(self, reason: str) -> None:
+    def record_rejection(self, reason: str) -> None:
+        """Count work refused for ``reason`` (also by callers that refuse before submitting)."""
         if self._metrics is not None:
             self._metrics.batcher_rejected(self.name, reason)
 

@@ -11,15 +11,20 @@ and keep that reference to the end: a swap never changes the model under a runni
 the old runtime is only stopped once the requests holding it are done (or after
 ``drain_timeout_s``). The watcher survives any error: it logs it (once a minute at most when it
 repeats), waits longer after each failure in a row, and polls on.
+
+One ``ModelManager`` serves one entry of the served set (``service.runtime.served``): the set
+starts, stops and, under a memory budget, unloads entries; everything above holds per entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Literal
 
 from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
@@ -30,7 +35,7 @@ from service.config import Settings
 from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
 from service.runtime.metrics import ServiceMetrics
 
-__all__ = ["ModelManager", "ModelRuntime"]
+__all__ = ["ModelManager", "ModelRuntime", "ModelState"]
 
 log = logging.getLogger("service.lifecycle")
 
@@ -39,6 +44,7 @@ STORE_SETTING = "CLIP_STORE / --store"
 TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, MemoryError, ModelNotFound)
 MAX_BACKOFF_S = 300.0
 LOG_REPEAT_S = 60.0  # the same error again is logged once a minute at most
+ModelState = Literal["ready", "loading", "failed", "unloaded"]
 
 
 def may_pass(exc: BaseException) -> bool:
@@ -50,17 +56,44 @@ def may_pass(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_LOAD_ERRORS)
 
 
+def release_freed_memory() -> None:
+    """Give the pages of freed memory back to the system. glibc's allocator keeps what an
+    unloaded model freed for its own reuse: without this the process's RSS stays as high as if the
+    model were still loaded (no effect, and no error, with another C library)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def backoff_s(interval_s: float, failures: int) -> float:
     """Wait before the next try after ``failures`` failures in a row: the interval, doubling."""
     return min(interval_s * 2 ** max(failures - 1, 0), max(interval_s, MAX_BACKOFF_S))
 
 
 class ModelManager:
-    def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
+    """One served model: ``ref`` (default: the ``model`` setting, which must then be one ref)
+    loaded, watched and hot-swapped. ``on_change`` is called whenever what it serves, or whether
+    it has requests in flight, changes (the served set waits on it to load models on demand)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ModelStore,
+        metrics: ServiceMetrics,
+        ref: str | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.name, self.selector = parse_ref(settings.model)
+        self.ref = settings.model if ref is None else ref
+        self.name, self.selector = parse_ref(self.ref)
+        self.on_change = on_change
+        self.last_used = 0.0  # monotonic time of the last request, for unloading the least recently used
+        self.load_started: float | None = None  # monotonic start of the load in progress
+        self.last_load_s: float | None = None  # how long the last load took
+        self._loading = 0  # loads in progress (first load or a hot swap's)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -77,9 +110,72 @@ class ModelManager:
         self._retry_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._retiring: dict[asyncio.Task[None], ModelRuntime] = {}
+        metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="model-manager")
+        self.launch()
+
+    def launch(self) -> None:
+        """Start loading (and then watching) unless already started; returns at once."""
+        if not self.started:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model-manager {self.ref}")
+
+    @property
+    def started(self) -> bool:
+        """Whether this entry holds (or is loading) a version: what a memory budget counts."""
+        return self.current is not None or (self._task is not None and not self._task.done())
+
+    @property
+    def state(self) -> ModelState:
+        """``ready`` (serving), ``loading``, ``failed`` (no version loaded; retrying, the log says
+        why) or ``unloaded`` (not loaded: past the memory budget, until a request names it)."""
+        if self.current is not None:
+            return "ready"
+        if self._task is None or self._task.done():
+            return "unloaded"
+        return "failed" if self.last_error is not None else "loading"
+
+    @property
+    def evictable(self) -> bool:
+        """No request in flight on any of its versions and no load in progress: unloading it now
+        fails nothing."""
+        if self._loading:
+            return False
+        runtimes = [*self._retiring.values(), *([self.current] if self.current is not None else [])]
+        return all(runtime.active == 0 for runtime in runtimes)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def unload(self) -> Coroutine[Any, Any, None]:
+        """Stop watching and stop the serving version, to make room under a memory budget; the
+        next ``launch`` loads the ref again (the alias may have moved meanwhile). The caller checks
+        ``evictable`` first. The entry lets go of its version now, before this returns, so no
+        request can acquire it after the check; await the returned coroutine to stop the version
+        (its batchers and model thread)."""
+        task, self._task = self._task, None
+        current, self.current = self.current, None
+        self.last_error = self.watch_error = None
+        self._refused, self._retry = None, None
+        self.not_ready_reason = "unloaded to make room for other models; the next request loads it"
+        self.metrics.clear_model(self.ref)
+        self.metrics.set_store_watch(ok=True, model=self.ref)
+        if current is not None:
+            self.metrics.model_unloaded(self.ref)
+        self._changed()
+        return self._stop_unloaded(task, current)
+
+    async def _stop_unloaded(self, task: asyncio.Task[None] | None, runtime: ModelRuntime | None) -> None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if runtime is not None:
+            version = runtime.ref
+            await runtime.stop()
+            del runtime  # the last reference: the version's weights are freed here
+            await asyncio.to_thread(release_freed_memory)
+            log.info("unloaded %s (%s) to make room for other models", version, self.ref)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -111,18 +207,21 @@ class ModelManager:
             raise ClipError(ErrorCode.not_ready, self.not_ready_message(), retry_after=1)
         runtime.active += 1
         runtime.idle.clear()
+        self.last_used = time.monotonic()
         try:
             yield runtime
         finally:
             runtime.active -= 1
+            self.last_used = time.monotonic()
             if runtime.active == 0:
                 runtime.idle.set()
+                self._changed()  # an idle model may now be unloaded for one a request waits for
 
     def not_ready_message(self) -> str:
         # A reason without detail: callers need not be authenticated and errors name internal
         # paths (the store's among them); the log has the detail.
         reason = f" ({self.not_ready_reason})" if self.not_ready_reason else ""
-        return f"model {self.settings.model} is not loaded yet{reason}; the server log says why"
+        return f"model {self.ref} is not loaded yet{reason}; the server log says why"
 
     def store_missing(self) -> bool:
         """Whether the configured store is a local directory that does not exist."""
@@ -151,19 +250,12 @@ class ModelManager:
             return f"{exc} in the model store set by {STORE_SETTING}"
         return f"loading failed ({type(exc).__name__})"
 
-    def matches(self, requested: str, runtime: ModelRuntime) -> bool:
-        """Whether a request's ``model`` field names the serving version."""
-        accepted = {runtime.bundle.name, runtime.ref}
-        if self.alias is not None:
-            accepted.add(f"{runtime.bundle.name}@{self.alias}")
-        return requested in accepted
-
     # ------------------------------------------------------------------ loading
     async def _run(self) -> None:
         last_logged = 0.0
         while self.current is None:
             try:
-                name, version = await asyncio.to_thread(self.store.resolve, self.settings.model)
+                name, version = await asyncio.to_thread(self.store.resolve, self.ref)
                 aliases = await asyncio.to_thread(self.store.aliases, name)
                 runtime = await self._load(name, version)
             except asyncio.CancelledError:
@@ -178,7 +270,7 @@ class ModelManager:
                 if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(
                         "cannot load %s from the store %r (%s); retrying every %.1fs",
-                        self.settings.model,
+                        self.ref,
                         self.settings.store,
                         error,
                         self.settings.watch_interval_s,
@@ -186,10 +278,12 @@ class ModelManager:
                     last_logged = time.monotonic()
                 self.last_error = error
                 self.not_ready_reason = self._not_ready_reason(exc)
+                self._changed()
                 await asyncio.sleep(self.settings.watch_interval_s)
                 continue
             self.alias = self.selector if self.selector in aliases else None
             self._install(runtime, initial=True)
+            self.metrics.model_loaded(self.ref)
             # The watcher below runs in this frame for good: it must not keep the first version
             # alive after a swap (that held ~190 MB per swap for ViT-sized models).
             del runtime
@@ -226,7 +320,7 @@ class ModelManager:
         if self.watch_error is not None:
             log.info("alias %s@%s readable again", self.name, self.alias)
             self.watch_error = None
-            self.metrics.set_store_watch(ok=True)
+            self.metrics.set_store_watch(ok=True, model=self.ref)
         if target is None or target == self.current.bundle.version or target == self._refused:
             return
         if self._retry is not None and self._retry[0] == target and time.monotonic() < self._retry_at:
@@ -242,7 +336,7 @@ class ModelManager:
                 return
             self._retry = None
             self._refused = target
-            self.metrics.model_swap("refused")
+            self.metrics.model_swap("refused", model=self.ref)
             log.error(
                 "refusing %s@%s (%s: %s); %s keeps serving",
                 self.name,
@@ -259,7 +353,7 @@ class ModelManager:
         self._retry = (target, failures)
         delay = backoff_s(self.settings.watch_interval_s, failures)
         self._retry_at = time.monotonic() + delay
-        self.metrics.model_swap("retrying")
+        self.metrics.model_swap("retrying", model=self.ref)
         log.warning(
             "cannot load %s@%s yet (%s); %s keeps serving, retrying in %.1fs",
             self.name,
@@ -283,9 +377,20 @@ class ModelManager:
             )
             self._watch_logged = time.monotonic()
         self.watch_error = error
-        self.metrics.set_store_watch(ok=False)
+        self.metrics.set_store_watch(ok=False, model=self.ref)
 
     async def _load(self, name: str, version: str) -> ModelRuntime:
+        self._loading += 1
+        self.load_started = time.monotonic()
+        try:
+            runtime = await self._load_version(name, version)
+        finally:
+            self._loading -= 1
+            self.load_started = None
+        self.last_load_s = runtime.load_s
+        return runtime
+
+    async def _load_version(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
 
         def load_and_warm() -> tuple[ModelBundle, ServingTowers, str]:
@@ -297,11 +402,12 @@ class ModelManager:
             return bundle, towers, backend
 
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)
-        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend)
+        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
         if runtime.auto is not None:
             decision = runtime.auto
             self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)
         await runtime.start()
+        runtime.load_s = time.perf_counter() - started
         log.info(
             "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",
             bundle.ref,
@@ -318,9 +424,11 @@ class ModelManager:
         self.last_error = None
         self._refused = None
         self._retry = None
-        self.metrics.set_serving_model(runtime.bundle.name, runtime.bundle.version, sorted(runtime.text_batchers))
+        bundle = runtime.bundle
+        self.metrics.set_serving_model(bundle.name, bundle.version, sorted(runtime.text_batchers), model=self.ref)
         if not initial:
-            self.metrics.model_swap("ok")
+            self.metrics.model_swap("ok", model=self.ref)
+        self._changed()
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             task = asyncio.get_running_loop().create_task(self._retire(old))

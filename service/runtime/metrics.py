@@ -19,7 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-__all__ = ["BATCH_SIZE_BUCKETS", "CACHE_LOOKUP_BUCKETS", "ServiceMetrics"]
+__all__ = ["BATCH_SIZE_BUCKETS", "CACHE_LOOKUP_BUCKETS", "ModelMetrics", "ServiceMetrics"]
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Sub-millisecond resolution matters: LRU hits and tiny-model batches finish in well under 1 ms.
@@ -71,40 +71,40 @@ class ServiceMetrics:
         self.batch_size = Histogram(
             "batch_size",
             "Items per batch handed to the model.",
-            ["batcher"],
+            ["model", "batcher"],
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
         self.batch_wait_seconds = Histogram(
             "batch_wait_seconds",
             "Time the oldest item of a batch spent queued before it ran.",
-            ["batcher"],
+            ["model", "batcher"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.encode_seconds = Histogram(
             "encode_seconds",
             "Model run time per batch.",
-            ["batcher"],
+            ["model", "batcher"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_depth = Gauge(
             "queue_depth",
             "Items waiting in a batcher queue.",
-            ["batcher"],
+            ["model", "batcher"],
             registry=r,
         )
         self.batcher_rejected_total = Counter(
             "batcher_rejected_total",
             "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled).",
-            ["batcher", "reason"],
+            ["model", "batcher", "reason"],
             registry=r,
         )
         self.batch_failures_total = Counter(
             "batch_failures_total",
             "Batches whose model call raised.",
-            ["batcher"],
+            ["model", "batcher"],
             registry=r,
         )
         self.cache_requests_total = Counter(
@@ -123,14 +123,14 @@ class ServiceMetrics:
         )
         self.model_info = Gauge(
             "model_info",
-            "1 for each serving model version and text encoder.",
-            ["name", "version", "encoder"],
+            "1 for each serving model version and text encoder; `model` is the served-set entry (CLIP_MODEL).",
+            ["model", "name", "version", "encoder"],
             registry=r,
         )
         self.model_swaps_total = Counter(
             "model_swaps_total",
             "Model version swaps by result (ok, refused, retrying).",
-            ["result"],
+            ["model", "result"],
             registry=r,
         )
         self.backend_auto_decisions_total = Counter(
@@ -153,9 +153,22 @@ class ServiceMetrics:
         self.store_watch_ok = Gauge(
             "store_watch_ok",
             "1 while the serving alias can be read from the model store (hot swaps work), 0 when not.",
+            ["model"],
             registry=r,
         )
-        self.store_watch_ok.set(1)
+        self.model_loads_total = Counter(
+            "model_loads_total",
+            "Models of the served set loaded (at start, or on a request while over the memory budget); hot swaps "
+            "are counted by model_swaps_total.",
+            ["model"],
+            registry=r,
+        )
+        self.model_unloads_total = Counter(
+            "model_unloads_total",
+            "Idle models unloaded to make room under max_loaded_models.",
+            ["model"],
+            registry=r,
+        )
         self.inflight_requests = Gauge(
             "inflight_requests",
             "HTTP requests being handled right now.",
@@ -171,8 +184,8 @@ class ServiceMetrics:
             "Texts cut to the model context length.",
             registry=r,
         )
-        # Label sets currently exported by model_info, per model name, so a swap can remove them.
-        self._model_labels: dict[str, list[tuple[str, str, str]]] = {}
+        # Label sets currently exported by model_info, per served-set entry, so a swap can remove them.
+        self._model_labels: dict[str, list[tuple[str, str, str, str]]] = {}
 
     # -- convenience recorders (keep call sites one line) -------------------------------------
 
@@ -181,19 +194,23 @@ class ServiceMetrics:
         self.http_requests_total.labels(route=route, method=method, status=str(status)).inc()
         self.http_request_duration_seconds.labels(route=route, method=method).observe(seconds)
 
-    def observe_batch(self, batcher: str, size: int, wait_s: float, run_s: float) -> None:
-        self.batch_size.labels(batcher=batcher).observe(size)
-        self.batch_wait_seconds.labels(batcher=batcher).observe(wait_s)
-        self.encode_seconds.labels(batcher=batcher).observe(run_s)
+    def observe_batch(self, batcher: str, size: int, wait_s: float, run_s: float, model: str = "") -> None:
+        self.batch_size.labels(model=model, batcher=batcher).observe(size)
+        self.batch_wait_seconds.labels(model=model, batcher=batcher).observe(wait_s)
+        self.encode_seconds.labels(model=model, batcher=batcher).observe(run_s)
 
-    def set_queue_depth(self, batcher: str, depth: int) -> None:
-        self.queue_depth.labels(batcher=batcher).set(depth)
+    def set_queue_depth(self, batcher: str, depth: int, model: str = "") -> None:
+        self.queue_depth.labels(model=model, batcher=batcher).set(depth)
 
-    def batcher_rejected(self, batcher: str, reason: str) -> None:
-        self.batcher_rejected_total.labels(batcher=batcher, reason=reason).inc()
+    def batcher_rejected(self, batcher: str, reason: str, model: str = "") -> None:
+        self.batcher_rejected_total.labels(model=model, batcher=batcher, reason=reason).inc()
 
-    def batch_failed(self, batcher: str) -> None:
-        self.batch_failures_total.labels(batcher=batcher).inc()
+    def batch_failed(self, batcher: str, model: str = "") -> None:
+        self.batch_failures_total.labels(model=model, batcher=batcher).inc()
+
+    def for_model(self, model: str) -> ModelMetrics:
+        """The batch recorders with ``model`` (a served-set entry) filled in, for its batchers."""
+        return ModelMetrics(self, model)
 
     def cache_event(self, layer: str, result: str, count: int = 1) -> None:
         """``layer`` is "lru" or "redis"; ``result`` is "hit", "miss" or "error"."""
@@ -204,23 +221,25 @@ class ServiceMetrics:
         """``layer`` is "lru" or "redis", as in ``cache_requests_total``."""
         self.cache_lookup_seconds.labels(layer=layer).observe(seconds)
 
-    def set_serving_model(self, name: str, version: str, encoders: Iterable[str]) -> None:
-        """Export ``name@version`` as serving; earlier versions of ``name`` are removed."""
-        self.clear_model(name)
-        labels = [(name, version, enc) for enc in encoders]
+    def set_serving_model(self, name: str, version: str, encoders: Iterable[str], model: str | None = None) -> None:
+        """Export ``name@version`` as what entry ``model`` (default: ``name``) serves; what that
+        entry exported before is removed."""
+        model = name if model is None else model
+        self.clear_model(model)
+        labels = [(model, name, version, enc) for enc in encoders]
         for lbl in labels:
             self.model_info.labels(*lbl).set(1)
-        self._model_labels[name] = labels
+        self._model_labels[model] = labels
 
-    def clear_model(self, name: str) -> None:
-        for lbl in self._model_labels.pop(name, []):
+    def clear_model(self, model: str) -> None:
+        for lbl in self._model_labels.pop(model, []):
             try:
                 self.model_info.remove(*lbl)
             except KeyError:  # already removed by a caller using the raw gauge
                 pass
 
-    def set_store_watch(self, ok: bool) -> None:
-        self.store_watch_ok.set(1 if ok else 0)
+    def set_store_watch(self, ok: bool, model: str = "") -> None:
+        self.store_watch_ok.labels(model=model).set(1 if ok else 0)
 
     def backend_auto(self, outcome: str, margin: float | None, spread: float | None) -> None:
         self.backend_auto_decisions_total.labels(outcome=outcome).inc()
@@ -229,8 +248,14 @@ class ServiceMetrics:
         if spread is not None:
             self.backend_auto_spread.set(spread)
 
-    def model_swap(self, result: str) -> None:
-        self.model_swaps_total.labels(result=result).inc()
+    def model_swap(self, result: str, model: str = "") -> None:
+        self.model_swaps_total.labels(model=model, result=result).inc()
+
+    def model_loaded(self, model: str) -> None:
+        self.model_loads_total.labels(model=model).inc()
+
+    def model_unloaded(self, model: str) -> None:
+        self.model_unloads_total.labels(model=model).inc()
 
     def image_decoded(self, count: int = 1) -> None:
         self.images_decoded_total.inc(count)
@@ -242,3 +267,23 @@ class ServiceMetrics:
     def render(self) -> tuple[bytes, str]:
         """Exposition body and its content type, for the /metrics route."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class ModelMetrics:
+    """What a batcher records, labelled with the served-set entry its runtime belongs to."""
+
+    def __init__(self, metrics: ServiceMetrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+
+    def observe_batch(self, batcher: str, size: int, wait_s: float, run_s: float) -> None:
+        self.metrics.observe_batch(batcher, size, wait_s, run_s, model=self.model)
+
+    def set_queue_depth(self, batcher: str, depth: int) -> None:
+        self.metrics.set_queue_depth(batcher, depth, model=self.model)
+
+    def batcher_rejected(self, batcher: str, reason: str) -> None:
+        self.metrics.batcher_rejected(batcher, reason, model=self.model)
+
+    def batch_failed(self, batcher: str) -> None:
+        self.metrics.batch_failed(batcher, model=self.model)

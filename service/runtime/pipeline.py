@@ -441,7 +441,7 @@ class Pipeline:
         estimate, left = items * item_s, self._time_left()
         if estimate <= slack * left:
             return
-        self.metrics.batcher_rejected(batcher.name, "over_budget")
+        batcher.record_rejection("over_budget")
         budget = self.settings.batching.request_timeout_s
         raise too_large(
             f"this request needs {items} more encodes ({batcher.name}), about {estimate:.1f}s on this server, more "

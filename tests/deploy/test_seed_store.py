@@ -47,6 +47,15 @@ def test_seeds_an_empty_volume_and_verifies(baked: Path, tmp_path: Path, capsys:
     assert not [p for p in (target / "tiny").iterdir() if p.name.startswith(".staging")]
 
 
+def test_of_a_served_set_the_first_model_is_verified(
+    baked: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The other models of CLIP_MODEL may be published after seeding: the service serves without them.
+    refs = "tiny@staging,other@production"
+    assert seed_store.main(["--source", str(baked), "--target", str(tmp_path / "volume"), "--verify", refs]) == 0
+    assert "ok tiny@staging -> tiny@v2" in capsys.readouterr().out
+
+
 def test_reseeding_keeps_promotions_and_adds_only_missing_versions(baked: Path, tmp_path: Path) -> None:
     target = tmp_path / "volume"
     seed_store.seed(baked, target)

@@ -226,3 +226,17 @@ def test_the_peer_benchmark_ceiling_is_the_served_backends(
     monkeypatch.setenv("CLIP_BACKEND", "auto")
     _, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "c")
     assert backend.endswith("int8") and len(list((tmp_path / "c").glob("auto/tiny/*.json"))) == 1
+
+
+def test_bench_served_set_measures_memory_per_set_and_one_models_latency_beside_another() -> None:
+    # ViT-S-32: the smallest open_clip ViT, so the set's servers start in seconds.
+    rows = table(run_script("bench_served_set.py", "rss", "--arch", "ViT-S-32", "--counts", "1", "3", "--budget", "2"))
+    assert [(r[0], r[1]) for r in rows] == [("1", "1"), ("3", "3"), ("3, max_loaded_models=2", "2")]
+    one, three = float(rows[0][2]), float(rows[1][2])
+    assert 0 < one < three  # each loaded model holds memory of its own
+    rows = table(run_script("bench_served_set.py", "threads", "--arch", "ViT-S-32", "--busy-batch", "2",
+                            "--samples", "3"))  # fmt: skip
+    assert [(r[0], r[1]) for r in rows] == [
+        ("one per model", "idle"), ("one per model", "busy"), ("one shared", "idle"), ("one shared", "busy"),
+    ]  # fmt: skip
+    assert all(0 < float(r[2]) <= float(r[3]) <= float(r[4]) for r in rows)

@@ -25,10 +25,16 @@ def client(base_url: str) -> Iterator[httpx.Client]:
 
 def test_health_ready_metrics(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"ready": True, "model": "tiny@v1", "redis": "up", "store": "ok"}
+    assert client.get("/readyz").json() == {
+        "ready": True,
+        "model": "tiny@v1",
+        "redis": "up",
+        "store": "ok",
+        "models": [{"ref": "tiny@production", "serving": "tiny@v1", "state": "ready", "default": True, "store": "ok"}],
+    }
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert 'model_info{encoder="base",name="tiny",version="v1"} 1.0' in r.text
+    assert 'model_info{encoder="base",model="tiny@production",name="tiny",version="v1"} 1.0' in r.text
     assert 'route="/readyz"' in r.text
 
 

@@ -21,6 +21,11 @@ from prometheus_samples import metric_value
 from model_store import ModelStore
 
 
+def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
+    """One entry of /readyz's ``models``: the only, default, model of the set, serving."""
+    return {"ref": ref, "serving": serving, "state": "ready", "default": True, "store": store}
+
+
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     root.mkdir()
@@ -44,6 +49,7 @@ def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_mo
             "model": "late@v1",
             "redis": "disabled",
             "store": "ok",
+            "models": [_served("late@production", "late@v1")],
         }
 
 
@@ -144,7 +150,13 @@ def test_corrupt_version_is_refused_old_keeps_serving(
         ready = httpx.get(f"{running.url}/readyz").json()
         refused = metric_value(running.url, "model_swaps_total", result="refused")
         models = httpx.get(f"{running.url}/models").json()
-    assert ready == {"ready": True, "model": "guarded@v1", "redis": "disabled", "store": "ok"}
+    assert ready == {
+        "ready": True,
+        "model": "guarded@v1",
+        "redis": "disabled",
+        "store": "ok",
+        "models": [_served("guarded@production", "guarded@v1")],
+    }
     assert refused == 1
     assert seen and {status for status, _ in seen} == {200}
     assert {m for _, m in seen} == {"guarded@v1"}
@@ -247,7 +259,13 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
             _wait(lambda: manager.watch_error is not None)
             ready = httpx.get(f"{running.url}/readyz")
             assert ready.status_code == 200
-            assert ready.json() == {"ready": True, "model": "watch@v1", "redis": "disabled", "store": "unreadable"}
+            assert ready.json() == {
+                "ready": True,
+                "model": "watch@v1",
+                "redis": "disabled",
+                "store": "unreadable",
+                "models": [_served("watch@production", "watch@v1", store="unreadable")],
+            }
             assert metric_value(running.url, "store_watch_ok") == 0
             time.sleep(0.3)  # several polls fail; the watcher keeps polling
             assert manager._task is not None and not manager._task.done()

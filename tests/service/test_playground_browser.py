@@ -3,7 +3,8 @@
 Debian's ``chromium`` and ``chromium-driver`` (``scripts/test.sh`` installs them) through Selenium,
 pointed at that driver binary: nothing is downloaded. The test uploads two images, asks which is
 larger and checks that the page shows the API's own answer to the same request; renders a heatmap;
-shows an API error as the API words it; and keeps a screenshot of the page (its path is printed;
+shows an API error as the API words it; asks a second model of a served set through its model
+picker; and keeps a screenshot of the page (its path is printed;
 ``CLIP_PLAYGROUND_SCREENSHOT=path`` copies it there, as done for docs/images/playground.png). The
 playground and the API reference pages (Swagger UI, ReDoc) work under their Content-Security-Policy:
 the browser reports no violation for anything of this server's own.
@@ -248,12 +249,43 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         _find(browser, "#key-form button").click()
         _wait(browser, lambda d: "tiny@v1" in _find(d, "#model-status").text, "the model through the key")
         assert not _find(browser, "#models-error").is_displayed()
+        assert not _find(browser, "#model-picker").is_displayed()  # one model: nothing to pick
         # Drag-and-drop: a file dropped on image A's box replaces the example there.
         _drop(browser, "pair-a", EXAMPLES / "large.png", "dropped.png")
         _wait(browser, lambda d: _find(d, "#pair-a .file-name").text == "dropped.png", "the dropped file")
         _find(browser, "#pair-run").click()
         _visible(browser, "#pair-result")
         assert _find(browser, "#pair-answer").text in ("a", "b")
+
+
+def test_the_page_picks_a_model_of_the_served_set(
+    serve_app: Any, publish_model: Any, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    root = tmp_path / "store"
+    publish_model(root, "tiny", seed=0)
+    publish_model(root, "other", seed=3)
+    with serve_app(store=str(root), model="tiny,other@production") as running:
+        browser.get(f"{running.url}/")
+        _wait(browser, lambda d: "tiny@v1" in _find(d, "#model-status").text, "the default model")
+        picker = _find(browser, "#model-picker")
+        assert picker.is_displayed()
+        options = _find(browser, "#model-select").find_elements("css selector", "option")
+        assert [o.text for o in options] == ["tiny · tiny@v1 (default)", "other@production · other@v1"]
+        _wait(browser, lambda d: _find(d, "#pair-b .file-name").text, "the examples")
+        difference = _find(browser, "#pair-text").get_attribute("value")
+        pair = {"image_a": _data(EXAMPLES / "big_circle.png"), "image_b": _data(EXAMPLES / "small_circle.png")}
+        for choice, model in (("other@production", "other@v1"), ("", "tiny@v1")):
+            Select(_find(browser, "#model-select")).select_by_value(choice)
+            _wait(browser, lambda d, m=model: m in _find(d, "#model-status").text, f"{model} in the header")
+            _find(browser, "#pair-run").click()
+            _wait(browser, lambda d, m=model: _find(d, "#pair-model").text == f"answered by {m}", f"{model}'s answer")
+            body = {**pair, "difference": difference, **({"model": choice} if choice else {})}
+            api = httpx.post(f"{running.url}/rank-pair", json=body, timeout=WAIT_S).json()
+            assert api["model"] == model
+            assert float(_find(browser, "#pair-score").text) == pytest.approx(api["score"], abs=1e-4)
+        assert _violations(browser) == []
 
 
 def _resources_off_host(driver: Any, host: str) -> list[str]:

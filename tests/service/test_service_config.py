@@ -36,6 +36,23 @@ def test_defaults() -> None:
     assert s.batching.max_queue == 4096 and not s.allow_url_images and s.api_keys == []
 
 
+def test_a_served_set_of_refs_and_its_memory_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLIP_MODEL", "default@production, default@v5 ,other")
+    monkeypatch.setenv("CLIP_MAX_LOADED_MODELS", "2")
+    s = Settings()
+    assert s.served_refs() == ["default@production", "default@v5", "other"] and s.max_loaded_models == 2
+    for refs, why in (
+        ("default,default@production", "name the same entry"),  # a bare name is name@production
+        ("default,,other", "empty model ref"),
+        ("default,bad name", "model name"),
+    ):
+        with pytest.raises(ValidationError, match=why):
+            Settings(model=refs)
+    with pytest.raises(ValidationError, match="max_loaded_models=1 holds only the first model"):
+        Settings(model="default,other", max_loaded_models=1)
+    assert Settings(model="default", max_loaded_models=1).max_loaded_models == 1
+
+
 def test_environment_with_nested_groups(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLIP_PORT", "9001")
     monkeypatch.setenv("CLIP_DEVICE", "auto")

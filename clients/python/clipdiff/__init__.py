@@ -29,6 +29,7 @@ from clipdiff.models import (
     PairResult,
     RankedImage,
     RankResult,
+    ServedModel,
     ServerLimits,
     VersionInfo,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "PairResult",
     "PayloadTooLarge",
     "RankResult",
+    "ServedModel",
     "RankedImage",
     "RetryPolicy",
     "ServerLimits",

@@ -29,6 +29,7 @@ from clipdiff.models import (
     ModelsInfo,
     PairResult,
     RankResult,
+    ServedModel,
     ServerLimits,
 )
 from clipdiff.transport import Call, RetryPolicy, send_async, send_sync
@@ -63,10 +64,15 @@ def _settings(
 
 
 class _Base:
-    def __init__(self, max_retries: int, backoff: float, split: bool) -> None:
+    def __init__(self, max_retries: int, backoff: float, split: bool, model: str | None) -> None:
         self.retry = RetryPolicy(max_retries=max_retries, backoff=backoff)
         self.split = split
+        self.default_model = model  # (``model`` is the method that describes one model)
         self._limits: ServerLimits | None = None if split else ep.NO_LIMITS
+
+    def _model(self, model: str | None) -> str | None:
+        """The model a call names: its own ``model=``, else the client's (None: the server's default)."""
+        return model if model is not None else self.default_model
 
     @staticmethod
     def _parse_limits(answer: Any) -> ServerLimits:
@@ -86,6 +92,9 @@ class Client(_Base):
         headers: extra headers on every request.
         split: split work larger than the server's limits into several requests (default);
             ``False`` sends everything at once (the server answers 413 when it is too large).
+        model: the served model every call asks for unless it names its own with ``model=``
+            (``"name"``, ``"name@alias"`` or ``"name@version"``); default: the server's first model.
+            :meth:`served_models` lists what a server serves.
     """
 
     def __init__(
@@ -98,8 +107,9 @@ class Client(_Base):
         *,
         headers: Mapping[str, str] | None = None,
         split: bool = True,
+        model: str | None = None,
     ) -> None:
-        super().__init__(max_retries, backoff, split)
+        super().__init__(max_retries, backoff, split, model)
         self._http = httpx.Client(**_settings(base_url, api_key, timeout, headers))
 
     def __enter__(self) -> Client:
@@ -167,7 +177,7 @@ class Client(_Base):
             top_k=top_k,
             encoder=encoder,
             method=method,
-            model=model,
+            model=self._model(model),
             limits=self.limits(),
         )
         return self._run(call)
@@ -175,43 +185,50 @@ class Client(_Base):
     def rank_pair(
         self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> PairResult:
-        return self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model))
+        return self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=self._model(model)))
 
     def rank_pairs(
         self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
     ) -> list[PairResult]:
         """Several ``(image_a, image_b, difference)`` pairs (one request, or several when they are
         more than the server takes at once), results in order."""
-        return self._run(ep.rank_pairs(pairs, encoder=encoder, model=model, limits=self.limits()))
+        return self._run(ep.rank_pairs(pairs, encoder=encoder, model=self._model(model), limits=self.limits()))
 
     def rank(
         self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> RankResult:
-        return self._run(ep.rank(images, difference, encoder=encoder, model=model, limits=self.limits()))
+        return self._run(ep.rank(images, difference, encoder=encoder, model=self._model(model), limits=self.limits()))
 
     def score_dense(
         self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
     ) -> DenseResult:
-        return self._run(ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=self.limits()))
+        return self._run(
+            ep.score_dense(image, texts, return_maps=return_maps, model=self._model(model), limits=self.limits())
+        )
 
     def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
         """The PNG of ``text``'s per-token maps over ``image`` (``POST /score/dense/heatmap``)."""
-        return self._run(ep.dense_heatmap(image, text, model=model))
+        return self._run(ep.dense_heatmap(image, text, model=self._model(model)))
 
     def embed_texts(
         self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False
     ) -> EmbedResult:
         """Text embeddings in input order; ``as_numpy=True``: ``.embeddings`` is an ``(N, dim)``
         float32 array (sent as packed float32, needs numpy)."""
-        plan = ep.embed_texts(texts, encoder=encoder, model=model, as_numpy=as_numpy, limits=self.limits())
+        plan = ep.embed_texts(texts, encoder=encoder, model=self._model(model), as_numpy=as_numpy, limits=self.limits())
         return self._run(plan)
 
     def embed_images(self, images: Sequence[Any], *, model: str | None = None, as_numpy: bool = False) -> EmbedResult:
-        return self._run(ep.embed_images(images, model=model, as_numpy=as_numpy, limits=self.limits()))
+        return self._run(ep.embed_images(images, model=self._model(model), as_numpy=as_numpy, limits=self.limits()))
 
     # ------------------------------------------------------------------ models / health
     def models(self) -> ModelsInfo:
         return self._run(ep.models())
+
+    def served_models(self) -> list[ServedModel]:
+        """The models this server serves (its set, the default first): what ``model=`` may name,
+        what each answers with now and whether it is loaded."""
+        return self.models().served
 
     def model(self, name: str) -> ModelInfo:
         return self._run(ep.model_info(name))
@@ -253,8 +270,9 @@ class AsyncClient(_Base):
         *,
         headers: Mapping[str, str] | None = None,
         split: bool = True,
+        model: str | None = None,
     ) -> None:
-        super().__init__(max_retries, backoff, split)
+        super().__init__(max_retries, backoff, split, model)
         self._http = httpx.AsyncClient(**_settings(base_url, api_key, timeout, headers))
 
     async def __aenter__(self) -> AsyncClient:
@@ -312,7 +330,7 @@ class AsyncClient(_Base):
             top_k=top_k,
             encoder=encoder,
             method=method,
-            model=model,
+            model=self._model(model),
             limits=await self.limits(),
         )
         return await self._run(call)
@@ -320,40 +338,53 @@ class AsyncClient(_Base):
     async def rank_pair(
         self, image_a: Any, image_b: Any, difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> PairResult:
-        return await self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=model))
+        return await self._run(ep.rank_pair(image_a, image_b, difference, encoder=encoder, model=self._model(model)))
 
     async def rank_pairs(
         self, pairs: Iterable[ep.PairSpec], *, encoder: str | None = None, model: str | None = None
     ) -> list[PairResult]:
-        return await self._run(ep.rank_pairs(pairs, encoder=encoder, model=model, limits=await self.limits()))
+        return await self._run(
+            ep.rank_pairs(pairs, encoder=encoder, model=self._model(model), limits=await self.limits())
+        )
 
     async def rank(
         self, images: Sequence[Any], difference: str, *, encoder: str | None = None, model: str | None = None
     ) -> RankResult:
-        return await self._run(ep.rank(images, difference, encoder=encoder, model=model, limits=await self.limits()))
+        return await self._run(
+            ep.rank(images, difference, encoder=encoder, model=self._model(model), limits=await self.limits())
+        )
 
     async def score_dense(
         self, image: Any, texts: Iterable[str], return_maps: bool = False, *, model: str | None = None
     ) -> DenseResult:
-        plan = ep.score_dense(image, texts, return_maps=return_maps, model=model, limits=await self.limits())
+        plan = ep.score_dense(
+            image, texts, return_maps=return_maps, model=self._model(model), limits=await self.limits()
+        )
         return await self._run(plan)
 
     async def dense_heatmap(self, image: Any, text: str, *, model: str | None = None) -> bytes:
-        return await self._run(ep.dense_heatmap(image, text, model=model))
+        return await self._run(ep.dense_heatmap(image, text, model=self._model(model)))
 
     async def embed_texts(
         self, texts: Iterable[str], encoder: str | None = None, *, model: str | None = None, as_numpy: bool = False
     ) -> EmbedResult:
-        plan = ep.embed_texts(texts, encoder=encoder, model=model, as_numpy=as_numpy, limits=await self.limits())
+        plan = ep.embed_texts(
+            texts, encoder=encoder, model=self._model(model), as_numpy=as_numpy, limits=await self.limits()
+        )
         return await self._run(plan)
 
     async def embed_images(
         self, images: Sequence[Any], *, model: str | None = None, as_numpy: bool = False
     ) -> EmbedResult:
-        return await self._run(ep.embed_images(images, model=model, as_numpy=as_numpy, limits=await self.limits()))
+        return await self._run(
+            ep.embed_images(images, model=self._model(model), as_numpy=as_numpy, limits=await self.limits())
+        )
 
     async def models(self) -> ModelsInfo:
         return await self._run(ep.models())
+
+    async def served_models(self) -> list[ServedModel]:
+        return (await self.models()).served
 
     async def model(self, name: str) -> ModelInfo:
         return await self._run(ep.model_info(name))

@@ -22,6 +22,7 @@ __all__ = [
     "PairResult",
     "RankResult",
     "RankedImage",
+    "ServedModel",
     "ServerLimits",
     "VersionInfo",
 ]
@@ -149,8 +150,20 @@ class ModelInfo(_Result):
     versions: list[VersionInfo] = Field(default_factory=list)
 
 
+class ServedModel(_Result):
+    """One model a server serves: ``ref`` as configured (what ``model=`` may name), the
+    ``name@version`` it answers with now (None while not loaded) and its ``state`` (``ready``,
+    ``loading``, ``failed`` or ``unloaded``: held out of memory until a request names it)."""
+
+    ref: str
+    serving: str | None = None
+    state: str = "ready"
+    default: bool = False
+
+
 class ModelsInfo(_Result):
     serving: str | None = None
+    served: list[ServedModel] = Field(default_factory=list)
     models: list[ModelInfo] = Field(default_factory=list)
 
 

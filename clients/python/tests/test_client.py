@@ -156,6 +156,28 @@ def test_models_and_model(server: ScriptedServer, client: Client) -> None:
     assert client.model("my model").name == "my model"
 
 
+def test_a_client_model_is_sent_unless_a_call_names_its_own(server: ScriptedServer) -> None:
+    served = [
+        {"ref": "default@production", "serving": "default@v2", "state": "ready", "default": True, "store": "ok"},
+        {"ref": "other@v3", "serving": None, "state": "unloaded", "default": False, "store": "ok"},
+    ]
+    server.script("/models", Reply(body={"serving": "default@v2", "served": served, "models": []}))
+    server.script("/embed", Reply(body={"model": "other@v3", "dim": 2, "embeddings": [[1.0, 0.0]], "ids": ["x"]}))
+    server.script("/rank", Reply(body={"model": "default@v2", "ranking": [], "scores": []}))
+    with Client(server.url, max_retries=0, split=False, model="other@v3") as c:
+        assert [(m.ref, m.serving, m.state, m.default) for m in c.served_models()] == [
+            ("default@production", "default@v2", "ready", True),
+            ("other@v3", None, "unloaded", False),
+        ]
+        assert c.embed_texts(["a"]).model == "other@v3"
+        c.rank([IMG], "d", model="default")
+    assert server.hits("/embed")[0].body == {"texts": ["a"], "model": "other@v3"}
+    assert server.hits("/rank")[0].body["model"] == "default"
+    with Client(server.url, max_retries=0, split=False) as plain:
+        plain.rank([IMG], "d")
+    assert "model" not in server.hits("/rank")[1].body  # the server's default model answers
+
+
 def test_health_ready_and_wait(server: ScriptedServer, client: Client) -> None:
     server.script("/healthz", Reply(body={"status": "ok"}))
     server.script("/readyz", Reply(503, envelope("not_ready", "loading")), Reply(body={"ready": True, "model": "m@1"}))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from service.api import operations
-from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.deps import PipelineDep, ServicesDep, use_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from service.api.validation import check_classify
@@ -23,11 +23,12 @@ router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
 )
 async def classify(
     req: ClassifyRequest,
+    request: Request,
     services: ServicesDep,
-    runtime: RuntimeDep,
     pipeline: PipelineDep,
     comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
 ) -> ClassifyResponse:
-    ensure_model(services, runtime, req.model)
+    model = services.models.resolve(req.model)
     check_classify(req, services.settings.limits)
-    return await operations.classify(pipeline, runtime, req, comparative)
+    async with use_model(request, services, model) as runtime:
+        return await operations.classify(pipeline, runtime, req, comparative)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from service.api import dense_operations
-from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.deps import PipelineDep, ServicesDep, use_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
 from service.api.validation import check_dense, check_heatmap
@@ -34,11 +34,12 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
     openapi_extra=openapi_form(DenseRequest),
 )
 async def score_dense(
-    req: DenseRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: DenseRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
 ) -> DenseResponse:
-    ensure_model(services, runtime, req.model)
+    model = services.models.resolve(req.model)
     check_dense(req, services.settings.limits)
-    return await dense_operations.score_dense(pipeline, runtime, req)
+    async with use_model(request, services, model) as runtime:
+        return await dense_operations.score_dense(pipeline, runtime, req)
 
 
 @router.post(
@@ -54,8 +55,9 @@ async def score_dense(
     },
 )
 async def dense_heatmap(
-    req: HeatmapRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: HeatmapRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
 ) -> PNGResponse:
-    ensure_model(services, runtime, req.model)
+    model = services.models.resolve(req.model)
     check_heatmap(req, services.settings.limits)
-    return PNGResponse(await dense_operations.heatmap(pipeline, runtime, req))
+    async with use_model(request, services, model) as runtime:
+        return PNGResponse(await dense_operations.heatmap(pipeline, runtime, req))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from service.api import operations
-from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.deps import PipelineDep, ServicesDep, use_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from service.api.validation import check_embed
@@ -16,7 +16,8 @@ router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
 @router.post(
     "/embed", response_model=EmbedResponse, response_model_exclude_none=True, openapi_extra=openapi_form(EmbedRequest)
 )
-async def embed(req: EmbedRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> EmbedResponse:
-    ensure_model(services, runtime, req.model)
+async def embed(req: EmbedRequest, request: Request, services: ServicesDep, pipeline: PipelineDep) -> EmbedResponse:
+    model = services.models.resolve(req.model)
     check_embed(req, services.settings.limits)
-    return await operations.embed(pipeline, runtime, req)
+    async with use_model(request, services, model) as runtime:
+        return await operations.embed(pipeline, runtime, req)

@@ -1,4 +1,4 @@
-"""Probes and metrics: /healthz (alive), /readyz (a model is loaded and warm), /metrics."""
+"""Probes and metrics: /healthz (alive), /readyz (the default model is loaded and warm), /metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
+from service.api.routes.models import served_models
 from service.api.schemas import HealthResponse, ReadyResponse, error_response_doc
 
 router = APIRouter(tags=["health"])
@@ -23,11 +24,15 @@ async def readyz(services: ServicesDep) -> ReadyResponse:
     if current is None:
         # Unauthenticated callers (load balancers) get a reason without paths; the log has the detail.
         raise ApiError(ErrorCode.not_ready, manager.not_ready_message(), headers={"Retry-After": "1"})
+    # Ready once the default model serves: it answers requests that name none. The others'
+    # states are listed (one still loading, or held out by max_loaded_models, does not make
+    # the replica unready).
     return ReadyResponse(
         ready=True,
         model=current.ref,
         redis=services.cache.redis_state,
         store="ok" if manager.watch_error is None else "unreadable",
+        models=served_models(services.models.status()),
     )
 
 

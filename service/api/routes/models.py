@@ -1,4 +1,4 @@
-"""GET /models and GET /models/{name}: what the store holds and which version serves."""
+"""GET /models and GET /models/{name}: what the store holds and which versions serve."""
 
 from __future__ import annotations
 
@@ -14,8 +14,17 @@ from clipcore.backends.base import AutoDecision
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, AutoInfo, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import (
+    ERROR_RESPONSES,
+    AutoInfo,
+    CacheInfo,
+    ModelInfo,
+    ModelsResponse,
+    ServedModel,
+    VersionInfo,
+)
 from service.config import Limits
+from service.runtime.served import EntryStatus
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -40,9 +49,15 @@ def _problem(exc: Exception, store: ModelStore) -> str:
     return f"{type(exc).__name__}: {exc}".replace(root + os.sep, "").replace(root, ".")[:300]
 
 
-def describe(store: ModelStore, name: str, serving: str | None, auto: AutoDecision | None = None) -> ModelInfo:
-    """One model's versions. A version (or alias table) that cannot be read is listed with its
-    error instead of failing the whole answer: the others, and the serving one, stay visible."""
+def describe(
+    store: ModelStore, name: str, served: list[EntryStatus], autos: dict[str, AutoDecision] | None = None
+) -> ModelInfo:
+    """One model's versions, marked where an entry of the served set serves them (with how auto
+    chose its backend, from ``autos`` by name@version). A version (or alias table) that cannot be
+    read is listed with its error instead of failing the whole answer: the others, and the serving
+    ones, stay visible."""
+    serving_refs = {entry.serving for entry in served if entry.serving is not None}
+    autos = autos or {}
     versions_listed = store.list_versions(name)  # ModelNotFound for an unknown name
     alias_error = None
     try:
@@ -61,7 +76,7 @@ def describe(store: ModelStore, name: str, serving: str | None, auto: AutoDecisi
                     version=version,
                     created_at="",
                     aliases=sorted(a for a, v in aliases.items() if v == version),
-                    serving=serving == f"{name}@{version}",
+                    serving=f"{name}@{version}" in serving_refs,
                     text_encoders=[],
                     default_text_encoder="",
                     components=[],
@@ -77,27 +92,38 @@ def describe(store: ModelStore, name: str, serving: str | None, auto: AutoDecisi
                 version=version,
                 created_at=manifest.created_at,
                 aliases=sorted(a for a, v in aliases.items() if v == version),
-                serving=serving == f"{name}@{version}",
+                serving=f"{name}@{version}" in serving_refs,
                 text_encoders=encoders,
                 default_text_encoder=str(components.get("default_text_encoder", "base")),
                 components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
                 metrics=dict(manifest.metrics),
                 eval=_eval_annex(store, name, version),
-                auto=AutoInfo(**asdict(auto)) if auto is not None and serving == f"{name}@{version}" else None,
+                auto=AutoInfo(**asdict(autos[ref])) if (ref := f"{name}@{version}") in autos else None,
             )
         )
-    serving_version = serving.partition("@")[2] if serving and serving.partition("@")[0] == name else None
+    # What a request naming just this model gets: the first entry of that name.
+    first = next((entry.serving for entry in served if entry.name == name and entry.serving is not None), None)
+    serving_version = first.partition("@")[2] if first is not None else None
     return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions, error=alias_error)
 
 
-def _serving(services: ServicesDep) -> str | None:
-    current = services.manager.current
-    return current.ref if current is not None else None
+def served_models(served: list[EntryStatus]) -> list[ServedModel]:
+    return [
+        ServedModel(
+            ref=entry.ref,
+            serving=entry.serving,
+            state=entry.state,
+            default=entry.default,
+            store="ok" if entry.store_ok else "unreadable",
+        )
+        for entry in served
+    ]
 
 
-def _auto(services: ServicesDep) -> AutoDecision | None:
-    current = services.manager.current
-    return current.auto if current is not None else None
+def _autos(services: ServicesDep) -> dict[str, AutoDecision]:
+    """name@version -> how auto chose its backend, for every loaded runtime that auto chose."""
+    runtimes = (entry.current for entry in services.models.entries)
+    return {rt.ref: rt.auto for rt in runtimes if rt is not None and rt.auto is not None}
 
 
 def _store_unreadable(exc: StoreError) -> ApiError:
@@ -110,23 +136,24 @@ def _store_unreadable(exc: StoreError) -> ApiError:
 # Plain ``def``: FastAPI runs these in its thread pool, so store reads never block the loop.
 @router.get("/models", response_model=ModelsResponse)
 def list_models(services: ServicesDep) -> ModelsResponse:
-    serving = _serving(services)
+    served = services.models.status()
+    serving = served[0].serving
     store = services.store
     try:
-        auto = _auto(services)
-        models = [describe(store, name, serving, auto) for name in sorted(store.list_models())]
+        autos = _autos(services)
+        models = [describe(store, name, served, autos) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
     state = cache.redis_state
     info = CacheInfo(redis=state, last_error=cache.last_error if state != "up" else None, lru_items=len(cache))
-    return ModelsResponse(serving=serving, models=models, cache=info)
+    return ModelsResponse(serving=serving, served=served_models(served), models=models, cache=info)
 
 
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return describe(services.store, name, _serving(services), _auto(services))
+        return describe(services.store, name, services.models.status(), _autos(services))
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too

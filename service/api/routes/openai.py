@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from service.api import openai_embeddings
-from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.deps import PipelineDep, ServicesDep, use_model
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
 
@@ -14,12 +14,13 @@ router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 @router.post("/embeddings", response_model=EmbeddingsResponse)
 async def create_embeddings(
-    req: EmbeddingsRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: EmbeddingsRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
 ) -> EmbeddingsResponse:
-    ensure_model(services, runtime, req.model)
-    return await openai_embeddings.embeddings(pipeline, runtime, req, services.settings.limits)
+    model = services.models.resolve(req.model)
+    async with use_model(request, services, model) as runtime:
+        return await openai_embeddings.embeddings(pipeline, runtime, req, services.settings.limits)
 
 
 @router.get("/models", response_model=OpenAIModelList)
-async def list_models(runtime: RuntimeDep) -> OpenAIModelList:
-    return openai_embeddings.model_list(runtime)
+async def list_models(services: ServicesDep) -> OpenAIModelList:
+    return openai_embeddings.model_list(services.models.status())

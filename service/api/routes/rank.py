@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from service.api import operations
-from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
+from service.api.deps import PipelineDep, ServicesDep, use_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
 from service.api.validation import check_rank, check_rank_pair
@@ -20,17 +20,19 @@ router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
     openapi_extra=openapi_form(RankPairRequest),
 )
 async def rank_pair(
-    req: RankPairRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: RankPairRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
 ) -> RankPairResponse:
-    ensure_model(services, runtime, req.model)
+    model = services.models.resolve(req.model)
     check_rank_pair(req, services.settings.limits)
-    return await operations.rank_pair(pipeline, runtime, req)
+    async with use_model(request, services, model) as runtime:
+        return await operations.rank_pair(pipeline, runtime, req)
 
 
 @router.post(
     "/rank", response_model=RankResponse, response_model_exclude_none=True, openapi_extra=openapi_form(RankRequest)
 )
-async def rank(req: RankRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> RankResponse:
-    ensure_model(services, runtime, req.model)
+async def rank(req: RankRequest, request: Request, services: ServicesDep, pipeline: PipelineDep) -> RankResponse:
+    model = services.models.resolve(req.model)
     check_rank(req, services.settings.limits)
-    return await operations.rank(pipeline, runtime, req)
+    async with use_model(request, services, model) as runtime:
+        return await operations.rank(pipeline, runtime, req)

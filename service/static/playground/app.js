@@ -105,6 +105,12 @@ function encoderOf(id) {
   return value ? { encoder: value } : {};
 }
 
+// The model the picker names ({} for the server's default: requests then leave `model` out).
+function modelOf() {
+  const value = document.getElementById("model-select").value;
+  return value ? { model: value } : {};
+}
+
 // Runs one panel's request: disables its button meanwhile and shows the API's error if any.
 async function run(buttonId, errorId, work) {
   const button = document.getElementById(buttonId);
@@ -194,29 +200,70 @@ function bars(container, topK, valueName = "cos") {
   }
 }
 
+// What GET /models said last: the served set and the store's versions (for their text encoders).
+let modelsInfo = null;
+
 async function loadModels() {
   try {
     const info = await api("models");
+    modelsInfo = info;
     show("models-error", false);
-    document.getElementById("model-status").textContent = "Model: " + (info.serving || "loading…");
-    if (!info.serving) setTimeout(loadModels, 2000); // the server is still loading its model
-    let version = null;
-    for (const model of info.models) {
-      for (const v of model.versions) if (v.serving) version = v;
-    }
-    if (!version) return;
-    document.getElementById("encoders-status").textContent =
-      "· text encoders: " + version.text_encoders.join(", ") + " (default " + version.default_text_encoder + ")" +
-      (version.components.length ? " · components: " + version.components.join(", ") : "");
-    for (const select of document.querySelectorAll(".encoder-select")) {
-      const options = [el("option", { value: "" }, "default (" + version.default_text_encoder + ")")];
-      for (const name of version.text_encoders) options.push(el("option", { value: name }, name));
-      select.replaceChildren(...options);
-    }
+    fillModelPicker(info.served || []);
+    showModel();
+    // The server is still loading the model the page uses: ask again until it serves. (One held out
+    // of memory by the server's budget loads when a request names it.)
+    const entry = servedEntry();
+    if (entry ? !entry.serving && entry.state !== "unloaded" : !info.serving) setTimeout(loadModels, 2000);
   } catch (error) {
     showError("models-error", error);
     // 503 while the server loads its model: ask again until it serves.
     if (error.status === 503) setTimeout(loadModels, 2000);
+  }
+}
+
+// One option per model the server serves; the first (its default) is sent as no `model` at all.
+function fillModelPicker(served) {
+  const select = document.getElementById("model-select");
+  const chosen = select.value;
+  const options = served.map((entry, i) => {
+    const what = entry.serving ? entry.serving : entry.state === "unloaded" ? "loads on first use" : entry.state;
+    const label = entry.ref + " · " + what + (entry.default ? " (default)" : "");
+    return el("option", { value: i === 0 ? "" : entry.ref }, label);
+  });
+  select.replaceChildren(...options);
+  if (options.some((option) => option.value === chosen)) select.value = chosen;
+  show("model-picker", served.length > 1);
+}
+
+// The served entry the picker names (the default one when nothing else is chosen).
+function servedEntry() {
+  const served = (modelsInfo && modelsInfo.served) || [];
+  const value = document.getElementById("model-select").value;
+  return served.find((entry) => entry.ref === value) || served[0] || null;
+}
+
+function showModel() {
+  const entry = servedEntry();
+  const serving = entry ? entry.serving : modelsInfo && modelsInfo.serving;
+  document.getElementById("model-status").textContent = "Model: " + (serving || "loading…");
+  let version = null;
+  if (serving) {
+    const [name, number] = serving.split("@");
+    const model = modelsInfo.models.find((m) => m.name === name);
+    version = model ? model.versions.find((v) => v.version === number) : null;
+  }
+  const encoders = document.getElementById("encoders-status");
+  if (!version) {
+    encoders.textContent = "";
+    return;
+  }
+  encoders.textContent =
+    "· text encoders: " + version.text_encoders.join(", ") + " (default " + version.default_text_encoder + ")" +
+    (version.components.length ? " · components: " + version.components.join(", ") : "");
+  for (const select of document.querySelectorAll(".encoder-select")) {
+    const options = [el("option", { value: "" }, "default (" + version.default_text_encoder + ")")];
+    for (const name of version.text_encoders) options.push(el("option", { value: name }, name));
+    select.replaceChildren(...options);
   }
 }
 
@@ -227,6 +274,7 @@ async function rankPair() {
     image_b: image("pair-b"),
     difference: document.getElementById("pair-text").value,
     ...encoderOf("pair-encoder"),
+    ...modelOf(),
   };
   show("pair-result", false);
   const result = await api("rank-pair", body);
@@ -251,6 +299,7 @@ async function classify() {
     labels,
     top_k: Number(document.getElementById("classify-topk").value) || labels.length,
     ...encoderOf("classify-encoder"),
+    ...modelOf(),
   };
   const comparatives = comparativesInput();
   show("classify-standard", false);
@@ -271,7 +320,7 @@ async function classify() {
 
 async function heatmap(imageObject, text) {
   show("heatmap-result", false);
-  const png = await api("score/dense/heatmap", { image: imageObject, text }, { binary: true });
+  const png = await api("score/dense/heatmap", { image: imageObject, text, ...modelOf() }, { binary: true });
   const img = document.getElementById("heatmap-image");
   if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
   img.src = URL.createObjectURL(png);
@@ -284,7 +333,7 @@ async function dense() {
   const picture = image("dense-image");
   const texts = lines("dense-texts");
   show("dense-result", false);
-  const result = await api("score/dense", { image: picture, texts });
+  const result = await api("score/dense", { image: picture, texts, ...modelOf() });
   const rows = texts.map((text, i) => {
     const button = el("button", { type: "button", class: "heatmap-button" }, "heatmap");
     button.addEventListener("click", () => run("dense-run", "dense-error", () => heatmap(picture, text)));
@@ -308,6 +357,7 @@ async function yukino() {
     templates: ["{}"],
     method: "yukino",
     top_k: captions.length,
+    ...modelOf(),
   });
   bars(document.querySelector("#yukino-result .bars"), result.results[0].top_k, "score");
   show("yukino-result");
@@ -319,6 +369,11 @@ document.getElementById("pair-run").addEventListener("click", () => run("pair-ru
 document.getElementById("classify-run").addEventListener("click", () => run("classify-run", "classify-error", classify));
 document.getElementById("dense-run").addEventListener("click", () => run("dense-run", "dense-error", dense));
 document.getElementById("yukino-run").addEventListener("click", () => run("yukino-run", "yukino-error", yukino));
+// Another model: its version and text encoders (GET /models again: it may have loaded meanwhile).
+document.getElementById("model-select").addEventListener("change", () => {
+  showModel();
+  loadModels();
+});
 document.getElementById("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(KEY_STORAGE, document.getElementById("key-input").value.trim());

@@ -310,9 +310,21 @@ async def test_metrics_are_recorded(make: BatcherFactory) -> None:
     with pytest.raises(RequestTooLarge):
         await b.submit(list(range(5)))
     get = metrics.registry.get_sample_value
-    assert get("batch_size_count", {"batcher": "test"}) == 1
-    assert get("batch_size_sum", {"batcher": "test"}) == 4
-    assert get("encode_seconds_count", {"batcher": "test"}) == 1
-    assert get("batch_wait_seconds_count", {"batcher": "test"}) == 1
-    assert get("queue_depth", {"batcher": "test"}) == 0
-    assert get("batcher_rejected_total", {"batcher": "test", "reason": "too_large"}) == 1
+    # A batcher given the app's metrics directly records under no served-set entry (model "").
+    test = {"model": "", "batcher": "test"}
+    assert get("batch_size_count", test) == 1
+    assert get("batch_size_sum", test) == 4
+    assert get("encode_seconds_count", test) == 1
+    assert get("batch_wait_seconds_count", test) == 1
+    assert get("queue_depth", test) == 0
+    assert get("batcher_rejected_total", {**test, "reason": "too_large"}) == 1
+
+
+async def test_metrics_of_a_model_carry_its_label(make: BatcherFactory) -> None:
+    metrics = ServiceMetrics()
+    b = await started(make(Recorder(), max_batch=4, max_queue=4, metrics=metrics.for_model("other@v3")))
+    await b.submit([1, 2])
+    b.record_rejection("over_budget")
+    get = metrics.registry.get_sample_value
+    assert get("batch_size_sum", {"model": "other@v3", "batcher": "test"}) == 2
+    assert get("batcher_rejected_total", {"model": "other@v3", "batcher": "test", "reason": "over_budget"}) == 1

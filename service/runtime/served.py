@@ -1,0 +1,244 @@
+"""The served set: every model ref of ``CLIP_MODEL``, each served by a ``ModelManager`` of its own.
+
+``CLIP_MODEL=default@production,default@v5,other`` serves three entries. Each is loaded, warmed,
+watched and hot-swapped on its own (a version one of them refuses touches none of the others),
+and each loaded version has its own batchers, model thread and cache keys (``name@version``).
+The first entry is the default: it answers requests that name no model, and ``/readyz`` is ready
+once it serves.
+
+A request's ``model`` picks the entry (``resolve``):
+
+* ``name``: the first entry of that model name;
+* ``name@selector``: the entry configured with that selector (``name@production`` for the entry
+  ``name@production``, or ``name`` which means the same), else an entry of that name now serving
+  version ``selector``;
+* anything else is ``unknown_model``, whose message lists the set.
+
+Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
+their first request. That request waits for the load, within the request's time budget, else it
+gets 503 with Retry-After while the load goes on. To make room, the least recently used entry with
+no request in flight and no load in progress is unloaded; the default entry never is. When every
+loaded entry is busy, the request waits for one to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from clipcore.errors import ClipError, ErrorCode
+from model_store import ModelStore
+from service.config import Settings
+from service.runtime.assembly import ModelRuntime
+from service.runtime.lifecycle import ModelManager, ModelState
+from service.runtime.metrics import ServiceMetrics
+from service.runtime.pipeline import REQUEST_STAGES
+
+__all__ = ["EntryStatus", "ServedModels"]
+
+log = logging.getLogger("service.served")
+
+WAKE_S = 1.0  # a waiting request looks again at least this often, whatever it was told
+
+
+@dataclass(frozen=True)
+class EntryStatus:
+    """What one entry of the set serves, for /readyz, /models and /v1/models."""
+
+    ref: str  # as configured: "default@production", "other@v3", "other"
+    name: str
+    serving: str | None  # the name@version it answers with; None while not loaded
+    state: ModelState
+    default: bool
+    store_ok: bool  # whether its alias could be read on the last poll
+    created_at: str | None  # when the serving version was published
+
+
+class ServedModels:
+    def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.budget = settings.max_loaded_models
+        self.entries = [
+            ModelManager(settings, store, metrics, ref, on_change=self._wake) for ref in settings.served_refs()
+        ]
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
+
+    @property
+    def default(self) -> ModelManager:
+        return self.entries[0]
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether the budget holds fewer models than the set (some load on request)."""
+        return 0 < self.budget < len(self.entries)
+
+    async def start(self) -> None:
+        for i, entry in enumerate(self.entries):
+            if not self.on_demand or i < self.budget:
+                entry.launch()
+        if self.on_demand:
+            later = ", ".join(e.ref for e in self.entries[self.budget :])
+            log.info("max_loaded_models=%d: %s load on their first request", self.budget, later)
+
+    async def close(self) -> None:
+        # Each entry closes even if one before it fails.
+        for entry in self.entries:
+            try:
+                await entry.close()
+            except Exception:
+                log.exception("closing %s failed", entry.ref)
+        await asyncio.gather(*self._stopping, return_exceptions=True)
+
+    # ------------------------------------------------------------------ routing
+    def resolve(self, requested: str | None) -> ModelManager:
+        """The entry a request's ``model`` names (the default entry for None); unknown_model else."""
+        if requested is None:
+            return self.default
+        name, at, selector = requested.partition("@")
+        if not at:
+            found = next((e for e in self.entries if e.name == name), None)
+        else:
+            found = next((e for e in self.entries if (e.name, e.selector) == (name, selector)), None)
+            if found is None:  # a version: the entry that serves it now
+                found = next(
+                    (
+                        e
+                        for e in self.entries
+                        if e.name == name and e.current is not None and e.current.bundle.version == selector
+                    ),
+                    None,
+                )
+        if found is None:
+            raise ClipError(
+                ErrorCode.unknown_model,
+                f"model {requested!r} is not served here; this server serves {self.describe()}",
+                "model",
+            )
+        return found
+
+    def describe(self) -> str:
+        """The set in words: ``default@production (default@v6), other@v3, big (not loaded)``."""
+        parts = []
+        for entry in self.entries:
+            current = entry.current
+            if current is None:
+                parts.append(f"{entry.ref} (not loaded)")
+            elif current.ref != entry.ref:
+                parts.append(f"{entry.ref} ({current.ref})")
+            else:
+                parts.append(entry.ref)
+        return ", ".join(parts)
+
+    def status(self) -> list[EntryStatus]:
+        out = []
+        for entry in self.entries:
+            current = entry.current
+            out.append(
+                EntryStatus(
+                    ref=entry.ref,
+                    name=entry.name,
+                    serving=current.ref if current is not None else None,
+                    state=entry.state,
+                    default=entry is self.default,
+                    store_ok=entry.watch_error is None,
+                    created_at=current.bundle.manifest.created_at if current is not None else None,
+                )
+            )
+        return out
+
+    def acquire(self, requested: str | None) -> contextlib.AbstractAsyncContextManager[ModelRuntime]:
+        """The runtime of the entry ``requested`` names, held for the whole request. Under a
+        memory budget, a model that is not loaded is loaded first (the request waits)."""
+        return self.acquire_entry(self.resolve(requested))
+
+    @contextlib.asynccontextmanager
+    async def acquire_entry(self, entry: ModelManager) -> AsyncIterator[ModelRuntime]:
+        """``acquire`` for an entry already resolved."""
+        if entry.current is None and self.on_demand and entry is not self.default:
+            await self._load_on_demand(entry)
+        async with entry.acquire() as runtime:  # no await between the check above and this
+            yield runtime
+
+    # ------------------------------------------------------------------ memory budget
+    async def _load_on_demand(self, entry: ModelManager) -> None:
+        loop = asyncio.get_running_loop()
+        budget_s = self.settings.batching.request_timeout_s
+        # The wait for the load counts against the request's own time budget, like its encodes.
+        stages = REQUEST_STAGES.get()
+        if stages is not None and stages.deadline is None:
+            stages.deadline = loop.time() + budget_s
+        deadline = stages.deadline if stages is not None and stages.deadline is not None else loop.time() + budget_s
+        entry.last_used = time.monotonic()  # once loaded, it is the most recently used
+        waited_for_room = False
+        while entry.current is None:
+            if not entry.started:
+                if self._make_room():
+                    log.info("loading %s on request (max_loaded_models=%d)", entry.ref, self.budget)
+                    entry.launch()
+                else:
+                    waited_for_room = True
+            elif entry.state == "failed":
+                # The load failed and is retried in the background: no point holding the request.
+                raise ClipError(ErrorCode.not_ready, entry.not_ready_message(), retry_after=1)
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ClipError(
+                    ErrorCode.not_ready, self._not_loaded_message(entry, waited_for_room), retry_after=self._eta(entry)
+                )
+            await self._wait(min(left, WAKE_S))
+
+    def _make_room(self) -> bool:
+        """Room for one more loaded model: at once under the budget, else by unloading the least
+        recently used idle entry (never the default); False when every loaded one is busy."""
+        held = [e for e in self.entries if e.started]
+        if len(held) < self.budget:
+            return True
+        idle = [e for e in held if e is not self.default and e.evictable]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda e: e.last_used)
+        log.info("unloading %s, the least recently used idle model, to make room", victim.ref)
+        self._track(victim.unload())  # lets go of its version now; stops it in the background
+        return True
+
+    def _track(self, stopping: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(stopping)
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def _eta(self, entry: ModelManager) -> float:
+        """Seconds until ``entry`` is likely loaded, from what its (or any) last load took."""
+        took = entry.last_load_s or max((e.last_load_s or 0.0 for e in self.entries), default=0.0)
+        started = entry.load_started
+        left = took - (time.monotonic() - started) if started is not None else took
+        return float(max(1, math.ceil(left)))
+
+    def _not_loaded_message(self, entry: ModelManager, waited_for_room: bool) -> str:
+        budget_s = self.settings.batching.request_timeout_s
+        if waited_for_room and not entry.started:
+            why = f"every loaded model has requests in flight (max_loaded_models={self.budget})"
+            return f"model {entry.ref} is not loaded and {why}; retry"
+        return f"model {entry.ref} is still loading (it was not in memory); not ready within {budget_s:g}s, retry"
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait(self, timeout_s: float) -> None:
+        """Until an entry changes (loaded, failed, unloaded, idle) or ``timeout_s`` passes."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)

@@ -1,0 +1,272 @@
+"""A served set of several models in one process, with real servers on their own tmp stores.
+
+``model="alpha,beta@production,beta@v1"`` serves three entries: requests pick one with their
+``model`` field and every answer names the version that answered; each entry answers exactly what
+a server of that version alone answers. A version one entry cannot load is refused (or retried)
+by that entry alone while the others keep serving. Under ``max_loaded_models`` the models past the
+budget load on their first request, unloading the least recently used model that is idle.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_samples import metric_value
+
+from model_store import ModelStore
+
+TEXTS = ["a red circle", "a blue square to the left of a green cross"]
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _embed(url: str, body: dict[str, Any], model: str | None = None) -> tuple[str, np.ndarray]:
+    payload = body if model is None else {**body, "model": model}
+    r = httpx.post(f"{url}/embed", json=payload, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    return answer["model"], np.asarray(answer["embeddings"], dtype=np.float32)
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture
+def two_models(tmp_path: Path, publish_model: Any) -> Path:
+    """alpha@v1 (production); beta@v1 and beta@v2 (production)."""
+    root = tmp_path / "store"
+    publish_model(root, "alpha", seed=21)
+    publish_model(root, "beta", seed=22)
+    publish_model(root, "beta", seed=23)  # v2 becomes production
+    return root
+
+
+def test_each_request_is_answered_by_the_model_it_names_as_a_lone_server_would(
+    two_models: Path, serve_app: Any, make_image: Any
+) -> None:
+    bodies = {"texts": {"texts": TEXTS}, "images": {"images": [make_image("circle", "red"), make_image("cross")]}}
+    picks = {  # the request's model -> the version that must answer
+        None: "alpha@v1",
+        "alpha": "alpha@v1",
+        "beta": "beta@v2",  # the first entry named beta: beta@production
+        "beta@production": "beta@v2",
+        "beta@v2": "beta@v2",  # the version beta@production serves
+        "beta@v1": "beta@v1",  # the pinned entry
+    }
+    answers: dict[tuple[str, str], np.ndarray] = {}
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        for model, version in picks.items():
+            for kind, body in bodies.items():
+                answered, vectors = _embed(running.url, body, model)
+                assert answered == version, (model, kind)
+                answers[(version, kind)] = vectors
+        served = httpx.get(f"{running.url}/models").json()["served"]
+        ready = httpx.get(f"{running.url}/readyz").json()
+        ids = [m["id"] for m in httpx.get(f"{running.url}/v1/models").json()["data"]]
+        metrics = httpx.get(f"{running.url}/metrics").text
+    assert [(m["ref"], m["serving"], m["state"], m["default"]) for m in served] == [
+        ("alpha", "alpha@v1", "ready", True),
+        ("beta@production", "beta@v2", "ready", False),
+        ("beta@v1", "beta@v1", "ready", False),
+    ]
+    assert ready["ready"] and ready["model"] == "alpha@v1"
+    assert [m["ref"] for m in ready["models"]] == ["alpha", "beta@production", "beta@v1"]
+    assert ids == ["alpha", "alpha@v1", "beta", "beta@v2", "beta@v1"]  # each accepted by `model`
+    assert 'model_info{encoder="base",model="beta@v1",name="beta",version="v1"} 1.0' in metrics
+    assert 'model_info{encoder="base",model="beta@production",name="beta",version="v2"} 1.0' in metrics
+    assert 'batch_size_count{batcher="text-base",model="beta@v1"}' in metrics
+    # Each version answers what a server of that version alone answers.
+    for version in ("alpha@v1", "beta@v2", "beta@v1"):
+        with serve_app(store=str(two_models), model=version) as alone:
+            for kind, body in bodies.items():
+                answered, vectors = _embed(alone.url, body)
+                assert answered == version
+                assert np.all(_cosines(vectors, answers[(version, kind)]) >= 0.99999), (version, kind)
+    # The three versions differ: the routing, not the cache, picked them.
+    assert np.all(_cosines(answers[("beta@v1", "texts")], answers[("beta@v2", "texts")]) < 0.999)
+    assert np.all(_cosines(answers[("alpha@v1", "texts")], answers[("beta@v1", "texts")]) < 0.999)
+
+
+def _load(url: str, model: str, body: dict[str, Any], stop: threading.Event, seen: list[tuple[int, str]]) -> None:
+    with httpx.Client(base_url=url, timeout=60) as client:
+        while not stop.is_set():
+            r = client.post("/classify", json={**body, "model": model})
+            seen.append((r.status_code, r.json().get("model", r.text)))
+
+
+def test_a_version_one_model_cannot_load_leaves_the_others_serving(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
+    root = tmp_path / "store"
+    for seed, name in enumerate(("alpha", "beta", "gamma"), start=31):
+        publish_model(root, name, seed=seed)
+    body = {"images": [make_image("square", "blue")], "labels": ["red circle", "blue square"]}
+    seen: dict[str, list[tuple[int, str]]] = {"alpha": [], "beta": [], "gamma": []}
+    stop = threading.Event()
+    with serve_app(store=str(root), model="alpha,beta,gamma@production", watch_interval_s=0.2) as running:
+        clients = [
+            threading.Thread(target=_load, args=(running.url, model, body, stop, seen[model]))
+            for model in ("alpha", "beta", "gamma", "alpha", "gamma")
+        ]
+        for client in clients:
+            client.start()
+        store = ModelStore(root)
+        store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch both; the server must
+        # alpha@v2: bit rot after publishing (refused); beta@v2: its weights unreadable (retried).
+        version = publish_model(root, "alpha", seed=41, aliases=())
+        weights = store.version_dir("alpha", version) / "model.safetensors"
+        raw = bytearray(weights.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        weights.write_bytes(bytes(raw))
+        store.promote("alpha", "production", version)
+        version = publish_model(root, "beta", seed=42, aliases=())
+        weights = store.version_dir("beta", version) / "model.safetensors"
+        weights.unlink()
+        weights.mkdir()
+        store.promote("beta", "production", version)
+        _wait(lambda: metric_value(running.url, "model_swaps_total", model="alpha", result="refused") >= 1)
+        _wait(lambda: metric_value(running.url, "model_swaps_total", model="beta", result="retrying") >= 2)
+        time.sleep(0.5)  # more requests on every model after both failures
+        stop.set()
+        for client in clients:
+            client.join(timeout=60)
+        served = httpx.get(f"{running.url}/models").json()["served"]
+        swaps = metric_value(running.url, "model_swaps_total", result="ok")
+        refused_gamma = metric_value(running.url, "model_swaps_total", model="gamma@production")
+    for model, version in (("alpha", "alpha@v1"), ("beta", "beta@v1"), ("gamma", "gamma@v1")):
+        assert seen[model], model
+        failed = [s for s in seen[model] if s[0] != 200]
+        assert not failed, (model, failed[:3])
+        assert {answered for _, answered in seen[model]} == {version}
+    assert [(m["serving"], m["state"]) for m in served] == [
+        ("alpha@v1", "ready"),
+        ("beta@v1", "ready"),
+        ("gamma@v1", "ready"),
+    ]
+    assert swaps == 0 and refused_gamma == 0
+
+
+def test_an_unknown_model_is_a_404_that_lists_the_served_set(two_models: Path, serve_app: Any) -> None:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        for path, body in (
+            ("/embed", {"texts": TEXTS, "model": "gamma"}),
+            ("/embed", {"texts": TEXTS, "model": "alpha@staging"}),
+            ("/embed", {"texts": TEXTS, "model": "beta@v3"}),
+            ("/v1/embeddings", {"input": TEXTS, "model": "text-embedding-3-small"}),
+        ):
+            r = httpx.post(f"{running.url}{path}", json=body)
+            assert r.status_code == 404, (path, body, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "unknown_model" and error["field"] == "model"
+            assert "alpha (alpha@v1), beta@production (beta@v2), beta@v1" in error["message"], error["message"]
+
+
+def test_v1_embeddings_route_by_their_model(two_models: Path, serve_app: Any) -> None:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        vectors = {}
+        for model, version in (("alpha", "alpha@v1"), ("beta", "beta@v2"), ("beta@v1", "beta@v1")):
+            r = httpx.post(
+                f"{running.url}/v1/embeddings", json={"model": model, "input": TEXTS, "encoding_format": "float"}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == version
+            vectors[version] = np.asarray([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+            _, native = _embed(running.url, {"texts": TEXTS}, model)  # the same pipeline as /embed
+            assert np.all(_cosines(vectors[version], native) >= 0.99999)
+    assert np.all(_cosines(vectors["alpha@v1"], vectors["beta@v2"]) < 0.999)
+    assert np.all(_cosines(vectors["beta@v1"], vectors["beta@v2"]) < 0.999)
+
+
+def test_the_sdk_names_a_model_per_call_or_for_the_whole_client(
+    two_models: Path, serve_app: Any, make_image: Any
+) -> None:
+    from clipdiff import Client
+
+    images = [make_image("circle", "red", "large"), make_image("circle", "red", "small")]
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        with Client(running.url) as client:
+            assert [(m.ref, m.serving, m.state, m.default) for m in client.served_models()] == [
+                ("alpha", "alpha@v1", "ready", True),
+                ("beta@production", "beta@v2", "ready", False),
+                ("beta@v1", "beta@v1", "ready", False),
+            ]
+            assert client.embed_texts(TEXTS).model == "alpha@v1"
+            assert client.embed_texts(TEXTS, model="beta@v1").model == "beta@v1"
+        with Client(running.url, model="beta") as client:
+            assert client.rank(images, "The first shape is larger.").model == "beta@v2"
+            assert client.rank_pair(*images, "The first shape is larger.", model="alpha").model == "alpha@v1"
+
+
+def _states(url: str) -> dict[str, str]:
+    return {m["ref"]: m["state"] for m in httpx.get(f"{url}/models").json()["served"]}
+
+
+def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    root = tmp_path / "store"
+    for seed, name in enumerate(("alpha", "beta", "gamma"), start=51):
+        publish_model(root, name, seed=seed)
+    settings = {"max_loaded_models": 2, "batching": {"request_timeout_s": 5.0}}
+    with serve_app(store=str(root), model="alpha,beta,gamma", **settings) as running:
+        _wait(lambda: _states(running.url)["beta"] == "ready", what="beta, within the budget, to load at start")
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded"}
+        beta = weakref.ref(running.services.models.entries[1].current.bundle.model)
+        # A request for gamma loads it, unloading beta (idle; alpha, the default, never is).
+        answered, _ = _embed(running.url, {"texts": TEXTS}, "gamma")
+        assert answered == "gamma@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
+        _wait(lambda: gc.collect() >= 0 and beta() is None, what="beta's weights to be freed")
+        assert metric_value(running.url, "model_unloads_total", model="beta") == 1
+        assert metric_value(running.url, "model_loads_total", model="gamma") == 1
+        # A model with a request in flight is never unloaded: a request for beta waits for room,
+        # then gets a 503 with Retry-After when its time budget runs out.
+        gamma = running.services.models.entries[2].current
+        gamma.active += 1  # a request that has not finished (nothing else touches it meanwhile)
+        gamma.idle.clear()
+        r = httpx.post(f"{running.url}/embed", json={"texts": TEXTS, "model": "beta"}, timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "not_ready" and int(r.headers["retry-after"]) >= 1
+        assert "in flight" in r.json()["error"]["message"]
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
+        # Once that request is done, beta loads in gamma's place.
+        gamma.active -= 1
+        gamma.idle.set()
+        answered, _ = _embed(running.url, {"texts": TEXTS}, "beta")
+        assert answered == "beta@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded"}
+        # Requests naming no model are still answered by the default model, never unloaded.
+        assert _embed(running.url, {"texts": TEXTS})[0] == "alpha@v1"
+        assert httpx.get(f"{running.url}/readyz").status_code == 200
+
+
+def test_the_least_recently_used_idle_model_is_the_one_unloaded(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    root = tmp_path / "store"
+    names = ("alpha", "beta", "gamma", "delta")
+    for seed, name in enumerate(names, start=61):
+        publish_model(root, name, seed=seed)
+    with serve_app(store=str(root), model=",".join(names), max_loaded_models=3) as running:
+        _wait(lambda: _states(running.url)["gamma"] == "ready", what="the first three models to load")
+        for model in ("gamma", "beta", "gamma"):  # beta is now the least recently used
+            _embed(running.url, {"texts": TEXTS}, model)
+        assert _embed(running.url, {"texts": TEXTS}, "delta")[0] == "delta@v1"
+        assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready", "delta": "ready"}
+        assert _embed(running.url, {"texts": TEXTS}, "beta")[0] == "beta@v1"  # gamma was used before delta
+        assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded", "delta": "ready"}
