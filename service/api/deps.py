@@ -6,13 +6,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from model_store import ModelStore
 from service.api.errors import ApiError, ErrorCode
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
+from service.runtime.canary import CANARY_KEY_HEADER, caller_key
 from service.runtime.lifecycle import ModelManager, ModelRuntime
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
@@ -40,10 +41,24 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-async def serving_runtime(request: Request, services: ServicesDep) -> AsyncIterator[ModelRuntime]:
-    """The runtime this request uses from start to end, even if a new version is swapped in."""
-    async with services.manager.acquire() as runtime:
-        request.state.model = runtime.ref  # for the access log line
+async def serving_runtime(
+    request: Request,
+    services: ServicesDep,
+    canary_key: Annotated[
+        str | None,
+        Header(
+            alias=CANARY_KEY_HEADER,
+            description="who the caller is, for canary routing: one key is always answered by the same version "
+            "(default: the API key, else random)",
+        ),
+    ] = None,
+) -> AsyncIterator[ModelRuntime]:
+    """The runtime this request uses from start to end, even if a new version is swapped in: the
+    canary's for the callers the alias routes to it, else the primary's."""
+    key = caller_key(canary_key, request.headers.get("authorization"))
+    async with services.manager.acquire(key) as runtime:
+        request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
+        request.state.role = runtime.role
         yield runtime
 
 

@@ -377,12 +377,24 @@ class VersionInfo(BaseModel):
     )
 
 
+class CanaryInfo(BaseModel):
+    version: str
+    weight: float = Field(description="percent of the callers routed to it (by X-Canary-Key, else API key)")
+    loaded: bool = Field(
+        description="whether this server routes that share to it; false while it loads or when it was refused: "
+        "the primary answers every request meanwhile"
+    )
+
+
 class ModelInfo(BaseModel):
     name: str
     aliases: dict[str, str]
     serving: str | None = Field(default=None, description="the version this server answers with, if any")
     versions: list[VersionInfo]
     error: str | None = Field(default=None, description="set when the model's alias table cannot be read")
+    canary: CanaryInfo | None = Field(
+        default=None, description="the canary of the alias this server follows, and whether it answers its share here"
+    )
 
 
 class CacheInfo(BaseModel):

@@ -12,8 +12,9 @@ from fastapi import APIRouter
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, CacheInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import ERROR_RESPONSES, CacheInfo, CanaryInfo, ModelInfo, ModelsResponse, VersionInfo
 from service.config import Limits
+from service.runtime.assembly import CANARY
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -87,6 +88,21 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
     return ModelInfo(name=name, aliases=aliases, serving=serving_version, versions=versions, error=alias_error)
 
 
+def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
+    """``info`` with the canary of the alias this server follows, if it is that model's."""
+    manager = services.manager
+    entry = manager.entry
+    if info.name != manager.name or entry is None:
+        return info
+    loaded = {role: runtime.bundle.version for role, runtime in manager.sides.items() if runtime is not None}
+    if entry.canary is not None:
+        canary = entry.canary
+        info.canary = CanaryInfo(
+            version=canary.version, weight=canary.weight, loaded=loaded.get(CANARY) == canary.version
+        )
+    return info
+
+
 def _serving(services: ServicesDep) -> str | None:
     current = services.manager.current
     return current.ref if current is not None else None
@@ -105,7 +121,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
     serving = _serving(services)
     store = services.store
     try:
-        models = [describe(store, name, serving) for name in sorted(store.list_models())]
+        models = [with_split(describe(store, name, serving), services) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
@@ -117,7 +133,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return describe(services.store, name, _serving(services))
+        return with_split(describe(services.store, name, _serving(services)), services)
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too
