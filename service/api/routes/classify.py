@@ -10,6 +10,7 @@ from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_classify
 
 router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
@@ -26,8 +27,9 @@ async def classify(
     services: ServicesDep,
     runtime: RuntimeDep,
     pipeline: PipelineDep,
+    answer: AnswerDep,
     comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
 ) -> ClassifyResponse:
     ensure_model(services, runtime, req.model)
     check_classify(req, services.settings.limits)
-    return await operations.classify(pipeline, runtime, req, comparative)
+    return await answer(lambda rt: operations.classify(pipeline, rt, req, comparative))

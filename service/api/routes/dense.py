@@ -8,6 +8,7 @@ from service.api import dense_operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_dense, check_heatmap
 
 router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES)
@@ -34,11 +35,11 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
     openapi_extra=openapi_form(DenseRequest),
 )
 async def score_dense(
-    req: DenseRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: DenseRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> DenseResponse:
     ensure_model(services, runtime, req.model)
     check_dense(req, services.settings.limits)
-    return await dense_operations.score_dense(pipeline, runtime, req)
+    return await answer(lambda rt: dense_operations.score_dense(pipeline, rt, req))
 
 
 @router.post(

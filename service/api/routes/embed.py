@@ -8,6 +8,7 @@ from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_embed
 
 router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
@@ -16,7 +17,9 @@ router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
 @router.post(
     "/embed", response_model=EmbedResponse, response_model_exclude_none=True, openapi_extra=openapi_form(EmbedRequest)
 )
-async def embed(req: EmbedRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> EmbedResponse:
+async def embed(
+    req: EmbedRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep, answer: AnswerDep
+) -> EmbedResponse:
     ensure_model(services, runtime, req.model)
     check_embed(req, services.settings.limits)
-    return await operations.embed(pipeline, runtime, req)
+    return await answer(lambda rt: operations.embed(pipeline, rt, req))

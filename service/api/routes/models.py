@@ -12,9 +12,18 @@ from fastapi import APIRouter
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import ServicesDep
 from service.api.errors import ApiError, ErrorCode
-from service.api.schemas import ERROR_RESPONSES, CacheInfo, CanaryInfo, ModelInfo, ModelsResponse, VersionInfo
+from service.api.schemas import (
+    ERROR_RESPONSES,
+    CacheInfo,
+    CanaryInfo,
+    ModelInfo,
+    ModelsResponse,
+    ShadowEndpointInfo,
+    ShadowInfo,
+    VersionInfo,
+)
 from service.config import Limits
-from service.runtime.assembly import CANARY
+from service.runtime.assembly import CANARY, SHADOW
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -89,7 +98,7 @@ def describe(store: ModelStore, name: str, serving: str | None) -> ModelInfo:
 
 
 def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
-    """``info`` with the canary of the alias this server follows, if it is that model's."""
+    """``info`` with the canary and shadow of the alias this server follows, if it is that model's."""
     manager = services.manager
     entry = manager.entry
     if info.name != manager.name or entry is None:
@@ -100,6 +109,23 @@ def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
         info.canary = CanaryInfo(
             version=canary.version, weight=canary.weight, loaded=loaded.get(CANARY) == canary.version
         )
+    if entry.shadow is not None:
+        shadow = entry.shadow
+        endpoints = {
+            endpoint: ShadowEndpointInfo(
+                compared=stats.compared,
+                dropped=stats.dropped,
+                failed=stats.failed,
+                agreement=stats.agreement,
+                mean_cosine=stats.mean_cosine,
+                mean_correlation=stats.mean_correlation,
+            )
+            for endpoint, stats in sorted(manager.shadows.summary(shadow.version).items())
+        }
+        info.shadow = ShadowInfo(
+            version=shadow.version, fraction=shadow.fraction, loaded=loaded.get(SHADOW) == shadow.version,
+            endpoints=endpoints,
+        )  # fmt: skip
     return info
 
 

@@ -8,16 +8,17 @@ from service.api import openai_embeddings
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
+from service.api.shadowing import AnswerDep
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 
 @router.post("/embeddings", response_model=EmbeddingsResponse)
 async def create_embeddings(
-    req: EmbeddingsRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: EmbeddingsRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> EmbeddingsResponse:
     ensure_model(services, runtime, req.model)
-    return await openai_embeddings.embeddings(pipeline, runtime, req, services.settings.limits)
+    return await answer(lambda rt: openai_embeddings.embeddings(pipeline, rt, req, services.settings.limits))
 
 
 @router.get("/models", response_model=OpenAIModelList)

@@ -8,6 +8,7 @@ from service.api import operations
 from service.api.deps import PipelineDep, RuntimeDep, ServicesDep, ensure_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_rank, check_rank_pair
 
 router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
@@ -20,17 +21,19 @@ router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
     openapi_extra=openapi_form(RankPairRequest),
 )
 async def rank_pair(
-    req: RankPairRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep
+    req: RankPairRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> RankPairResponse:
     ensure_model(services, runtime, req.model)
     check_rank_pair(req, services.settings.limits)
-    return await operations.rank_pair(pipeline, runtime, req)
+    return await answer(lambda rt: operations.rank_pair(pipeline, rt, req))
 
 
 @router.post(
     "/rank", response_model=RankResponse, response_model_exclude_none=True, openapi_extra=openapi_form(RankRequest)
 )
-async def rank(req: RankRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep) -> RankResponse:
+async def rank(
+    req: RankRequest, services: ServicesDep, runtime: RuntimeDep, pipeline: PipelineDep, answer: AnswerDep
+) -> RankResponse:
     ensure_model(services, runtime, req.model)
     check_rank(req, services.settings.limits)
-    return await operations.rank(pipeline, runtime, req)
+    return await answer(lambda rt: operations.rank(pipeline, rt, req))
