@@ -422,6 +422,8 @@ class ModelManager:
             return
         self.sides[role] = runtime
         self._relabel()
+        if role == SHADOW:  # a new shadow period: its summary starts from nothing
+            self.shadows.forget(want)
         log.info("%s %s loaded beside %s", role, runtime.ref, self.current.ref)
 
     async def _load_side(self, role: str, version: str) -> ModelRuntime | None:

@@ -140,6 +140,12 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         time.sleep(0.3)
         assert metric_value(url, "shadow_requests_total") == before  # no shadow: nothing sampled
 
+        store.shadow("split", "production", "v3", fraction=1.0)  # again: its summary starts afresh
+        _wait(lambda: _shadow(url).get("loaded"))
+        assert _shadow(url)["endpoints"] == {}
+        _answers(url, calls[:1], one_by_one=True)
+        assert _shadow(url)["endpoints"]["/classify"]["compared"] == 1
+
 
 def test_shadow_work_is_dropped_first_under_a_burst(store_root: Path, serve_app: Any) -> None:
     store = ModelStore(store_root)
