@@ -25,7 +25,6 @@ from prometheus_samples import metric_value
 
 from model_store import ModelStore
 from model_store.routing import route
-from service.runtime.canary import caller_key
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +110,8 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         assert 0.4 <= wider.count("split@v2") / 500 <= 0.6
 
         # Without X-Canary-Key the API key routes: each key stays on one version.
+        from service.runtime.canary import caller_key
+
         by_key: dict[str, set[str]] = {}
         with httpx.Client(base_url=url, timeout=60) as client:
             for key in api_keys:
