@@ -35,7 +35,7 @@ from unittest import mock
 import httpx
 import numpy as np
 
-from loadtests.bench_latency import free_port
+from loadtests.local_stack import free_port
 from loadtests.benchmark import wait_ready
 from model_store import ModelStore
 
