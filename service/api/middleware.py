@@ -140,7 +140,8 @@ class AuthMiddleware:
 
 
 class ObserveMiddleware:
-    """Counts and times every request by route template and logs one JSON line for it."""
+    """Counts and times every request by route template (and by the model version that answered
+    it), names that version in ``X-Model`` and logs one JSON line for it."""
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
         self.app = app
@@ -159,10 +160,14 @@ class ObserveMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                if stages.batches:
+                model = (scope.get("state") or {}).get("model")
+                if stages.batches or model:
                     headers = list(message.get("headers", []))
-                    headers.append((b"x-queue-time", f"{stages.queue_s * 1000:.2f}".encode()))
-                    headers.append((b"x-inference-time", f"{stages.inference_s * 1000:.2f}".encode()))
+                    if stages.batches:
+                        headers.append((b"x-queue-time", f"{stages.queue_s * 1000:.2f}".encode()))
+                        headers.append((b"x-inference-time", f"{stages.inference_s * 1000:.2f}".encode()))
+                    if model:  # the version that answered (a canary's callers get the canary's)
+                        headers.append((b"x-model", model.encode()))
                     message = {**message, "headers": headers}
             await send(message)
 
@@ -177,6 +182,8 @@ class ObserveMiddleware:
             method = scope.get("method", "")
             self.metrics.observe_request(route, method, status, seconds)
             state = scope.get("state") or {}
+            if state.get("model"):
+                self.metrics.observe_answer(state["model"], state.get("role", "primary"), status, seconds)
             access_log.info(
                 json.dumps(
                     {

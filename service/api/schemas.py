@@ -406,6 +406,45 @@ class VersionInfo(BaseModel):
     )
 
 
+class CanaryInfo(BaseModel):
+    version: str
+    weight: float = Field(description="percent of the callers routed to it (by X-Canary-Key, else API key)")
+    loaded: bool = Field(
+        description="whether this server routes that share to it; false while it loads or when it was refused: "
+        "the primary answers every request meanwhile"
+    )
+
+
+class ShadowEndpointInfo(BaseModel):
+    compared: int = Field(description="sampled requests whose shadow answer was compared with the one sent")
+    dropped: int = Field(
+        description="sampled requests not re-run: the shadow queue was full, the serving versions had work "
+        "queued, or the shadow changed meanwhile"
+    )
+    failed: int = Field(description="sampled requests the shadow could not answer")
+    agreement: float | None = Field(
+        default=None,
+        description="share of the decisions on which the shadow agreed with the answer sent: the top-1 label per "
+        "image (/classify), the decision per pair (/rank-pair), the top image (/rank), the best caption "
+        "(/score/dense)",
+    )
+    mean_cosine: float | None = Field(
+        default=None, description="mean cosine of the shadow's embeddings with those sent (/embed, /v1/embeddings)"
+    )
+    mean_correlation: float | None = Field(
+        default=None,
+        description="mean Pearson correlation of the shadow's scores with those sent, over each request's texts "
+        "(/score/dense)",
+    )
+
+
+class ShadowInfo(BaseModel):
+    version: str
+    fraction: float = Field(description="share of the requests re-run on it after they were answered")
+    loaded: bool = Field(description="whether this server has it loaded (false: nothing is re-run)")
+    endpoints: dict[str, ShadowEndpointInfo] = Field(description="by route template, e.g. '/classify'")
+
+
 class ModelInfo(BaseModel):
     name: str
     aliases: dict[str, str]
@@ -416,6 +455,12 @@ class ModelInfo(BaseModel):
     )
     versions: list[VersionInfo]
     error: str | None = Field(default=None, description="set when the model's alias table cannot be read")
+    canary: CanaryInfo | None = Field(
+        default=None, description="the canary of the alias this server follows, and whether it answers its share here"
+    )
+    shadow: ShadowInfo | None = Field(
+        default=None, description="the shadow of the alias this server follows, and how its answers compare"
+    )
 
 
 class CacheInfo(BaseModel):

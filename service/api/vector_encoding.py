@@ -8,6 +8,7 @@ already (see ``service.runtime.cache``), so float16 loses nothing they hold.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -22,3 +23,14 @@ def encode_rows(vectors: np.ndarray, encoding_format: EncodingFormat) -> list[li
         return np.asarray(vectors, dtype=np.float32).tolist()  # type: ignore[no-any-return]
     packed = np.ascontiguousarray(vectors, dtype=PACKED_DTYPES[encoding_format])
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in packed]
+
+
+def decode_rows(rows: Sequence[list[float] | str], encoding_format: EncodingFormat) -> np.ndarray:
+    """``encode_rows`` undone: an ``(N, D)`` float32 array."""
+    if encoding_format == "float":
+        return np.asarray(rows, dtype=np.float32)
+    packed = [row for row in rows if isinstance(row, str)]
+    if len(packed) != len(rows):
+        raise ValueError(f"{encoding_format} rows are strings")
+    dtype = PACKED_DTYPES[encoding_format]
+    return np.stack([np.frombuffer(base64.b64decode(row), dtype=dtype) for row in packed]).astype(np.float32)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -37,8 +38,8 @@ from service.config import Settings
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.metrics import ServiceMetrics
 
-__all__ = ["AUTOCAST_DTYPES", "ModelRuntime", "TorchTowers", "build_runtime", "resolve_device", "serving_towers",
-           "warm_up"]  # fmt: skip
+__all__ = ["AUTOCAST_DTYPES", "CANARY", "PRIMARY", "SHADOW", "ModelRuntime", "TorchTowers", "build_runtime",
+           "resolve_device", "serving_towers", "warm_up"]  # fmt: skip
 
 log = logging.getLogger("service.runtime")
 T = TypeVar("T")
@@ -48,6 +49,9 @@ DENSE_IMAGE_BATCHER = "dense-image"
 YUKINO_BATCHER = "yukino-image"
 DENSE_TEXT_BATCHER = "dense-text"
 WARMUP_TEXT = "a red circle to the left of a blue square"
+# What a loaded version does for its alias: answers every request the canary does not take, a
+# weighted share of the callers, or re-runs a sample of the requests after they were answered.
+PRIMARY, CANARY, SHADOW = "primary", "canary", "shadow"
 
 
 @dataclass(eq=False)
@@ -66,10 +70,33 @@ class ModelRuntime:
     backend: str = "torch fp32"  # what the pooled batchers call, for logs
     auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
     load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
+    role: str = PRIMARY
 
     @property
     def ref(self) -> str:
         return self.bundle.ref
+
+    def set_role(self, role: str) -> None:
+        """Take ``role``; a canary's or shadow's batchers are named ``canary:image``,
+        ``shadow:text-base`` ..., so their queues and batch times are told apart from the primary's
+        (whose plain names dashboards and autoscaling read), and lose the prefix when promoted."""
+        self.role = role
+        for batcher in self.batchers:
+            base = batcher.name.rpartition(":")[2]
+            batcher.name = base if role == PRIMARY else f"{role}:{base}"
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[ModelRuntime]:
+        """Count one user (a request, a shadow run) until the block ends: a retired version is
+        stopped only once it is idle."""
+        self.active += 1
+        self.idle.clear()
+        try:
+            yield self
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self.idle.set()
 
     @property
     def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]

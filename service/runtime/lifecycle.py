@@ -14,6 +14,16 @@ repeats), waits longer after each failure in a row, and polls on.
 
 One ``ModelManager`` serves one entry of the served set (``service.runtime.served``): the set
 starts, stops and, under a memory budget, unloads entries; everything above holds per entry.
+
+The alias entry may also name a canary (a weighted share of the callers) and a shadow (re-runs
+a sample of the requests after they were answered). Each is loaded beside the primary with its own
+runtime and batchers, checked like a swapped-in version; one that cannot load is refused (or
+retried) and logged, and the primary answers everything meanwhile. ``acquire(key)`` routes a
+request to the canary by its caller key (``model_store.routing.route``), and the shadow runs go
+through a bounded queue (``service.runtime.shadow``). Weight changes take effect at the next poll;
+a promoted canary becomes the primary as it is (nothing reloads), and a version no role holds any
+more drains like a swapped-out one. Each entry of the served set has its own canary, shadow and
+shadow runner; unloading an entry stops all three with its primary.
 """
 
 from __future__ import annotations
@@ -30,10 +40,23 @@ from clipcore.backends.base import ServingTowers
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from model_store import ChecksumMismatch, ModelNotFound, ModelStore, parse_ref
+from model_store.aliases import AliasEntry
 from model_store.location import missing_directory
+from model_store.routing import route, shadow_target
 from service.config import Settings
-from service.runtime.assembly import ModelRuntime, build_runtime, resolve_device, serving_towers, warm_up
+from service.runtime.assembly import (
+    CANARY,
+    PRIMARY,
+    SHADOW,
+    ModelRuntime,
+    build_runtime,
+    resolve_device,
+    serving_towers,
+    warm_up,
+)
+from service.runtime.canary import SideLoad
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.shadow import ShadowRunner
 
 __all__ = ["ModelManager", "ModelRuntime", "ModelState"]
 
@@ -110,6 +133,13 @@ class ModelManager:
         self._retry_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._retiring: dict[asyncio.Task[None], ModelRuntime] = {}
+        # The alias entry of the last poll (None until then, or for a pinned ref): what requests are
+        # routed by. The canary and shadow runtimes loaded beside the primary, by role.
+        self.entry: AliasEntry | None = None
+        self.sides: dict[str, ModelRuntime | None] = {CANARY: None, SHADOW: None}
+        self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
+        self._split_exported: set[str] = set()  # versions with a canary_weight or shadow_fraction series
+        self.shadows = ShadowRunner(self.name, metrics, lease=self._shadow_lease, busy=self.answering_busy)
         metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
@@ -118,6 +148,7 @@ class ModelManager:
     def launch(self) -> None:
         """Start loading (and then watching) unless already started; returns at once."""
         if not self.started:
+            self.shadows.launch()
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model-manager {self.ref}")
 
     @property
@@ -137,45 +168,69 @@ class ModelManager:
 
     @property
     def evictable(self) -> bool:
-        """No request in flight on any of its versions and no load in progress: unloading it now
-        fails nothing."""
+        """No request in flight on any of its versions (canary and shadow runs included) and no
+        load in progress: unloading it now fails nothing."""
         if self._loading:
             return False
-        runtimes = [*self._retiring.values(), *([self.current] if self.current is not None else [])]
+        runtimes = [*self._retiring.values(), *self._loaded()]
         return all(runtime.active == 0 for runtime in runtimes)
+
+    def _loaded(self) -> list[ModelRuntime]:
+        """The loaded runtimes of every role, each once (a shadow may be the canary's version)."""
+        held = {id(r): r for r in (self.current, *self.sides.values()) if r is not None}
+        return list(held.values())
 
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
 
     def unload(self) -> Coroutine[Any, Any, None]:
-        """Stop watching and stop the serving version, to make room under a memory budget; the
-        next ``launch`` loads the ref again (the alias may have moved meanwhile). The caller checks
-        ``evictable`` first. The entry lets go of its version now, before this returns, so no
-        request can acquire it after the check; await the returned coroutine to stop the version
-        (its batchers and model thread)."""
+        """Stop watching and stop the serving version with its canary and shadow (and the shadow
+        runner), to make room under a memory budget; the next ``launch`` loads the ref again (the
+        alias may have moved meanwhile). The caller checks ``evictable`` first. The entry lets go
+        of its versions now, before this returns, so no request can acquire them after the check;
+        await the returned coroutine to stop them (their batchers and model threads)."""
         task, self._task = self._task, None
-        current, self.current = self.current, None
+        runtimes = self._loaded()
+        self.current = None
+        self.sides = {CANARY: None, SHADOW: None}
+        self.entry = None
+        self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
+        shadows = self.shadows.stop()  # queued shadow runs are dropped: their versions go
         self.last_error = self.watch_error = None
         self._refused, self._retry = None, None
         self.not_ready_reason = "unloaded to make room for other models; the next request loads it"
         self.metrics.clear_model(self.ref)
         self.metrics.set_store_watch(ok=True, model=self.ref)
-        if current is not None:
+        for version in self._split_exported:
+            self.metrics.clear_split(self.name, version)
+        self._split_exported.clear()
+        for runtime in runtimes:
+            self.metrics.forget_version(self.name, runtime.bundle.version)
+            self.shadows.forget(runtime.bundle.version)
+        if runtimes:
             self.metrics.model_unloaded(self.ref)
         self._changed()
-        return self._stop_unloaded(task, current)
+        return self._stop_unloaded(task, shadows, runtimes)
 
-    async def _stop_unloaded(self, task: asyncio.Task[None] | None, runtime: ModelRuntime | None) -> None:
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        if runtime is not None:
-            version = runtime.ref
-            await runtime.stop()
+    async def _stop_unloaded(
+        self, task: asyncio.Task[None] | None, shadows: asyncio.Task[None] | None, runtimes: list[ModelRuntime]
+    ) -> None:
+        stopping = [t for t in (task, shadows) if t is not None]
+        for t in stopping:
+            t.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        refs = [runtime.ref for runtime in runtimes]
+        while runtimes:
+            runtime = runtimes.pop()
+            try:
+                await runtime.stop()
+            except Exception:
+                log.exception("stopping %s failed", runtime.ref)
             del runtime  # the last reference: the version's weights are freed here
-            await asyncio.to_thread(release_freed_memory)
-            log.info("unloaded %s (%s) to make room for other models", version, self.ref)
+        await asyncio.to_thread(release_freed_memory)
+        if refs:
+            log.info("unloaded %s (%s) to make room for other models", ", ".join(refs), self.ref)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -186,6 +241,7 @@ class ModelManager:
                 pass
             except Exception:  # a watcher that died must not stop the rest of the shutdown
                 log.exception("the model watcher had failed")
+        await self.shadows.close()
         # Versions still draining are stopped now: uvicorn has already let the requests finish,
         # and a runtime left running keeps its model thread (the interpreter waits for it at exit).
         retiring = list(self._retiring.items())
@@ -193,29 +249,53 @@ class ModelManager:
             task.cancel()
         await asyncio.gather(*(task for task, _ in retiring), return_exceptions=True)
         current, self.current = self.current, None
-        for runtime in [*(r for _, r in retiring), *([current] if current is not None else [])]:
+        # Each once: one runtime may hold two roles (a shadow of the canary's version).
+        held = {id(r): r for r in (current, *self.sides.values()) if r is not None}
+        self.sides = {CANARY: None, SHADOW: None}
+        for runtime in [*(r for _, r in retiring), *held.values()]:
             try:
                 await runtime.stop()
             except Exception:
                 log.exception("stopping %s failed", runtime.ref)
 
     @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[ModelRuntime]:
-        """The serving runtime, held for the whole request (no await between read and count)."""
+    async def acquire(self, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+        """The runtime that answers a request from the caller ``key`` (``service.runtime.canary``):
+        the canary for the callers the alias routes to it, else the primary; held for the whole
+        request (no await between read and count)."""
         runtime = self.current
         if runtime is None:
             raise ClipError(ErrorCode.not_ready, self.not_ready_message(), retry_after=1)
-        runtime.active += 1
-        runtime.idle.clear()
+        canary = self.sides[CANARY]
+        if canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
+            runtime = canary
         self.last_used = time.monotonic()
         try:
-            yield runtime
+            with runtime.held():
+                yield runtime
         finally:
-            runtime.active -= 1
             self.last_used = time.monotonic()
             if runtime.active == 0:
-                runtime.idle.set()
                 self._changed()  # an idle model may now be unloaded for one a request waits for
+
+    def shadow_sample(self) -> str | None:
+        """The shadow version to re-run a request on after answering it (sampled at the shadow's
+        fraction), or None; only a loaded shadow is sampled for."""
+        shadow = self.sides[SHADOW]
+        if shadow is None or self.entry is None:
+            return None
+        version = shadow_target(self.entry)
+        return version if version == shadow.bundle.version else None
+
+    def _shadow_lease(self, version: str) -> ModelRuntime | None:
+        shadow = self.sides[SHADOW]
+        return shadow if shadow is not None and shadow.bundle.version == version else None
+
+    def answering_busy(self) -> bool:
+        """Whether the versions that answer callers (primary, canary) have work queued: shadow work
+        then waits for nobody but is dropped."""
+        answering = (self.current, self.sides[CANARY])
+        return any(b.queue_depth > 0 for rt in answering if rt is not None for b in rt.batchers)
 
     def not_ready_message(self) -> str:
         # A reason without detail: callers need not be authenticated and errors name internal
@@ -313,7 +393,7 @@ class ModelManager:
     async def poll_once(self) -> None:
         assert self.alias is not None and self.current is not None
         try:
-            target = await asyncio.to_thread(self.store.alias_target, self.name, self.alias)
+            entry = await asyncio.to_thread(self.store.alias_entry, self.name, self.alias)
         except Exception as exc:  # unreadable, half-written, missing: report, keep serving, retry
             self._watch_failed(f"{type(exc).__name__}: {exc}")
             return
@@ -321,7 +401,25 @@ class ModelManager:
             log.info("alias %s@%s readable again", self.name, self.alias)
             self.watch_error = None
             self.metrics.set_store_watch(ok=True, model=self.ref)
-        if target is None or target == self.current.bundle.version or target == self._refused:
+        if entry is None:
+            return
+        self.entry = entry  # requests are routed by it from now on (a new weight applies at once)
+        await self._follow_primary(entry.version)
+        await self._follow_side(CANARY, entry.canary.version if entry.canary is not None else None)
+        await self._follow_side(SHADOW, entry.shadow.version if entry.shadow is not None else None)
+        self._export_split()
+
+    async def _follow_primary(self, target: str) -> None:
+        assert self.alias is not None and self.current is not None
+        if target == self.current.bundle.version or target == self._refused:
+            return
+        loaded = self._held(target)
+        if loaded is not None:  # a canary promoted (or a shadow): it answers everything as it is
+            log.info("alias %s@%s moved to %s, already loaded as its %s", self.name, self.alias, target, loaded.role)
+            for role, runtime in self.sides.items():
+                if runtime is loaded:
+                    self.sides[role] = None
+            self._install(loaded, initial=False)
             return
         if self._retry is not None and self._retry[0] == target and time.monotonic() < self._retry_at:
             return
@@ -424,6 +522,7 @@ class ModelManager:
         self.last_error = None
         self._refused = None
         self._retry = None
+        self._relabel()
         bundle = runtime.bundle
         self.metrics.set_serving_model(bundle.name, bundle.version, sorted(runtime.text_batchers), model=self.ref)
         if not initial:
@@ -431,9 +530,106 @@ class ModelManager:
         self._changed()
         if old is not None:
             log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
-            task = asyncio.get_running_loop().create_task(self._retire(old))
-            self._retiring[task] = old
-            task.add_done_callback(lambda done: self._retiring.pop(done, None))
+            self._release(old)
+
+    # ------------------------------------------------------------------ canary and shadow
+    def _held(self, version: str) -> ModelRuntime | None:
+        """The loaded runtime of ``version`` in any role, if any."""
+        for runtime in (self.current, *self.sides.values()):
+            if runtime is not None and runtime.bundle.version == version:
+                return runtime
+        return None
+
+    async def _follow_side(self, role: str, want: str | None) -> None:
+        """Load, keep or drop the version ``role`` (canary or shadow) names; while it is not loaded
+        the primary answers every request (a canary's share included) and nothing is shadowed."""
+        assert self.current is not None
+        if want == self.current.bundle.version:
+            want = None  # nothing runs beside the primary as itself
+        have = self.sides[role]
+        if have is not None and have.bundle.version == want:
+            return
+        if have is not None:  # its callers are routed by the new entry already: it has none left
+            self.sides[role] = None
+            log.info("%s %s ended beside %s", role, have.ref, self.current.ref)
+            self._release(have)
+            self._relabel()
+        if want is None:
+            return
+        runtime = self._held(want) or await self._load_side(role, want)
+        if runtime is None:
+            return
+        self.sides[role] = runtime
+        self._relabel()
+        if role == SHADOW:  # a new shadow period: its summary starts from nothing
+            self.shadows.forget(want)
+        log.info("%s %s loaded beside %s", role, runtime.ref, self.current.ref)
+
+    async def _load_side(self, role: str, version: str) -> ModelRuntime | None:
+        assert self.current is not None
+        state = self._side_loads[role]
+        if state.waits(version, time.monotonic()):
+            return None
+        log.info(
+            "alias %s@%s has a %s %s; loading it beside %s", self.name, self.alias, role, version, self.current.ref
+        )
+        try:
+            runtime = await self._load(self.name, version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            serving = self.current.ref if self.current is not None else "nothing"
+            if may_pass(exc):
+                delay = backoff_s(self.settings.watch_interval_s, state.failed(version))
+                state.retry_at = time.monotonic() + delay
+                self.metrics.side_load(role, "retrying", model=self.ref)
+                log.warning(
+                    "cannot load %s %s@%s yet (%s: %s); %s answers every request meanwhile, retrying in %.1fs",
+                    role, self.name, version, type(exc).__name__, exc, serving, delay,
+                )  # fmt: skip
+                return None
+            state.refuse(version)
+            self.metrics.side_load(role, "refused", model=self.ref)
+            log.error(
+                "refusing %s %s@%s (%s: %s); %s answers every request",
+                role, self.name, version, type(exc).__name__, exc, serving,
+            )  # fmt: skip
+            return None
+        state.loaded()
+        self.metrics.side_load(role, "ok", model=self.ref)
+        return runtime
+
+    def _relabel(self) -> None:
+        """Each loaded runtime takes its foremost role (a shadow may be the canary's version too)."""
+        for role in (SHADOW, CANARY):
+            runtime = self.sides[role]
+            if runtime is not None:
+                runtime.set_role(role)
+        if self.current is not None:
+            self.current.set_role(PRIMARY)
+
+    def _export_split(self) -> None:
+        """The canary weight and shadow fraction this server applies, as gauges."""
+        entry, canary, shadow = self.entry, self.sides[CANARY], self.sides[SHADOW]
+        for version in self._split_exported:
+            self.metrics.clear_split(self.name, version)
+        self._split_exported.clear()
+        if entry is None:
+            return
+        if canary is not None and entry.canary is not None and entry.canary.version == canary.bundle.version:
+            self.metrics.set_split(self.name, canary.bundle.version, weight=entry.canary.weight)
+            self._split_exported.add(canary.bundle.version)
+        if shadow is not None and entry.shadow is not None and entry.shadow.version == shadow.bundle.version:
+            self.metrics.set_split(self.name, shadow.bundle.version, fraction=entry.shadow.fraction)
+            self._split_exported.add(shadow.bundle.version)
+
+    def _release(self, runtime: ModelRuntime) -> None:
+        """Drain and stop ``runtime`` unless it still holds another role."""
+        if runtime is self.current or any(r is runtime for r in self.sides.values()):
+            return
+        task = asyncio.get_running_loop().create_task(self._retire(runtime))
+        self._retiring[task] = runtime
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
 
     async def _retire(self, runtime: ModelRuntime) -> None:
         try:
@@ -447,3 +643,7 @@ class ModelManager:
             )
         await runtime.stop()
         log.info("retired %s", runtime.ref)
+        version = runtime.bundle.version
+        if self._held(version) is None:  # not loaded again meanwhile: its series and totals go
+            self.metrics.forget_version(self.name, version)
+            self.shadows.forget(version)

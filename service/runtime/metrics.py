@@ -9,6 +9,7 @@ them only together with the deploy files.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,8 +19,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["BATCH_SIZE_BUCKETS", "CACHE_LOOKUP_BUCKETS", "ModelMetrics", "ServiceMetrics"]
+__all__ = ["BATCH_SIZE_BUCKETS", "CACHE_LOOKUP_BUCKETS", "COSINE_BUCKETS", "CORRELATION_BUCKETS", "ModelMetrics",
+           "ServiceMetrics"]  # fmt: skip
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Sub-millisecond resolution matters: LRU hits and tiny-model batches finish in well under 1 ms.
@@ -47,6 +52,12 @@ _LATENCY_BUCKETS: tuple[float, ...] = (
 CACHE_LOOKUP_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05,
 )  # fmt: skip
+
+
+# A shadow that is a copy of the primary scores 1.0; a retrained candidate 0.9-0.99; an unrelated
+# model anything down to negative: fine steps near 1, coarse ones below.
+COSINE_BUCKETS: tuple[float, ...] = (-0.5, 0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
+CORRELATION_BUCKETS: tuple[float, ...] = (-0.5, 0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 
 
 class ServiceMetrics:
@@ -184,8 +195,73 @@ class ServiceMetrics:
             "Texts cut to the model context length.",
             registry=r,
         )
+        # Canary and shadow: every series below is labelled by model name and version, and removed
+        # when that version is no longer loaded (forget_version), so series do not pile up over
+        # months of releases.
+        self.version_requests_total = Counter(
+            "version_requests_total",
+            "HTTP requests answered by a model version, by its role here (primary or canary) and status code.",
+            ["model", "version", "role", "status"],
+            registry=r,
+        )
+        self.version_request_duration_seconds = Histogram(
+            "version_request_duration_seconds",
+            "Latency of the HTTP requests a model version answered, by its role here.",
+            ["model", "version", "role"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.canary_weight = Gauge(
+            "canary_weight",
+            "Percent of the callers this server routes to its loaded canary version (absent: no canary).",
+            ["model", "version"],
+            registry=r,
+        )
+        self.shadow_fraction = Gauge(
+            "shadow_fraction",
+            "Fraction of the requests this server samples for its loaded shadow version (absent: no shadow).",
+            ["model", "version"],
+            registry=r,
+        )
+        self.side_loads_total = Counter(
+            "side_loads_total",
+            "Loads of a canary or shadow version beside the primary, by result (ok, refused, retrying); `model` is "
+            "the served-set entry (CLIP_MODEL).",
+            ["model", "role", "result"],
+            registry=r,
+        )
+        self.shadow_requests_total = Counter(
+            "shadow_requests_total",
+            "Requests sampled for the shadow version, by outcome: compared, dropped (queue_full, busy, gone) or "
+            "failed.",
+            ["model", "version", "endpoint", "outcome"],
+            registry=r,
+        )
+        self.shadow_agreement_total = Counter(
+            "shadow_agreement_total",
+            "Decisions of the shadow compared with the primary's (/classify: top-1 label per image; /rank-pair: "
+            "the decision per pair; /rank: the top image; /score/dense: the best caption), by result.",
+            ["model", "version", "endpoint", "result"],
+            registry=r,
+        )
+        self.shadow_cosine = Histogram(
+            "shadow_cosine",
+            "Mean cosine between the primary's and the shadow's embeddings, one observation per compared request.",
+            ["model", "version", "endpoint"],
+            buckets=COSINE_BUCKETS,
+            registry=r,
+        )
+        self.shadow_score_correlation = Histogram(
+            "shadow_score_correlation",
+            "Pearson correlation of the primary's and the shadow's scores over the texts of one request.",
+            ["model", "version", "endpoint"],
+            buckets=CORRELATION_BUCKETS,
+            registry=r,
+        )
         # Label sets currently exported by model_info, per served-set entry, so a swap can remove them.
         self._model_labels: dict[str, list[tuple[str, str, str, str]]] = {}
+        # Series of the version-labelled metrics above, per (model, version), for forget_version.
+        self._version_series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
 
     # -- convenience recorders (keep call sites one line) -------------------------------------
 
@@ -263,6 +339,70 @@ class ServiceMetrics:
     def texts_truncated(self, count: int = 1) -> None:
         if count > 0:
             self.texts_truncated_total.inc(count)
+
+    def _versioned(self, metric: M, model: str, version: str, *rest: str) -> M:
+        labels = (model, version, *rest)
+        self._version_series.setdefault((model, version), set()).add((metric, labels))
+        return metric.labels(*labels)
+
+    def observe_answer(self, ref: str, role: str, status: int, seconds: float) -> None:
+        """One HTTP request answered by the version ``ref`` (``name@version``) in ``role``."""
+        model, _, version = ref.partition("@")
+        self._versioned(self.version_requests_total, model, version, role, str(status)).inc()
+        self._versioned(self.version_request_duration_seconds, model, version, role).observe(seconds)
+
+    def set_split(
+        self, model: str, version: str, *, weight: float | None = None, fraction: float | None = None
+    ) -> None:
+        """Export the canary ``weight`` (percent) or shadow ``fraction`` this server applies to ``version``."""
+        if weight is not None:
+            self._versioned(self.canary_weight, model, version).set(weight)
+        if fraction is not None:
+            self._versioned(self.shadow_fraction, model, version).set(fraction)
+
+    def clear_split(self, model: str, version: str) -> None:
+        """``version`` is no longer a canary or shadow here (it may still be loaded, e.g. promoted)."""
+        series = self._version_series.get((model, version), set())
+        for gauge in (self.canary_weight, self.shadow_fraction):
+            if (gauge, (model, version)) in series:
+                series.discard((gauge, (model, version)))
+                gauge.remove(model, version)
+
+    def side_load(self, role: str, result: str, model: str = "") -> None:
+        self.side_loads_total.labels(model=model, role=role, result=result).inc()
+
+    def shadow_request(self, model: str, version: str, endpoint: str, outcome: str) -> None:
+        self._versioned(self.shadow_requests_total, model, version, endpoint, outcome).inc()
+
+    def shadow_compared(
+        self,
+        model: str,
+        version: str,
+        endpoint: str,
+        *,
+        agree: int,
+        disagree: int,
+        cosine: float | None,
+        correlation: float | None,
+    ) -> None:
+        """What one compared request showed: decisions that agreed and did not, and the mean cosine
+        of its embeddings or the correlation of its scores (when the endpoint has them)."""
+        self.shadow_request(model, version, endpoint, "compared")
+        for result, count in (("agree", agree), ("disagree", disagree)):
+            if count:
+                self._versioned(self.shadow_agreement_total, model, version, endpoint, result).inc(count)
+        if cosine is not None:
+            self._versioned(self.shadow_cosine, model, version, endpoint).observe(cosine)
+        if correlation is not None:
+            self._versioned(self.shadow_score_correlation, model, version, endpoint).observe(correlation)
+
+    def forget_version(self, model: str, version: str) -> None:
+        """Remove every version-labelled series of ``model@version`` (it is no longer loaded)."""
+        for metric, labels in self._version_series.pop((model, version), set()):
+            try:
+                metric.remove(*labels)
+            except KeyError:
+                pass
 
     def render(self) -> tuple[bytes, str]:
         """Exposition body and its content type, for the /metrics route."""

@@ -6,7 +6,9 @@ and each loaded version has its own batchers, model thread and cache keys (``nam
 The first entry is the default: it answers requests that name no model, and ``/readyz`` is ready
 once it serves.
 
-A request's ``model`` picks the entry (``resolve``):
+A request's ``model`` picks the entry (``resolve``), and within it the caller's key picks the
+version (the entry's canary for the callers its alias routes there, else its primary; each entry
+has its own canary, shadow and shadow runner, ``service.runtime.lifecycle``):
 
 * ``name``: the first entry of that model name;
 * ``name@selector``: the entry configured with that selector (``name@production`` for the entry
@@ -17,7 +19,8 @@ A request's ``model`` picks the entry (``resolve``):
 Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
 their first request. That request waits for the load, within the request's time budget, else it
 gets 503 with Retry-After while the load goes on. To make room, the least recently used entry with
-no request in flight and no load in progress is unloaded; the default entry never is. When every
+no request in flight (on its primary, canary or shadow) and no load in progress is unloaded with
+its canary, shadow and shadow runner; the default entry never is. When every
 loaded entry is busy, the request waits for one to finish.
 """
 
@@ -153,17 +156,20 @@ class ServedModels:
             )
         return out
 
-    def acquire(self, requested: str | None) -> contextlib.AbstractAsyncContextManager[ModelRuntime]:
-        """The runtime of the entry ``requested`` names, held for the whole request. Under a
-        memory budget, a model that is not loaded is loaded first (the request waits)."""
-        return self.acquire_entry(self.resolve(requested))
+    def acquire(
+        self, requested: str | None, key: str | bytes | None = None
+    ) -> contextlib.AbstractAsyncContextManager[ModelRuntime]:
+        """The runtime of the entry ``requested`` names that answers the caller ``key`` (its canary
+        or its primary, ``ModelManager.acquire``), held for the whole request. Under a memory
+        budget, a model that is not loaded is loaded first (the request waits)."""
+        return self.acquire_entry(self.resolve(requested), key)
 
     @contextlib.asynccontextmanager
-    async def acquire_entry(self, entry: ModelManager) -> AsyncIterator[ModelRuntime]:
+    async def acquire_entry(self, entry: ModelManager, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
         """``acquire`` for an entry already resolved."""
         if entry.current is None and self.on_demand and entry is not self.default:
             await self._load_on_demand(entry)
-        async with entry.acquire() as runtime:  # no await between the check above and this
+        async with entry.acquire(key) as runtime:  # no await between the check above and this
             yield runtime
 
     # ------------------------------------------------------------------ memory budget

@@ -14,8 +14,11 @@ GROUPS_EXTRA = {"beside": ["next to"]}  # a two-token functional word, on top of
 TABLE_SEED = 0
 
 
-def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> str:
-    """A random shapes-smoke model with a random DCSM scorer; ``broken`` gives it NaN weights."""
+def publish_dense(
+    root: Path, name: str = "dense", *, broken: bool = False, seed: int = 0, aliases: tuple[str, ...] = ("production",)
+) -> str:
+    """A random shapes-smoke model with a random DCSM scorer; ``broken`` gives it NaN weights (the same
+    ``seed`` publishes the same weights again)."""
     import torch
 
     from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
@@ -25,7 +28,7 @@ def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> s
     from training.train_dcsm import dcsm_component, dcsm_files
 
     config = json.loads(SMOKE_CONFIG.read_text())
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = build_model(config)
     groups = training_groups()
     cfg = {
@@ -46,7 +49,7 @@ def publish_dense(root: Path, name: str = "dense", *, broken: bool = False) -> s
         config,
         extra_files=files,
         components={"dcsm": dcsm_component(cfg)},
-        aliases=["production"],
+        aliases=list(aliases),
         fp16=False,
     )
     return manifest.version

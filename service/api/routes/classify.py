@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from service.api import operations
-from service.api.deps import PipelineDep, ServicesDep, use_model
+from service.api.deps import PipelineDep, ServicesDep
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_classify
 
 router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
@@ -26,9 +27,9 @@ async def classify(
     request: Request,
     services: ServicesDep,
     pipeline: PipelineDep,
+    answer: AnswerDep,
     comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
 ) -> ClassifyResponse:
     model = services.models.resolve(req.model)
     check_classify(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
-        return await operations.classify(pipeline, runtime, req, comparative)
+    return await answer(model, lambda rt: operations.classify(pipeline, rt, req, comparative))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from service.api import dense_operations
-from service.api.deps import PipelineDep, ServicesDep, use_model
+from service.api.deps import CallerKeyDep, PipelineDep, ServicesDep, use_model
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_dense, check_heatmap
 
 router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES)
@@ -34,12 +35,11 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
     openapi_extra=openapi_form(DenseRequest),
 )
 async def score_dense(
-    req: DenseRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
+    req: DenseRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> DenseResponse:
     model = services.models.resolve(req.model)
     check_dense(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
-        return await dense_operations.score_dense(pipeline, runtime, req)
+    return await answer(model, lambda rt: dense_operations.score_dense(pipeline, rt, req))
 
 
 @router.post(
@@ -55,9 +55,9 @@ async def score_dense(
     },
 )
 async def dense_heatmap(
-    req: HeatmapRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
+    req: HeatmapRequest, request: Request, services: ServicesDep, pipeline: PipelineDep, key: CallerKeyDep
 ) -> PNGResponse:
     model = services.models.resolve(req.model)
     check_heatmap(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
+    async with use_model(request, services, model, key) as runtime:
         return PNGResponse(await dense_operations.heatmap(pipeline, runtime, req))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from service.api import operations
-from service.api.deps import PipelineDep, ServicesDep, use_model
+from service.api.deps import PipelineDep, ServicesDep
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_embed
 
 router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
@@ -16,8 +17,7 @@ router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
 @router.post(
     "/embed", response_model=EmbedResponse, response_model_exclude_none=True, openapi_extra=openapi_form(EmbedRequest)
 )
-async def embed(req: EmbedRequest, request: Request, services: ServicesDep, pipeline: PipelineDep) -> EmbedResponse:
+async def embed(req: EmbedRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep) -> EmbedResponse:
     model = services.models.resolve(req.model)
     check_embed(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
-        return await operations.embed(pipeline, runtime, req)
+    return await answer(model, lambda rt: operations.embed(pipeline, rt, req))

@@ -18,12 +18,16 @@ from service.api.schemas import (
     ERROR_RESPONSES,
     AutoInfo,
     CacheInfo,
+    CanaryInfo,
     ModelInfo,
     ModelsResponse,
     ServedModel,
+    ShadowEndpointInfo,
+    ShadowInfo,
     VersionInfo,
 )
 from service.config import Limits
+from service.runtime.assembly import CANARY, SHADOW
 from service.runtime.served import EntryStatus
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
@@ -121,9 +125,46 @@ def served_models(served: list[EntryStatus]) -> list[ServedModel]:
 
 
 def _autos(services: ServicesDep) -> dict[str, AutoDecision]:
-    """name@version -> how auto chose its backend, for every loaded runtime that auto chose."""
-    runtimes = (entry.current for entry in services.models.entries)
+    """name@version -> how auto chose its backend, for every loaded runtime that auto chose
+    (canaries and shadows included)."""
+    runtimes = (rt for entry in services.models.entries for rt in (entry.current, *entry.sides.values()))
     return {rt.ref: rt.auto for rt in runtimes if rt is not None and rt.auto is not None}
+
+
+def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
+    """``info`` with the canary and shadow of the alias that this model's first served-set entry
+    following an alias routes by (the entry a request naming just the model gets), if any."""
+    manager = next(
+        (e for e in services.models.entries if e.name == info.name and e.entry is not None and e.current is not None),
+        None,
+    )
+    entry = manager.entry if manager is not None else None
+    if manager is None or entry is None:
+        return info
+    loaded = {role: runtime.bundle.version for role, runtime in manager.sides.items() if runtime is not None}
+    if entry.canary is not None:
+        canary = entry.canary
+        info.canary = CanaryInfo(
+            version=canary.version, weight=canary.weight, loaded=loaded.get(CANARY) == canary.version
+        )
+    if entry.shadow is not None:
+        shadow = entry.shadow
+        endpoints = {
+            endpoint: ShadowEndpointInfo(
+                compared=stats.compared,
+                dropped=stats.dropped,
+                failed=stats.failed,
+                agreement=stats.agreement,
+                mean_cosine=stats.mean_cosine,
+                mean_correlation=stats.mean_correlation,
+            )
+            for endpoint, stats in sorted(manager.shadows.summary(shadow.version).items())
+        }
+        info.shadow = ShadowInfo(
+            version=shadow.version, fraction=shadow.fraction, loaded=loaded.get(SHADOW) == shadow.version,
+            endpoints=endpoints,
+        )  # fmt: skip
+    return info
 
 
 def _store_unreadable(exc: StoreError) -> ApiError:
@@ -141,7 +182,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
     store = services.store
     try:
         autos = _autos(services)
-        models = [describe(store, name, served, autos) for name in sorted(store.list_models())]
+        models = [with_split(describe(store, name, served, autos), services) for name in sorted(store.list_models())]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
@@ -153,7 +194,7 @@ def list_models(services: ServicesDep) -> ModelsResponse:
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return describe(services.store, name, services.models.status(), _autos(services))
+        return with_split(describe(services.store, name, services.models.status(), _autos(services)), services)
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from service.api import openai_embeddings
-from service.api.deps import PipelineDep, ServicesDep, use_model
+from service.api.deps import PipelineDep, ServicesDep
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
+from service.api.shadowing import AnswerDep
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 
 @router.post("/embeddings", response_model=EmbeddingsResponse)
 async def create_embeddings(
-    req: EmbeddingsRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
+    req: EmbeddingsRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> EmbeddingsResponse:
     model = services.models.resolve(req.model)
-    async with use_model(request, services, model) as runtime:
-        return await openai_embeddings.embeddings(pipeline, runtime, req, services.settings.limits)
+    return await answer(model, lambda rt: openai_embeddings.embeddings(pipeline, rt, req, services.settings.limits))
 
 
 @router.get("/models", response_model=OpenAIModelList)

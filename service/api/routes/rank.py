@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from service.api import operations
-from service.api.deps import PipelineDep, ServicesDep, use_model
+from service.api.deps import PipelineDep, ServicesDep
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
+from service.api.shadowing import AnswerDep
 from service.api.validation import check_rank, check_rank_pair
 
 router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
@@ -20,19 +21,17 @@ router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
     openapi_extra=openapi_form(RankPairRequest),
 )
 async def rank_pair(
-    req: RankPairRequest, request: Request, services: ServicesDep, pipeline: PipelineDep
+    req: RankPairRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
 ) -> RankPairResponse:
     model = services.models.resolve(req.model)
     check_rank_pair(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
-        return await operations.rank_pair(pipeline, runtime, req)
+    return await answer(model, lambda rt: operations.rank_pair(pipeline, rt, req))
 
 
 @router.post(
     "/rank", response_model=RankResponse, response_model_exclude_none=True, openapi_extra=openapi_form(RankRequest)
 )
-async def rank(req: RankRequest, request: Request, services: ServicesDep, pipeline: PipelineDep) -> RankResponse:
+async def rank(req: RankRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep) -> RankResponse:
     model = services.models.resolve(req.model)
     check_rank(req, services.settings.limits)
-    async with use_model(request, services, model) as runtime:
-        return await operations.rank(pipeline, runtime, req)
+    return await answer(model, lambda rt: operations.rank(pipeline, rt, req))

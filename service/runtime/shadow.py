@@ -1,0 +1,281 @@
+"""Shadow runs: a sample of the requests re-run on a shadow version after they were answered.
+
+The HTTP layer hands a sampled request over (``ShadowRunner.offer``) once the primary's answer
+has been sent, so the shadow never delays it; the shadow's answer is only compared, never
+returned. Shadow work is the first thing dropped under load: the queue holds a few requests (an
+offer beyond them is dropped), one worker runs them one at a time, and a request is dropped
+when its turn comes while the batchers of the versions that answer callers have work queued.
+
+A shadow run calls the request's own operation with the shadow version's runtime, through the
+same pipeline (cache, batchers), and compares the two answers (``compare``): decisions one by one
+(top-1 label, pair decision, best caption), embeddings by mean cosine, scores by Pearson
+correlation. Results go to Prometheus (``shadow_*``) and to a summary per version and endpoint
+(``ShadowRunner.summary``) that GET /models/{name} shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from service.runtime.assembly import ModelRuntime
+from service.runtime.metrics import ServiceMetrics
+from service.runtime.pipeline import REQUEST_STAGES, RequestStages
+
+__all__ = ["SHADOW_QUEUE", "Answer", "Comparison", "EndpointStats", "ShadowJob", "ShadowRunner", "compare"]
+
+log = logging.getLogger("service.shadow")
+A = TypeVar("A")
+
+# Sampled requests waiting for the shadow: a few cover the gaps between requests of a steady load;
+# more would only be shadow work piling up behind itself (dropped instead, and counted).
+SHADOW_QUEUE = 4
+LOG_REPEAT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a comparison needs of one answer, as plain values."""
+
+    decisions: tuple[Hashable, ...] = ()  # compared one by one: top-1 labels, pair decisions, the best caption
+    vectors: np.ndarray | None = None  # (N, D) embeddings, compared row by row by cosine
+    scores: tuple[float, ...] | None = None  # compared by Pearson correlation
+
+
+@dataclass(frozen=True)
+class Comparison:
+    agree: int
+    disagree: int
+    cosine: float | None = None  # mean over the rows
+    correlation: float | None = None  # None when undefined (fewer than 2 scores, or constant ones)
+
+
+def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean cosine of the rows of ``a`` and ``b`` (a zero row counts as 0)."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norms = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
+    dots = np.sum(a64 * b64, axis=-1)
+    cosines = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+    return float(np.clip(cosines, -1.0, 1.0).mean())
+
+
+def pearson(a: tuple[float, ...], b: tuple[float, ...]) -> float | None:
+    """Pearson correlation of two score lists; None when it is undefined."""
+    if len(a) != len(b) or len(a) < 2:
+        return None
+    x = np.asarray(a, dtype=np.float64) - np.mean(a)
+    y = np.asarray(b, dtype=np.float64) - np.mean(b)
+    denominator = float(np.sqrt(np.sum(x * x) * np.sum(y * y)))
+    if denominator == 0.0:
+        return None
+    return float(np.clip(np.sum(x * y) / denominator, -1.0, 1.0))
+
+
+def compare(primary: Answer, shadow: Answer) -> Comparison:
+    """How far the shadow's answer agrees with the primary's, for the same request."""
+    if len(primary.decisions) != len(shadow.decisions):
+        raise ValueError(f"{len(primary.decisions)} decisions against {len(shadow.decisions)}")
+    agree = sum(p == s for p, s in zip(primary.decisions, shadow.decisions, strict=True))
+    cosine = None
+    if primary.vectors is not None and shadow.vectors is not None:
+        if primary.vectors.shape != shadow.vectors.shape:  # versions of different widths
+            raise ValueError(f"embeddings {primary.vectors.shape} against {shadow.vectors.shape}")
+        cosine = mean_cosine(primary.vectors, shadow.vectors)
+    correlation = None
+    if primary.scores is not None and shadow.scores is not None:
+        correlation = pearson(primary.scores, shadow.scores)
+    return Comparison(agree, len(primary.decisions) - agree, cosine, correlation)
+
+
+@dataclass
+class EndpointStats:
+    """Running totals of one endpoint's shadow runs on one version."""
+
+    compared: int = 0  # requests whose answers were compared
+    dropped: int = 0
+    failed: int = 0
+    agree: int = 0
+    disagree: int = 0
+    cosine_sum: float = 0.0
+    cosines: int = 0
+    correlation_sum: float = 0.0
+    correlations: int = 0
+
+    def add(self, c: Comparison) -> None:
+        self.compared += 1
+        self.agree += c.agree
+        self.disagree += c.disagree
+        if c.cosine is not None:
+            self.cosine_sum += c.cosine
+            self.cosines += 1
+        if c.correlation is not None:
+            self.correlation_sum += c.correlation
+            self.correlations += 1
+
+    @property
+    def agreement(self) -> float | None:
+        """Share of the compared decisions on which the shadow agreed (None: none compared)."""
+        decisions = self.agree + self.disagree
+        return self.agree / decisions if decisions else None
+
+    @property
+    def mean_cosine(self) -> float | None:
+        return self.cosine_sum / self.cosines if self.cosines else None
+
+    @property
+    def mean_correlation(self) -> float | None:
+        return self.correlation_sum / self.correlations if self.correlations else None
+
+
+@dataclass(eq=False)
+class ShadowJob(Generic[A]):
+    """One sampled request: its answer as sent, and how to compute it again on another version."""
+
+    version: str  # the shadow version it was sampled for
+    endpoint: str  # the route template, e.g. "/classify"
+    primary: A
+    rerun: Callable[[ModelRuntime], Awaitable[A]]
+    summarize: Callable[[A], Answer]
+
+
+@dataclass
+class _Failures:
+    logged_at: float = 0.0
+    last: str | None = None
+
+
+class ShadowRunner:
+    """The bounded queue and single worker of one served alias' shadow runs.
+
+    ``lease(version)`` is the loaded shadow runtime of that version (None once it is gone);
+    ``busy()`` says whether the versions that answer callers have work queued.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        metrics: ServiceMetrics,
+        lease: Callable[[str], ModelRuntime | None],
+        busy: Callable[[], bool],
+        capacity: int = SHADOW_QUEUE,
+    ) -> None:
+        self.model = model
+        self.metrics = metrics
+        self._lease = lease
+        self._busy = busy
+        self._queue: asyncio.Queue[ShadowJob[Any]] = asyncio.Queue(maxsize=capacity)
+        self._task: asyncio.Task[None] | None = None
+        self._stats: dict[str, dict[str, EndpointStats]] = {}  # version -> endpoint -> totals
+        self._failures = _Failures()
+
+    async def start(self) -> None:
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the worker unless it runs (from the event loop; returns at once)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._work(), name=f"shadow-runner {self.model}")
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Cancel the worker and drop the queued jobs now; returns the worker's task to await (the
+        next ``launch`` starts a new one)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        while not self._queue.empty():  # jobs hold request bodies: let them go
+            self._queue.get_nowait()
+        return task
+
+    async def close(self) -> None:
+        task = self.stop()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def offer(self, job: ShadowJob[Any]) -> None:
+        """Queue a sampled request whose answer was sent, or drop it when the queue is full (a
+        coroutine: Starlette would run a plain function of a background task in a thread)."""
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self._drop(job, "queue_full")
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def summary(self, version: str) -> dict[str, EndpointStats]:
+        """Totals per endpoint of the shadow runs on ``version`` (a copy)."""
+        # list(): GET /models reads this from a worker thread while the event loop may add to it.
+        totals = list(self._stats.get(version, {}).items())
+        return {endpoint: EndpointStats(**vars(stats)) for endpoint, stats in totals}
+
+    def forget(self, version: str) -> None:
+        """Drop the totals of a version that is no longer loaded."""
+        self._stats.pop(version, None)
+
+    def _totals(self, job: ShadowJob[Any]) -> EndpointStats:
+        return self._stats.setdefault(job.version, {}).setdefault(job.endpoint, EndpointStats())
+
+    def _drop(self, job: ShadowJob[Any], reason: str) -> None:
+        self._totals(job).dropped += 1
+        self.metrics.shadow_request(self.model, job.version, job.endpoint, reason)
+
+    async def _work(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                await self.run(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one comparison must not stop the shadow
+                log.exception("shadow run of %s on %s@%s failed", job.endpoint, self.model, job.version)
+            finally:
+                del job  # the request body it holds is not kept while the queue is empty
+
+    async def run(self, job: ShadowJob[Any]) -> None:
+        """Re-run one sampled request on the shadow and record how its answer compares."""
+        if self._busy():
+            self._drop(job, "busy")
+            return
+        runtime = self._lease(job.version)
+        if runtime is None:  # the shadow was replaced or removed since the request was sampled
+            self._drop(job, "gone")
+            return
+        # Its own encode budget (request_timeout_s), apart from any request's.
+        token = REQUEST_STAGES.set(RequestStages())
+        try:
+            with runtime.held():
+                answer = await job.rerun(runtime)
+            comparison = compare(job.summarize(job.primary), job.summarize(answer))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # refused (a full queue, an encoder the shadow lacks) or a bug
+            self._totals(job).failed += 1
+            self.metrics.shadow_request(self.model, job.version, job.endpoint, "failed")
+            self._log_failure(job, f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            REQUEST_STAGES.reset(token)
+        self._totals(job).add(comparison)
+        self.metrics.shadow_compared(
+            self.model,
+            job.version,
+            job.endpoint,
+            agree=comparison.agree,
+            disagree=comparison.disagree,
+            cosine=comparison.cosine,
+            correlation=comparison.correlation,
+        )
+
+    def _log_failure(self, job: ShadowJob[Any], error: str) -> None:
+        # A new error is logged at once; the same one again once a minute at most.
+        now = time.monotonic()
+        if error != self._failures.last or now - self._failures.logged_at >= LOG_REPEAT_S:
+            log.warning("shadow run of %s on %s@%s failed: %s", job.endpoint, self.model, job.version, error)
+            self._failures = _Failures(logged_at=now, last=error)

@@ -1,0 +1,152 @@
+"""Shadow comparisons and the shadow runner's queue, without a server: what is compared, what is
+dropped (a full queue, busy serving versions, a shadow gone), and the caller key canaries route by."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.runtime import ServiceMetrics
+from service.runtime.canary import caller_key
+from service.runtime.shadow import Answer, ShadowJob, ShadowRunner, compare, mean_cosine, pearson
+
+
+def test_a_copy_agrees_on_everything() -> None:
+    vectors = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    answer = Answer(decisions=("red", "blue"), vectors=vectors, scores=(0.1, 0.5, 0.2))
+    c = compare(answer, answer)
+    assert (c.agree, c.disagree) == (2, 0)
+    assert c.cosine == pytest.approx(1.0) and c.correlation == pytest.approx(1.0)
+
+
+def test_decisions_are_compared_one_by_one() -> None:
+    c = compare(Answer(decisions=("a", "b", "a")), Answer(decisions=("a", "a", "a")))
+    assert (c.agree, c.disagree, c.cosine, c.correlation) == (2, 1, None, None)
+    with pytest.raises(ValueError):
+        compare(Answer(decisions=("a",)), Answer(decisions=("a", "b")))
+
+
+def test_cosine_and_correlation() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert mean_cosine(a, np.array([[1.0, 0.0], [0.0, -1.0]])) == pytest.approx(0.0)
+    assert mean_cosine(a, 3 * a) == pytest.approx(1.0)  # scale does not matter
+    assert mean_cosine(np.zeros((1, 2)), np.ones((1, 2))) == 0.0  # a zero row counts as 0, not NaN
+    assert pearson((1.0, 2.0, 3.0), (2.0, 4.0, 6.5)) == pytest.approx(np.corrcoef([1, 2, 3], [2, 4, 6.5])[0, 1])
+    assert pearson((1.0, 2.0, 3.0), (3.0, 2.0, 1.0)) == pytest.approx(-1.0)
+    assert pearson((1.0, 1.0), (1.0, 2.0)) is None  # constant scores: undefined
+    assert pearson((1.0,), (1.0,)) is None
+
+
+class FakeRuntime:
+    """What the runner touches of a runtime: ``held`` counts users."""
+
+    def __init__(self) -> None:
+        self.active = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[FakeRuntime]:
+        self.active += 1
+        try:
+            yield self
+        finally:
+            self.active -= 1
+
+
+def runner(metrics: ServiceMetrics, *, busy: bool = False, runtime: Any = None, capacity: int = 2) -> ShadowRunner:
+    shadow = runtime if runtime is not None else FakeRuntime()
+    return ShadowRunner("m", metrics, lease=lambda v: shadow if v == "v2" else None, busy=lambda: busy,
+                        capacity=capacity)  # fmt: skip
+
+
+def job(answer: str, shadow_answer: str, version: str = "v2") -> ShadowJob[str]:
+    async def rerun(_: Any) -> str:
+        return shadow_answer
+
+    return ShadowJob(version, "/classify", answer, rerun, lambda a: Answer(decisions=tuple(a)))
+
+
+def outcome(metrics: ServiceMetrics, outcome: str, version: str = "v2") -> float:
+    labels = {"model": "m", "version": version, "endpoint": "/classify", "outcome": outcome}
+    return metrics.registry.get_sample_value("shadow_requests_total", labels) or 0.0
+
+
+def test_the_runner_compares_and_counts() -> None:
+    metrics = ServiceMetrics()
+    shadow = FakeRuntime()
+    r = runner(metrics, runtime=shadow)
+    asyncio.run(r.run(job("aab", "abb")))
+    stats = r.summary("v2")["/classify"]
+    assert (stats.compared, stats.agree, stats.disagree, stats.agreement) == (1, 2, 1, pytest.approx(2 / 3))
+    assert outcome(metrics, "compared") == 1 and shadow.active == 0
+    get = metrics.registry.get_sample_value
+    labels = {"model": "m", "version": "v2", "endpoint": "/classify"}
+    assert get("shadow_agreement_total", {**labels, "result": "disagree"}) == 1
+    r.forget("v2")
+    assert r.summary("v2") == {}
+
+
+def test_a_full_queue_drops_the_offer() -> None:
+    metrics = ServiceMetrics()
+    r = runner(metrics, capacity=2)  # not started: nothing drains the queue
+
+    async def offer_three() -> None:
+        for _ in range(3):
+            await r.offer(job("a", "a"))
+
+    asyncio.run(offer_three())
+    assert r.pending == 2 and outcome(metrics, "queue_full") == 1
+    assert r.summary("v2")["/classify"].dropped == 1
+
+
+def test_busy_serving_versions_and_a_shadow_gone_drop_the_run() -> None:
+    metrics = ServiceMetrics()
+    asyncio.run(runner(metrics, busy=True).run(job("a", "a")))
+    assert outcome(metrics, "busy") == 1
+    asyncio.run(runner(metrics).run(job("a", "a", version="v3")))  # the shadow is v2 now
+    assert outcome(metrics, "gone", version="v3") == 1
+    assert outcome(metrics, "compared") == 0
+
+
+def test_a_failed_shadow_run_is_counted_not_raised() -> None:
+    metrics = ServiceMetrics()
+
+    async def refuse(_: Any) -> str:
+        raise RuntimeError("queue full")
+
+    r = runner(metrics)
+    asyncio.run(r.run(ShadowJob("v2", "/classify", "a", refuse, lambda a: Answer(decisions=tuple(a)))))
+    assert outcome(metrics, "failed") == 1 and r.summary("v2")["/classify"].failed == 1
+
+
+def test_the_worker_runs_queued_jobs_after_start() -> None:
+    metrics = ServiceMetrics()
+    r = runner(metrics, capacity=4)
+
+    async def scenario() -> None:
+        await r.start()
+        for _ in range(3):
+            await r.offer(job("ab", "ab"))
+        for _ in range(100):
+            if outcome(metrics, "compared") == 3:
+                break
+            await asyncio.sleep(0.01)
+        await r.close()
+
+    asyncio.run(scenario())
+    assert outcome(metrics, "compared") == 3 and r.summary("v2")["/classify"].agreement == 1.0
+
+
+def test_the_caller_key_is_the_canary_key_else_a_digest_of_the_api_key() -> None:
+    assert caller_key("user-42", "Bearer secret") == b"user-42"
+    digest = caller_key(None, "Bearer secret")
+    assert digest is not None and len(digest) == 32 and b"secret" not in digest
+    assert digest != hashlib.sha256(b"secret").digest()  # salted: not the plain digest of the key
+    assert caller_key(None, "bearer  secret ") == digest
+    assert caller_key("", "Bearer other") != digest
+    assert caller_key(None, None) is None and caller_key(None, "Basic abc") is None and caller_key("", "") is None
