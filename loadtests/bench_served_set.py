@@ -35,8 +35,8 @@ from unittest import mock
 import httpx
 import numpy as np
 
-from loadtests.local_stack import free_port
 from loadtests.benchmark import wait_ready
+from loadtests.local_stack import free_port
 from model_store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]
