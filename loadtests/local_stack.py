@@ -31,6 +31,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def redis_server_command(port: int, workdir: Path) -> list[str]:
+    """``redis-server`` on 127.0.0.1:``port`` that keeps nothing on disk (a cache for a test or a run)."""
+    return ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", str(workdir)]  # fmt: skip
+
+
 class RedisProcess:
     """A redis-server on a free 127.0.0.1 port, persisting nothing, that tests and fault runs may kill."""
 
@@ -44,19 +50,7 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        cmd = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-        ]
+        cmd = redis_server_command(self.port, self.workdir)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

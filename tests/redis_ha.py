@@ -9,7 +9,6 @@ packages redis-server and redis-sentinel; scripts/test.sh installs both).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -18,13 +17,9 @@ from typing import Any
 
 import redis
 
+from loadtests.local_stack import free_port, redis_server_command
+
 MASTER_NAME = "clipcache"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> float:
@@ -59,20 +54,7 @@ class RedisNode:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True) -> RedisNode:
-        cmd = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-            *self.args,
-        ]
+        cmd = [*redis_server_command(self.port, self.workdir), *self.args]
         if self.password:
             cmd += ["--requirepass", self.password, "--masterauth", self.password]
         with open(self.workdir / "redis.log", "ab") as log:
