@@ -155,8 +155,7 @@ def import_cmd(
                 **tokenizer_fields(plan.tokenizer_files),
             )
     except (ModelImportError, StoreError) as exc:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(code=1) from None
+        _fail(str(exc))
     aliases = f" ({', '.join(alias)} -> {manifest.version})" if alias else " (no alias: promote it when ready)"
     console.print(
         f"[green]imported[/green] {manifest.ref}{aliases}: {manifest.image_size} px, embed_dim {manifest.embed_dim}, "
