@@ -108,7 +108,7 @@ class ServiceMetrics:
         )
         self.batcher_rejected_total = Counter(
             "batcher_rejected_total",
-            "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled).",
+            "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled, over_budget).",
             ["model", "batcher", "reason"],
             registry=r,
         )
