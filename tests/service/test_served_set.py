@@ -200,6 +200,8 @@ def test_the_sdk_names_a_model_per_call_or_for_the_whole_client(
     images = [make_image("circle", "red", "large"), make_image("circle", "red", "small")]
     with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
         with Client(running.url) as client:
+            # The default is ready when the server is; the other entries load in the background.
+            _wait(lambda: all(m.state == "ready" for m in client.served_models()), what="every entry to load")
             assert [(m.ref, m.serving, m.state, m.default) for m in client.served_models()] == [
                 ("alpha", "alpha@v1", "ready", True),
                 ("beta@production", "beta@v2", "ready", False),
