@@ -1,5 +1,8 @@
 """Image-encode throughput on a CUDA GPU: torch fp32, fp16 and bf16 autocast, fp16 with CUDA graphs
-(``torch.compile(mode="reduce-overhead")``), and ONNX Runtime fp32 on its CUDA execution provider.
+(the service's per-bucket capture, ``clipcore.backends.cuda_graphs``, and
+``torch.compile(mode="reduce-overhead")``), and ONNX Runtime fp32 on its CUDA execution provider.
+With ``--auto``, first what ``precision=auto`` decides for the same model on this GPU (every
+candidate's images/s per timed batch size, their weights and the outcome).
 
 In-process, no HTTP, like ``bench_backends.py`` on a CPU: every candidate encodes the same uint8
 batches (pixels are uploaded as uint8 and normalised on the GPU, as the service's towers do),
@@ -9,6 +12,7 @@ taking turns. On a machine without a usable CUDA device it says so and exits wit
 
     .venv/bin/python -m loadtests.bench_cuda --arch ViT-B-32 --batch-sizes 1 8 32 128
     .venv/bin/python -m loadtests.bench_cuda --arch ViT-L-14 --device cuda:1 --skip-compile
+    .venv/bin/python -m loadtests.bench_cuda --arch ViT-B-32 --auto --max-batch 128 --skip-compile
 
 The service end to end on the GPU, against the naive server and against Infinity:
 
@@ -20,6 +24,7 @@ The service end to end on the GPU, against the naive server and against Infinity
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,11 +33,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from clipcore.backends.cuda_graphs import GraphedTorchTowers
 from clipcore.backends.parity import PARITY_THRESHOLD, probe_images
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import normalize
 from loadtests.bench_onnx import image_throughput, random_bundle
 from model_store import ModelStore
+from service.config import Batching
 
 Encode = Callable[[np.ndarray], np.ndarray]
 
@@ -97,6 +104,29 @@ def onnx_encoder(bundle: ModelBundle, out_dir: Path, device: str) -> tuple[Encod
     return towers.encode_images, f"onnxruntime {ort.__version__}, {towers.providers[0]}"
 
 
+def print_auto(bundle: ModelBundle, device: str, max_batch: int, cache: Path) -> None:
+    """Run ``precision=auto`` as the service does (batcher's largest image batch ``max_batch``) and
+    print its decision: outcome, margin, spread, and every candidate's figures and weights."""
+    from clipcore.backends.select import select_towers
+
+    _, described = select_towers(bundle, backend="torch", precision="auto", device=device, onnx_cache_root=cache,
+                                 threads=None, max_batch=max_batch)  # fmt: skip
+    print(f"auto: {described}")
+    for path in sorted(cache.glob("auto/*/*.json")):
+        record = json.loads(path.read_text())
+        d = record["decision"]
+        why = f": {d['reason']}" if d["reason"] else ""
+        print(f"auto decision: {d['outcome']} {d['backend']} {d['precision']} (margin {d['margin']}, spread "
+              f"{d['spread']}, {d['rounds']} rounds, {d['seconds']:.1f} s){why}")  # fmt: skip
+        for t in record["trials"]:
+            if t["refused"]:
+                print(f"  {t['backend']} {t['precision']}: refused ({t['refused']})")
+                continue
+            figures = ", ".join(f"batch {bs} {v:.1f}" for bs, v in t["images_per_s"].items())
+            weights = ", ".join(f"{bs}: {w:g}" for bs, w in (t["weights"] or {}).items())
+            print(f"  {t['backend']} {t['precision']}: {figures} images/s (weights {weights}; rounds {t['rounds']})")
+
+
 def parity(reference: Encode, candidate: Encode, image_size: int) -> float:
     images = probe_images(image_size)
     a, b = reference(images), candidate(images)
@@ -114,6 +144,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--min-seconds", type=float, default=2.0, help="per candidate, batch size and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile (CUDA graphs) row")
+    parser.add_argument("--auto", action="store_true", help="first print what precision=auto decides here")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=Batching().max_batch_images,
+        help="with --auto: the batcher's largest image batch (auto's timed sizes go up to it)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="time only the rows whose label contains one of these words (and torch fp32)",
+    )
     args = parser.parse_args(argv)
     dev = cuda_or_exit(args.device)
 
@@ -127,15 +170,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         onnx, onnx_note = onnx_encoder(bundle, Path(tmp) / "onnx", args.device)  # exported from the CPU copy
         bundle.model.to(dev)
         bundle.device = str(dev)
+        if args.auto:
+            print_auto(bundle, str(dev), args.max_batch, Path(tmp) / "auto-cache")
+        graphed = GraphedTorchTowers(bundle, max(args.batch_sizes))
         encoders: dict[str, Encode] = {
             "torch fp32": torch_encoder(bundle, dev, None, False),
             "torch fp16 autocast": torch_encoder(bundle, dev, torch.float16, False),
             "torch bf16 autocast": torch_encoder(bundle, dev, torch.bfloat16, False),
+            f"torch fp16 + CUDA graphs (service: buckets {'/'.join(map(str, graphed.buckets))})": graphed.encode_images,
         }
         if not args.skip_compile:
             encoders["torch fp16 + CUDA graphs (torch.compile)"] = torch_encoder(bundle, dev, torch.float16, True)
         if onnx is not None:
             encoders["onnxruntime fp32 (CUDA provider)"] = onnx
+        if args.only:
+            encoders = {k: v for k, v in encoders.items() if k == "torch fp32" or any(w in k for w in args.only)}
         print(f"model {name} on {torch.cuda.get_device_name(dev)}, torch {torch.__version__} (CUDA "
               f"{torch.version.cuda}); ONNX Runtime: {onnx_note}")  # fmt: skip
         reference = encoders["torch fp32"]

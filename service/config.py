@@ -166,11 +166,12 @@ class Settings(BaseSettings):
         "CUDA only. `int8` (CPU, either backend) quantises the image tower's matrix products (dynamic "
         "quantisation: torch's fbgemm / qnnpack linears, or onnxruntime's; text towers stay fp32). A version is "
         "refused unless every probe embedding is within cosine 0.999 of torch fp32. `auto` (any backend): the "
-        "fastest candidate that passes that gate on this machine, timed briefly at batch 1 and 8 when a version "
-        "loads, kept only if at least 10% faster than torch fp32. CPU candidates: torch fp32, torch bf16 (only on "
-        "CPUs with AVX-512 BF16), torch int8, ONNX Runtime fp32 and int8; CUDA: torch fp32 and fp16, ONNX Runtime "
-        "fp32. The decision is kept in `onnx_cache_dir`, keyed by version, settings and the CPU's instruction sets "
-        "(see docs/benchmarks.md for what wins where).",
+        "fastest candidate that passes that gate on this machine, timed briefly when a version loads (on a CPU at "
+        "batch 1 and 8; on CUDA at 1, 8, 32, ... up to `batching.max_batch_images`, large batches weighing most), "
+        "kept only if at least 10% faster than torch fp32. CPU candidates: torch fp32, torch bf16 (only on "
+        "CPUs with AVX-512 BF16), torch int8, ONNX Runtime fp32 and int8; CUDA: torch fp32, fp16, fp16 with the "
+        "image tower replayed from CUDA graphs, ONNX Runtime fp32. The decision is kept in `onnx_cache_dir`, "
+        "keyed by version, settings and the CPU's instruction sets (see docs/benchmarks.md for what wins where).",
     )
     torch_threads: int = Field(
         default=0,

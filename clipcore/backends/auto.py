@@ -5,14 +5,26 @@ Candidates on a CPU: torch fp32 (the reference, always allowed), torch bf16 auto
 the CPU multiplies bf16 natively (AVX-512 BF16; elsewhere torch emulates it, slower than
 fp32), torch with the int8 image tower (``clipcore.backends.torch_int8``), ONNX Runtime fp32
 (graph optimisations on) and ONNX Runtime with the int8 image tower, the ONNX ones only where
-onnxruntime is installed. On CUDA: torch fp32, torch fp16 autocast and ONNX
-Runtime fp32 on the CUDA provider (int8 has no CUDA kernels). Nothing is assumed about a CPU kind:
+onnxruntime is installed. On CUDA: torch fp32, torch fp16 autocast, torch fp16 with the image
+tower replayed from CUDA graphs (``clipcore.backends.cuda_graphs``, backend ``torch-graphs``) and
+ONNX Runtime fp32 on the CUDA provider (int8 has no CUDA kernels). Nothing is assumed about a CPU kind:
 every candidate but torch fp32 is built behind its own gate on this machine (an ONNX export is
 made once and kept; a refusal is recorded in its export folder for this CPU, so it is not
 exported again), then the image towers of all that built are timed in interleaved rounds (every
-round times each one at batch 1 and at batch 8 on fixed pixels, A B C A B C ...), so noise from
-other processes lands on all of them alike; a round's score is the geometric mean of the two (batch
-1 is what a lone request waits for, batch 8 what a loaded server gets through). A candidate
+round times each one at every timed batch size on fixed pixels, A B C A B C ...), so noise from
+other processes lands on all of them alike. The timed batch sizes and the score of a round
+(``timed_batches``, ``batch_weights``):
+
+- CPU: batch 1 and 8, the geometric mean of the two (batch 1 is what a lone request waits for,
+  batch 8 what a loaded server gets through; on a CPU the ranking holds at larger batches).
+- CUDA: batch 1, 8, 32, 128, ... up to the batcher's largest image batch (which is timed too), the
+  sizes a GPU server forms as its load rises. The score is their geometric mean weighted by
+  ``1 + log2(batch)`` (1, 4, 6, 8 for 1 / 8 / 32 / 128): on a GPU the order of the candidates turns
+  over with the batch size (fp16 autocast 0.57x fp32 at batch 1 and 4x at 128 on an H200), a loaded
+  server spends its time in large batches, so they weigh most, and batch 1 keeps a weight, so a
+  candidate much slower for a lone request has to make it up several times over under load.
+
+A candidate
 replaces the best so far only when the median of its per-round ratios to it is at least
 ``MIN_GAIN`` and that gain exceeds the ratios' spread (``compare``). When the rounds cannot tell
 (some round says faster, the median and spread do not), the decision is deferred: the reference
@@ -52,7 +64,8 @@ from clipcore.models.bundle import ModelBundle
 log = logging.getLogger(__name__)
 
 REFERENCE = ("torch", "fp32")
-TIMED_BATCHES = (1, 8)
+TIMED_BATCHES = (1, 8)  # on a CPU
+CUDA_FIRST_BATCHES = (1, 8, 32)  # on CUDA, then x4 until the batcher's largest image batch
 MIN_GAIN = 1.1  # how much faster than the best so far a candidate must be to replace it
 # Interleaved rounds: five give a median that ignores two disturbed rounds, and a spread to compare with.
 ROUNDS = 5
@@ -76,11 +89,32 @@ class Trial:
     refused: str | None = None
     rounds: list[float] | None = None  # the score of each interleaved round
     spread: float | None = None  # (max - min) / median of ``rounds``
+    weights: dict[str, float] | None = None  # each timed batch size's weight in the score (None: equal)
 
     @property
     def score(self) -> float:
-        """Geometric mean of the timed batch sizes' images/s (0 for a refused candidate)."""
-        return geometric_mean(self.images_per_s or {})
+        """Weighted geometric mean of the timed batch sizes' images/s (0 for a refused candidate)."""
+        return geometric_mean(self.images_per_s or {}, self.weights)
+
+
+def timed_batches(device: str, max_batch: int) -> tuple[int, ...]:
+    """The batch sizes candidates are timed at: 1 and 8 on a CPU; on CUDA 1, 8, 32, 128, ... below
+    the batcher's largest image batch ``max_batch``, and ``max_batch`` itself (never above it)."""
+    top = max(1, max_batch)
+    if not device.startswith("cuda"):
+        return tuple(sorted({min(b, top) for b in TIMED_BATCHES}))
+    sizes = [b for b in CUDA_FIRST_BATCHES if b < top]
+    b = CUDA_FIRST_BATCHES[-1] * 4
+    while b < top:
+        sizes.append(b)
+        b *= 4
+    return (*sizes, top)
+
+
+def batch_weights(batch_sizes: Sequence[int], device: str) -> dict[str, float]:
+    """Each timed batch size's weight in a round's score: equal on a CPU, ``1 + log2(batch)`` on CUDA."""
+    cuda = device.startswith("cuda")
+    return {str(b): (1.0 + math.log2(b)) if cuda else 1.0 for b in batch_sizes}
 
 
 def candidates(device: str, precision: str = "auto") -> list[tuple[str, str]]:
@@ -94,7 +128,7 @@ def _every_candidate(device: str) -> list[tuple[str, str]]:
     out = [REFERENCE]
     cuda = device.startswith("cuda")
     if cuda:
-        out.append(("torch", "fp16"))
+        out += [("torch", "fp16"), ("torch-graphs", "fp16")]
     else:
         if has_native_bf16():
             out.append(("torch", "bf16"))
@@ -127,7 +161,9 @@ def machine_identity(device: str) -> str:
     return identity
 
 
-def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | None, precision: str = "auto") -> Path:
+def decision_path(
+    root: Path, bundle: ModelBundle, device: str, threads: int | None, precision: str = "auto", max_batch: int = 64
+) -> Path:
     """Where the decision for this version, machine and settings (and candidate ``precision``) is kept."""
     parts = [
         bundle.manifest.model_dump_json(),
@@ -141,12 +177,18 @@ def decision_path(root: Path, bundle: ModelBundle, device: str, threads: int | N
     ]
     if precision != "auto":  # only that precision's runtimes competed
         parts.append(f"precision {precision}")
+    if device.startswith("cuda"):  # timed at the batch sizes the batcher forms (CPU keys stay as they were)
+        parts.append(f"batches {','.join(map(str, timed_batches(device, max_batch)))}")
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     return root / "auto" / bundle.name / f"{bundle.version}-{key}.json"
 
 
 def time_rounds(
-    encoders: Sequence[Callable[[np.ndarray], np.ndarray]], image_size: int, seconds: float, rounds: int = ROUNDS
+    encoders: Sequence[Callable[[np.ndarray], np.ndarray]],
+    image_size: int,
+    seconds: float,
+    rounds: int = ROUNDS,
+    batch_sizes: Sequence[int] = TIMED_BATCHES,
 ) -> list[list[dict[str, float]]]:
     """Per encoder, its images/s per timed batch size in each of ``rounds`` interleaved rounds: every
     round times every encoder at every batch size, A B C A B C ..., so a burst of other work on the
@@ -154,7 +196,7 @@ def time_rounds(
     ``seconds`` in all, split over the rounds and batch sizes; a slot is the median of its calls (at
     least one)."""
     rng = np.random.default_rng(0)
-    batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in TIMED_BATCHES]
+    batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in batch_sizes]
     for encode in encoders:
         for batch in batches:
             encode(batch)  # warm-up: first calls allocate
@@ -175,11 +217,14 @@ def time_rounds(
     return figures
 
 
-def geometric_mean(images_per_s: dict[str, float]) -> float:
-    """The score of one set of figures: batch 1 is what a lone request waits for, batch 8 what a
-    loaded server gets through; neither may hide the other."""
-    values = list(images_per_s.values())
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values)) if values else 0.0
+def geometric_mean(images_per_s: dict[str, float], weights: dict[str, float] | None = None) -> float:
+    """The score of one set of figures (images/s per batch size), weighted by ``weights`` per batch
+    size (``batch_weights``; None: equal): no batch size may hide the others."""
+    if not images_per_s:
+        return 0.0
+    w = {bs: (weights or {}).get(bs, 1.0) for bs in images_per_s}
+    total = sum(w.values())
+    return math.exp(sum(w[bs] * math.log(max(v, 1e-9)) for bs, v in images_per_s.items()) / total)
 
 
 def compare(candidate: Sequence[float], best: Sequence[float]) -> tuple[float, float, str]:
@@ -208,7 +253,8 @@ def fastest_towers(
     cache_root: Path,
     threads: int | None,
     precision: str = "auto",
-    seconds: float = 1.0,
+    seconds: float | None = None,
+    max_batch: int = 64,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
     gate, and a description for the log; ``towers.auto`` says how it was decided. The first candidate
@@ -216,11 +262,17 @@ def fastest_towers(
     ``auto``, torch int8 (no export) for int8. When the rounds cannot tell whether a candidate beats
     the winner (``unclear``), the decision is deferred: the reference serves and no decision is kept,
     so the next load of the version measures again. Raises ``BackendError`` when no candidate passes
-    (never for fp32: torch fp32 is the reference)."""
+    (never for fp32: torch fp32 is the reference). ``max_batch``: the batcher's largest image batch
+    (on CUDA the timed batch sizes go up to it); ``seconds``: timing per candidate (default 1 on a
+    CPU, 2 on CUDA, where more batch sizes share it)."""
     contenders = candidates(device, precision)
+    batch_sizes = timed_batches(device, max_batch)
+    weights = batch_weights(batch_sizes, device)
+    if seconds is None:
+        seconds = 2.0 if device.startswith("cuda") else 1.0
     if threads:
         torch.set_num_threads(threads)  # time torch with the model thread's count (per-thread in OpenMP)
-    path = decision_path(cache_root, bundle, device, threads, precision)
+    path = decision_path(cache_root, bundle, device, threads, precision, max_batch)
     remembered = _read_decision(path)
     if remembered is not None and remembered[0] in contenders:
         try:
@@ -246,16 +298,17 @@ def fastest_towers(
             log.exception("auto: %s %s failed to build for %s", backend, arithmetic, bundle.ref)
             trials.append(Trial(backend, arithmetic, refused=f"{type(exc).__name__}: {exc}"))
             continue
-        trial = Trial(backend, arithmetic)
+        trial = Trial(backend, arithmetic, weights=weights)
         trials.append(trial)
         built.append((trial, towers, described))
     if not built:
         refusals = "; ".join(f"{t.backend} {t.precision}: {t.refused}" for t in trials)
         raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
     started = time.perf_counter()
-    figures = time_rounds([t.encode_images for _, t, _ in built], bundle.image_size, seconds)
+    figures = time_rounds([t.encode_images for _, t, _ in built], bundle.image_size, seconds,
+                          batch_sizes=batch_sizes)  # fmt: skip
     elapsed = time.perf_counter() - started
-    scores = [[geometric_mean(f) for f in per_round] for per_round in figures]
+    scores = [[geometric_mean(f, weights) for f in per_round] for per_round in figures]
     measured = {id(trial): _measured(trial, f) for (trial, _, _), f in zip(built, figures, strict=True)}
     trials = [measured.get(id(t), t) for t in trials]
     decision, best = _decide([measured[id(trial)] for trial, _, _ in built], scores, elapsed)
@@ -277,7 +330,7 @@ def fastest_towers(
 
 def _measured(trial: Trial, figures: list[dict[str, float]]) -> Trial:
     """The trial's figures: the median over rounds per batch size, each round's score, their spread."""
-    scores = [geometric_mean(f) for f in figures]
+    scores = [geometric_mean(f, trial.weights) for f in figures]
     median = float(np.median(scores))
     per_batch = {bs: float(np.median([f[bs] for f in figures])) for bs in figures[0]}
     spread = (max(scores) - min(scores)) / max(median, 1e-12)

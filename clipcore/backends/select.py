@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from clipcore.backends.auto import candidates, fastest_towers
-from clipcore.backends.base import ServingTowers
+from clipcore.backends.base import BackendError, ServingTowers
+from clipcore.backends.cuda_graphs import GraphedTorchTowers
 from clipcore.backends.onnx import ensure_towers
 from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
 from clipcore.backends.parity import require_parity
@@ -19,11 +20,20 @@ from clipcore.models.bundle import ModelBundle
 
 
 def select_towers(
-    bundle: ModelBundle, *, backend: str, precision: str, device: str, onnx_cache_root: Path, threads: int | None
+    bundle: ModelBundle,
+    *,
+    backend: str,
+    precision: str,
+    device: str,
+    onnx_cache_root: Path,
+    threads: int | None,
+    max_batch: int = 64,
 ) -> tuple[ServingTowers, str]:
     """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
-    ``backend``: every backend is a candidate. ``backend="auto"``: every runtime of ``precision`` is."""
+    ``backend``: every backend is a candidate. ``backend="auto"``: every runtime of ``precision`` is.
+    ``backend="torch-graphs"`` (a candidate of ``auto`` on CUDA): fp16 with the image tower replayed
+    from CUDA graphs, one per batch bucket up to ``max_batch`` (the batcher's largest image batch)."""
     if backend == "auto" and precision != "auto":
         runtimes = candidates(device, precision)
         if len(runtimes) <= 1:  # one runtime of this precision here (bf16 and fp16 are torch's): nothing to time
@@ -32,10 +42,10 @@ def select_towers(
 
         def build(candidate_backend: str, candidate_precision: str) -> tuple[ServingTowers, str]:
             return select_towers(bundle, backend=candidate_backend, precision=candidate_precision, device=device,
-                                 onnx_cache_root=onnx_cache_root, threads=threads)  # fmt: skip
+                                 onnx_cache_root=onnx_cache_root, threads=threads, max_batch=max_batch)  # fmt: skip
 
         return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
-                              precision=precision)  # fmt: skip
+                              precision=precision, max_batch=max_batch)  # fmt: skip
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.
@@ -55,6 +65,14 @@ def select_towers(
         # /score/dense reads its features from the gated dense graphs too.
         serving = ServingTowers(bundle, towers, towers if dense else None)
         return serving, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
+    if backend == "torch-graphs":
+        if not device.startswith("cuda") or precision != "fp16":
+            raise BackendError(f"CUDA graphs serve fp16 on a CUDA device, not {precision} on {device}")
+        graphed = GraphedTorchTowers(bundle, max_batch)
+        worst = require_parity(bundle, graphed, label="torch fp16 + CUDA graphs")
+        sizes = "/".join(map(str, graphed.buckets))
+        described = f"torch fp16 + CUDA graphs (batches {sizes}; min probe cosine {worst:.6f})"
+        return ServingTowers(bundle, graphed), described
     if precision == "fp32":
         return ServingTowers(bundle, TorchTowers(bundle)), "torch fp32"
     if precision == "int8":

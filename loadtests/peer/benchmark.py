@@ -41,7 +41,6 @@ from statistics import median
 
 from PIL import Image
 
-from clipcore.backends.auto import TIMED_BATCHES
 from loadtests.benchmark import model_ceiling, publish_random_arch, served_towers, server, wait_ready
 from loadtests.local_stack import free_port
 from loadtests.run import RequestSpec, RunResult, run_load
@@ -233,8 +232,11 @@ def print_auto_decision(onnx_cache: Path) -> None:
             + ("refused" if t["refused"] else " / ".join(f"{v:.1f}" for v in t["images_per_s"].values()))
             for t in record["trials"]
         )
-        chosen = f"{record['chosen']['backend']} {record['chosen']['precision']}"
-        print(f"service auto chose {chosen} (images/s at batch {' / '.join(map(str, TIMED_BATCHES))}: {trials})")
+        decision = record["decision"]
+        verb = "deferred, serving" if decision["outcome"] == "deferred" else "chose"
+        chosen = f"{verb} {decision['backend']} {decision['precision']}"
+        measured = next((t["images_per_s"] for t in record["trials"] if t["images_per_s"]), {})
+        print(f"service auto {chosen} (images/s at batch {' / '.join(measured)}: {trials})")
 
 
 def print_table(args: argparse.Namespace, results: dict[tuple[str, str, int], list[float]], ceiling: float) -> None:

@@ -135,6 +135,7 @@ def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tupl
         device=device,
         onnx_cache_root=settings.onnx_cache_root(),
         threads=settings.torch_threads or None,
+        max_batch=settings.batching.max_batch_images,
     )
 
 

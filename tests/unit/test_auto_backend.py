@@ -233,7 +233,7 @@ def test_candidates_follow_what_is_installed_and_the_device(monkeypatch: pytest.
     # int8 has no CUDA kernels; a CPU-only onnxruntime is no CUDA candidate.
     import onnxruntime
 
-    cuda_candidates = [("torch", "fp32"), ("torch", "fp16")]
+    cuda_candidates = [("torch", "fp32"), ("torch", "fp16"), ("torch-graphs", "fp16")]
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         cuda_candidates.append(("onnx", "fp32"))
     assert auto.candidates("cuda:1") == cuda_candidates
