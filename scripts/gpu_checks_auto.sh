@@ -33,7 +33,7 @@ step() {  # step SECONDS LABEL COMMAND...
 }
 
 # 1. auto at the service's default largest batch (64), with every row of the table at 1/8/32/128.
-step 100 "auto (max batch 64) and the candidates at batch 1/8/32/128" \
+step 120 "auto (max batch 64) and the candidates at batch 1/8/32/128" \
     "$PY" -m loadtests.bench_cuda --arch ViT-B-32 --auto --max-batch 64 --batch-sizes 1 8 32 128 \
     --min-seconds 0.5 --rounds 2 --skip-compile
 # 2. auto with a largest batch of 128 (CLIP_BATCHING__MAX_BATCH_IMAGES=128), its decision only.
