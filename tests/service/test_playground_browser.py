@@ -455,13 +455,13 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
 
 
 def test_the_page_picks_a_model_of_the_served_set(
-    serve_app: Any, publish_model: Any, tmp_path: Path, browser: Any
+    serve_app: Any, publish_model: Any, publish_dense_model: Any, tmp_path: Path, browser: Any
 ) -> None:
     from selenium.webdriver.support.ui import Select
 
     root = tmp_path / "store"
     publish_model(root, "tiny", seed=0)
-    publish_model(root, "other", seed=3)
+    publish_dense_model(root, "other", seed=3)  # with a DCSM scorer, which tiny lacks
     with serve_app(store=str(root), model="tiny,other@production") as running:
         browser.get(f"{running.url}/")
         _wait(browser, lambda d: "tiny@v1" in _find(d, "#model-status").text, "the default model")
@@ -475,12 +475,23 @@ def test_the_page_picks_a_model_of_the_served_set(
         for choice, model in (("other@production", "other@v1"), ("", "tiny@v1")):
             Select(_find(browser, "#model-select")).select_by_value(choice)
             _wait(browser, lambda d, m=model: m in _find(d, "#model-status").text, f"{model} in the header")
+            # The dense panel follows the picked model's components.
+            reason = _reason(browser, "dense")
+            assert reason is None if model == "other@v1" else reason and "has no 'dcsm' component" in reason
             _find(browser, "#pair-run").click()
             _wait(browser, lambda d, m=model: _find(d, "#pair-model").text == f"answered by {m}", f"{model}'s answer")
             body = {**pair, "difference": difference, **({"model": choice} if choice else {})}
             api = httpx.post(f"{running.url}/rank-pair", json=body, timeout=WAIT_S).json()
             assert api["model"] == model
             assert float(_find(browser, "#pair-score").text) == pytest.approx(api["score"], abs=1e-4)
+            if model == "other@v1":  # its dense map, on its own patch grid
+                _find(browser, "#dense-run").click()
+                _visible(browser, "#heatmap-result")
+                texts = _find(browser, "#dense-texts").get_attribute("value").splitlines()
+                body = {"image": _data(EXAMPLES / "scene.png"), "texts": texts, "return_maps": True, "model": choice}
+                dense = httpx.post(f"{running.url}/score/dense", json=body, timeout=WAIT_S).json()
+                _check_heatmap(browser, dense, dense["best"], min_width=900)
+        assert not _find(browser, "#heatmap-result").is_displayed()  # tiny@v1 cannot have drawn it
         assert _violations(browser) == []
 
 
