@@ -418,6 +418,9 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         assert "unauthorized" in _find(browser, "#models-error").text
         # The "API key needed" state: the header says so, every panel waits for the key.
         assert _find(browser, "#model-status").text == "API key needed"
+        _viewport(browser, 390)  # the key form fits a phone too
+        assert _overflow(browser) == 0 and _find(browser, "#key-input").size["width"] >= 150
+        _viewport(browser, 1400)
         for panel in PANELS:
             assert _reason(browser, panel) == "API key needed: enter the server's key above.", panel
         _find(browser, "#key-input").send_keys("wrong")

@@ -68,7 +68,9 @@ function askForKey(error) {
   form.hidden = false;
   document.getElementById("key-message").textContent =
     error.status === 403 ? "That key was refused (" + error.message + ")." : "";
-  document.getElementById("model-status").textContent = "API key needed";
+  const status = document.getElementById("model-status");
+  status.textContent = "API key needed";
+  status.classList.add("needs-key");
   document.getElementById("encoders-status").textContent = "";
   updatePanels();
   document.getElementById("key-input").focus();
@@ -345,7 +347,9 @@ function servingVersion() {
 function showModel() {
   const entry = servedEntry();
   const serving = entry ? entry.serving : modelsInfo && modelsInfo.serving;
-  document.getElementById("model-status").textContent = "Model: " + (serving || "loading…");
+  const status = document.getElementById("model-status");
+  status.textContent = "Model: " + (serving || "loading…");
+  status.classList.remove("needs-key");
   const version = servingVersion();
   const encoders = document.getElementById("encoders-status");
   updatePanels();
@@ -501,6 +505,8 @@ function drawHeatmap() {
   document.getElementById("heatmap-labels").replaceChildren(...labels);
   drawLegend(extent);
   document.getElementById("heatmap-text").textContent = heat.texts[heat.index];
+  canvas.setAttribute("aria-label", "token × patch map of “" + heat.texts[heat.index] + "”: " + tokens.length +
+    " token rows, " + columns + " image-token columns; the legend below gives the colour scale");
   readout(null);
   drawToken(heat.token);
 }
