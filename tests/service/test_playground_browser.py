@@ -447,7 +447,14 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         _find(browser, "#classify-run").click()
         _visible(browser, "#classify-error")
         assert _find(browser, "#classify-error").text == "Not sent: this server takes at most 3 labels (4 given)"
+        # A box without an image (as when its example could not be fetched) is named, not sent.
+        browser.execute_script("slots['pair-b'].data = null;")
+        _find(browser, "#pair-run").click()
+        _wait(browser, lambda d: _find(d, "#pair-error").text.startswith("Not sent"), "the pair panel's check")
+        assert _find(browser, "#pair-error").text == "Not sent: choose an image for “Image B” first"
+        assert "invalid" in _find(browser, "#pair-b").get_attribute("class")
         assert _sent(browser) == []
+        _upload(browser, "pair-b", EXAMPLES / "small.png")
         # Drag-and-drop: a file dropped on image A's box replaces the example there.
         _drop(browser, "pair-a", EXAMPLES / "large.png", "dropped.png")
         _wait(browser, lambda d: _find(d, "#pair-a .file-name").text == "dropped.png", "the dropped file")
