@@ -447,8 +447,12 @@ const MAX_COLUMN = 40;
 const COOL = [59, 76, 192];
 const WARM = [180, 4, 38];
 const MID = [242, 242, 242];
-const heat = { maps: null, tokens: null, functional: null, texts: null, index: 0, column: null, fit: true, token: 1 };
-heat.picture = new Image();
+// The last answer's maps, the caption shown (index), its column width (fit: to the box), the row shown
+// over the picture (token) and the picture itself.
+const heat = {
+  maps: null, tokens: null, functional: null, texts: null,
+  index: 0, column: null, fit: true, token: 0, picture: new Image(),
+};
 
 function colour(value, extent) {
   const t = Math.max(-1, Math.min(1, value / extent));
