@@ -195,7 +195,9 @@ def _check_heatmap(driver: Any, dense: dict[str, Any], best: int, *, min_width: 
     extent = max(abs(hottest[0]), abs(coldest[0]))
     assert [float(t) for t in seen["ticks"]] == pytest.approx([-extent, -extent / 2, 0, extent / 2, extent], abs=0.051)
     (hr, hg, hb, _), (cr, cg, cb, _) = seen["pixels"]
-    assert hr > hb + 60 and cb > cr + 60, seen["pixels"]  # warm for the largest value, cool for the smallest
+    assert hr > hb and cb > cr, seen["pixels"]  # warm for the largest value, cool for the smallest
+    # The value of the largest magnitude takes the scale's end colour.
+    assert (hr - hb if hottest[0] >= -coldest[0] else cb - cr) > 100, seen["pixels"]
     return dict(seen)
 
 
