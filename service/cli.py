@@ -43,7 +43,7 @@ OTHER_PROGRAMS_VARIABLES: dict[str, str] = {
     "CLIP_SERVICE_URL": "the Python client (clients/python): the server's URL",
     "CLIP_SERVICE_API_KEY": "the Python client (clients/python): the API key it sends",
     "CLIP_FEATURE_CACHE": "clip-train: where frozen image features are kept",
-    "CLIP_PLAYGROUND_SCREENSHOT": "the playground's browser test: where to copy its screenshot",
+    "CLIP_UPDATE_SCREENSHOTS": "the playground's browser test: write its screenshots into docs/images",
     "CLIP_UPDATE_DOC_OUTPUTS": "the documentation test: write the service's answers into the docs' examples",
 }
 

@@ -59,12 +59,29 @@ async function api(path, body, { binary = false } = {}) {
   throw error;
 }
 
+// Set while the API answers 401/403: every panel waits for a key typed into the header's form.
+let keyNeeded = false;
+
 function askForKey(error) {
+  keyNeeded = true;
   const form = document.getElementById("key-form");
   form.hidden = false;
   document.getElementById("key-message").textContent =
     error.status === 403 ? "That key was refused (" + error.message + ")." : "";
+  const status = document.getElementById("model-status");
+  status.textContent = "API key needed";
+  status.classList.add("needs-key");
+  document.getElementById("encoders-status").textContent = "";
+  updatePanels();
   document.getElementById("key-input").focus();
+}
+
+// An input the page refuses before sending anything: shown like an API error, on the input's field.
+class InputError extends Error {
+  constructor(message, inputId) {
+    super(message);
+    this.inputId = inputId;
+  }
 }
 
 // ------------------------------------------------------------------ small DOM helpers
@@ -89,6 +106,13 @@ function showError(id, error) {
     box.hidden = true;
     return;
   }
+  if (error instanceof InputError) {
+    box.append(el("strong", {}, "Not sent"), ": ", el("span", { class: "error-message" }, error.message));
+    box.hidden = false;
+    const input = error.inputId && document.getElementById(error.inputId);
+    if (input) input.classList.add("invalid");
+    return;
+  }
   const status = error.status ? " (" + error.status + ")" : "";
   box.append(el("strong", { class: "error-code" }, (error.code || "error") + status), ": ",
     el("span", { class: "error-message" }, error.message));
@@ -111,18 +135,82 @@ function modelOf() {
   return value ? { model: value } : {};
 }
 
-// Runs one panel's request: disables its button meanwhile and shows the API's error if any.
-async function run(buttonId, errorId, work) {
-  const button = document.getElementById(buttonId);
-  button.disabled = true;
-  showError(errorId, null);
+// The panels: their button, their error box, the results an answer fills. (The component a panel
+// needs is its section's data-component.)
+const PANELS = {
+  pair: { button: "pair-run", error: "pair-error", results: ["pair-result"] },
+  classify: { button: "classify-run", error: "classify-error", results: ["classify-standard", "classify-comparative"] },
+  dense: { button: "dense-run", error: "dense-error", results: ["dense-result", "heatmap-result"] },
+  yukino: { button: "yukino-run", error: "yukino-error", results: ["yukino-result"] },
+};
+const busy = new Set();
+
+// Runs one panel's request: the earlier answer goes first (so none stays beside a new error), the
+// button is disabled meanwhile, and an error is shown as the API (or the input check) words it.
+async function run(name, work) {
+  const panel = PANELS[name];
+  panel.results.forEach((id) => show(id, false));
+  showError(panel.error, null);
+  document.querySelectorAll("#" + name + "-panel .invalid").forEach((n) => n.classList.remove("invalid"));
+  busy.add(name);
+  updatePanels();
   try {
     await work();
   } catch (error) {
-    showError(errorId, error instanceof ApiError ? error : new ApiError(0, "error", String(error), null));
+    panel.results.forEach((id) => show(id, false));
+    const shown = error instanceof ApiError || error instanceof InputError;
+    showError(panel.error, shown ? error : new ApiError(0, "error", String(error), null));
   } finally {
-    button.disabled = false;
+    busy.delete(name);
+    updatePanels();
   }
+}
+
+// Why a panel cannot be used now (null when it can): no API key yet, or a component the serving
+// version lacks (GET /models lists each version's components).
+function unavailableReason(section) {
+  if (keyNeeded) return "API key needed: enter the server's key above.";
+  const component = section.dataset.component;
+  const version = servingVersion();
+  if (!component || !version || version.components.includes(component)) return null;
+  return version.ref + " has no '" + component + "' component: " + section.dataset.what +
+    " needs a model version published with one. Pick another model, if the server serves one.";
+}
+
+function updatePanels() {
+  for (const [name, panel] of Object.entries(PANELS)) {
+    const section = document.getElementById(name + "-panel");
+    const reason = unavailableReason(section);
+    const note = section.querySelector(".unavailable");
+    note.textContent = reason || "";
+    note.hidden = !reason;
+    section.classList.toggle("disabled", Boolean(reason));
+    document.getElementById(panel.button).disabled = Boolean(reason) || busy.has(name);
+    if (reason && section.dataset.component) panel.results.forEach((id) => show(id, false));
+  }
+}
+
+// ------------------------------------------------------------------ input checks
+// The limits the server publishes (GET /limits); null until read, then only the page's own checks apply.
+let limits = null;
+
+// The texts of input `id` (`noun`s, one per line), checked as the server will check them.
+function checkTexts(id, texts, min, max, noun) {
+  if (texts.length < min) {
+    throw new InputError(min === 1 ? "write a " + noun + " first" : "give at least " + min + " " + noun + "s, one per line", id);
+  }
+  if (max && texts.length > max) {
+    throw new InputError("this server takes at most " + max + " " + noun + "s (" + texts.length + " given)", id);
+  }
+  const seen = new Set();
+  for (const text of texts) {
+    if (limits && [...text].length > limits.max_text_chars) {
+      throw new InputError("“" + text.slice(0, 40) + "…” is longer than " + limits.max_text_chars + " characters", id);
+    }
+    if (seen.has(text)) throw new InputError("“" + text + "” is given twice", id);
+    seen.add(text);
+  }
+  return texts;
 }
 
 // ------------------------------------------------------------------ image slots
@@ -183,7 +271,8 @@ function setupSlot(node) {
 
 function image(slotId) {
   const data = slots[slotId].data;
-  if (!data) throw new ApiError(0, "no_image", "choose an image first", slotId);
+  const label = document.getElementById(slotId).dataset.label;
+  if (!data) throw new InputError("choose an image for “" + label + "” first", slotId);
   return { data };
 }
 
@@ -207,9 +296,11 @@ async function loadModels() {
   try {
     const info = await api("models");
     modelsInfo = info;
+    keyNeeded = false;
     show("models-error", false);
     fillModelPicker(info.served || []);
     showModel();
+    if (!limits) api("limits").then((found) => (limits = found), () => null);
     // The server is still loading the model the page uses: ask again until it serves. (One held out
     // of memory by the server's budget loads when a request names it.)
     const entry = servedEntry();
@@ -242,24 +333,33 @@ function servedEntry() {
   return served.find((entry) => entry.ref === value) || served[0] || null;
 }
 
+// The store's entry for the version that answers for the picked model ({ref, components, ...}), or null.
+function servingVersion() {
+  const entry = servedEntry();
+  const serving = entry ? entry.serving : modelsInfo && modelsInfo.serving;
+  if (!serving) return null;
+  const [name, number] = serving.split("@");
+  const model = modelsInfo.models.find((m) => m.name === name);
+  const version = model && model.versions.find((v) => v.version === number);
+  return version ? { ...version, ref: serving } : null;
+}
+
 function showModel() {
   const entry = servedEntry();
   const serving = entry ? entry.serving : modelsInfo && modelsInfo.serving;
-  document.getElementById("model-status").textContent = "Model: " + (serving || "loading…");
-  let version = null;
-  if (serving) {
-    const [name, number] = serving.split("@");
-    const model = modelsInfo.models.find((m) => m.name === name);
-    version = model ? model.versions.find((v) => v.version === number) : null;
-  }
+  const status = document.getElementById("model-status");
+  status.textContent = "Model: " + (serving || "loading…");
+  status.classList.remove("needs-key");
+  const version = servingVersion();
   const encoders = document.getElementById("encoders-status");
+  updatePanels();
   if (!version) {
     encoders.textContent = "";
     return;
   }
   encoders.textContent =
     "· text encoders: " + version.text_encoders.join(", ") + " (default " + version.default_text_encoder + ")" +
-    (version.components.length ? " · components: " + version.components.join(", ") : "");
+    " · components: " + (version.components.join(", ") || "none");
   for (const select of document.querySelectorAll(".encoder-select")) {
     const options = [el("option", { value: "" }, "default (" + version.default_text_encoder + ")")];
     for (const name of version.text_encoders) options.push(el("option", { value: name }, name));
@@ -268,15 +368,19 @@ function showModel() {
 }
 
 // ------------------------------------------------------------------ panels
+function text(id, noun) {
+  const value = document.getElementById(id).value.trim();
+  return checkTexts(id, value ? [value] : [], 1, 0, noun)[0];
+}
+
 async function rankPair() {
   const body = {
     image_a: image("pair-a"),
     image_b: image("pair-b"),
-    difference: document.getElementById("pair-text").value,
+    difference: text("pair-text", "difference text"),
     ...encoderOf("pair-encoder"),
     ...modelOf(),
   };
-  show("pair-result", false);
   const result = await api("rank-pair", body);
   document.getElementById("pair-answer").textContent = result.first;
   document.getElementById("pair-which").textContent = result.first === "a" ? "A" : "B";
@@ -285,59 +389,216 @@ async function rankPair() {
   show("pair-result");
 }
 
-function comparativesInput() {
-  return lines("classify-comparatives").map((line) => {
-    const [a, b, ...text] = line.split("|").map((s) => s.trim());
-    return { a, b, text: text.join("|") };
+function comparativesInput(labels) {
+  const given = lines("classify-comparatives");
+  if (limits && given.length > limits.max_comparatives) {
+    throw new InputError("this server takes at most " + limits.max_comparatives + " comparatives", "classify-comparatives");
+  }
+  return given.map((line) => {
+    const [a, b, ...rest] = line.split("|").map((s) => s.trim());
+    const text = rest.join("|").trim();
+    if (!a || !b || !text) throw new InputError("write each comparative as “a | b | text”: “" + line + "”", "classify-comparatives");
+    for (const label of [a, b]) {
+      if (!labels.includes(label)) throw new InputError("“" + label + "” is not one of the labels", "classify-comparatives");
+    }
+    return { a, b, text };
   });
 }
 
+// Which comparatives were applied, in one line, and their pairs folded away as compact chips.
+function showComparative(c) {
+  const info = document.querySelector("#classify-comparative .comparative-info");
+  const details = document.querySelector("#classify-comparative .pairs");
+  details.hidden = !c.applied || !c.pairs.length;
+  if (!c.applied) {
+    info.textContent = "Not applied: no comparative matched these labels (source: " + c.source + ").";
+    return;
+  }
+  const n = c.pairs.length;
+  info.textContent = "Applied · " + c.source + " · α " + c.alpha;
+  details.querySelector("summary").textContent = n + (n === 1 ? " label pair" : " label pairs");
+  details.querySelector("ul").replaceChildren(...c.pairs.map(([a, b]) => el("li", {}, a + " ↔ " + b)));
+}
+
 async function classify() {
-  const labels = lines("classify-labels");
-  const body = {
-    images: [image("classify-image")],
-    labels,
-    top_k: Number(document.getElementById("classify-topk").value) || labels.length,
-    ...encoderOf("classify-encoder"),
-    ...modelOf(),
-  };
-  const comparatives = comparativesInput();
-  show("classify-standard", false);
-  show("classify-comparative", false);
+  const picture = image("classify-image");
+  const labels = checkTexts("classify-labels", lines("classify-labels"), 2, limits && limits.max_labels, "label");
+  const topK = Number(document.getElementById("classify-topk").value);
+  if (!Number.isInteger(topK) || topK < 1) throw new InputError("top k is a whole number from 1", "classify-topk");
+  const body = { images: [picture], labels, top_k: topK, ...encoderOf("classify-encoder"), ...modelOf() };
+  const comparatives = comparativesInput(labels);
   const [standard, comparative] = await Promise.all([
     api("classify", body),
     api("classify?comparative=true", comparatives.length ? { ...body, comparatives } : body),
   ]);
   bars(document.querySelector("#classify-standard .bars"), standard.results[0].top_k);
   bars(document.querySelector("#classify-comparative .bars"), comparative.results[0].top_k);
-  const c = comparative.comparative;
-  document.querySelector("#classify-comparative .comparative-info").textContent = c.applied
-    ? "Applied (" + c.source + ", alpha " + c.alpha + "): " + c.pairs.map(([a, b]) => a + " vs " + b).join("; ")
-    : "Not applied: no comparative matched these labels (source: " + c.source + "); standard prompts were used.";
+  showComparative(comparative.comparative);
   show("classify-standard");
   show("classify-comparative");
 }
 
-async function heatmap(imageObject, text) {
-  show("heatmap-result", false);
-  const png = await api("score/dense/heatmap", { image: imageObject, text, ...modelOf() }, { binary: true });
-  const img = document.getElementById("heatmap-image");
-  if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
-  img.src = URL.createObjectURL(png);
-  await img.decode();
-  document.getElementById("heatmap-text").textContent = text;
+// ------------------------------------------------------------------ the heatmap
+// Drawn here from the maps /score/dense returns: one row per token, one column per image token (the
+// class token, then the patches row by row). A diverging scale centred on 0, the same in the legend.
+const ROW_HEIGHT = 22; // CSS px per token row: its label is set in the page's own font, never shrunk
+const MIN_COLUMN = 4;
+const MAX_COLUMN = 40;
+const COOL = [59, 76, 192];
+const WARM = [180, 4, 38];
+const MID = [242, 242, 242];
+// The last answer's maps, the caption shown (index), its column width (fit: to the box), the row shown
+// over the picture (token) and the picture itself.
+const heat = {
+  maps: null, tokens: null, functional: null, texts: null,
+  index: 0, column: null, fit: true, token: 0, picture: new Image(),
+};
+
+function colour(value, extent) {
+  const t = Math.max(-1, Math.min(1, value / extent));
+  const end = t < 0 ? COOL : WARM;
+  const mix = (i) => Math.round(MID[i] + (end[i] - MID[i]) * Math.abs(t));
+  return "rgb(" + mix(0) + "," + mix(1) + "," + mix(2) + ")";
+}
+
+// The patch grid's side (8 for 1 + 64 columns), or 0 when the patches do not make a square.
+function gridSide(columns) {
+  const side = Math.round(Math.sqrt(columns - 1));
+  return side * side === columns - 1 ? side : 0;
+}
+
+function extentOf(map) {
+  return Math.max(1e-6, ...map.map((row) => Math.max(...row.map(Math.abs))));
+}
+
+function drawHeatmap() {
+  const map = heat.maps[heat.index];
+  const tokens = heat.tokens[heat.index];
+  const columns = map[0].length;
+  const scroll = document.getElementById("heatmap-scroll");
+  if (heat.fit) heat.column = Math.max(MIN_COLUMN, Math.min(MAX_COLUMN, Math.floor((scroll.clientWidth - 2) / columns)));
+  const w = heat.column;
+  const extent = extentOf(map);
+  const canvas = document.getElementById("heatmap-canvas");
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = Math.round(columns * w * ratio);
+  canvas.height = Math.round(map.length * ROW_HEIGHT * ratio);
+  canvas.style.width = columns * w + "px";
+  canvas.style.height = map.length * ROW_HEIGHT + "px";
+  const ctx = canvas.getContext("2d");
+  ctx.scale(ratio, ratio);
+  map.forEach((row, r) =>
+    row.forEach((value, c) => {
+      ctx.fillStyle = colour(value, extent);
+      ctx.fillRect(c * w, r * ROW_HEIGHT, w, ROW_HEIGHT);
+    }),
+  );
+  // Lines after the class token and between patch rows; between token rows.
+  const side = gridSide(columns);
+  ctx.fillStyle = "#ffffff";
+  for (let c = 1; c < columns; c += side || columns) ctx.fillRect(c * w - 0.5, 0, 1, map.length * ROW_HEIGHT);
+  for (let r = 1; r < map.length; r++) ctx.fillRect(0, r * ROW_HEIGHT - 0.5, columns * w, 1);
+  document.getElementById("heatmap-grid").textContent = side ? side + " × " + side : String(columns - 1);
+  const functional = new Set(heat.functional[heat.index]);
+  const labels = tokens.map((token, r) => {
+    const label = el("div", { class: functional.has(token) ? "token functional" : "token", title: token }, token);
+    label.addEventListener("mouseenter", () => drawToken(r));
+    label.addEventListener("click", () => drawToken(r));
+    return label;
+  });
+  document.getElementById("heatmap-labels").replaceChildren(...labels);
+  drawLegend(extent);
+  document.getElementById("heatmap-text").textContent = heat.texts[heat.index];
+  canvas.setAttribute("aria-label", "token × patch map of “" + heat.texts[heat.index] + "”: " + tokens.length +
+    " token rows, " + columns + " image-token columns; the legend below gives the colour scale");
+  readout(null);
+  drawToken(heat.token);
+}
+
+// One token's row over the picture's centre square: where in the image the token matches.
+function drawToken(r) {
+  const map = heat.maps[heat.index];
+  const side = gridSide(map[0].length);
+  const figure = document.querySelector(".token-map");
+  figure.hidden = !side || !heat.picture.complete;
+  if (figure.hidden) return;
+  heat.token = Math.min(r, map.length - 1);
+  const canvas = document.getElementById("token-canvas");
+  const ctx = canvas.getContext("2d");
+  const { naturalWidth: w, naturalHeight: h } = heat.picture;
+  const crop = Math.min(w, h);
+  ctx.drawImage(heat.picture, (w - crop) / 2, (h - crop) / 2, crop, crop, 0, 0, canvas.width, canvas.height);
+  const cell = canvas.width / side;
+  const extent = extentOf(map);
+  ctx.globalAlpha = 0.65;
+  for (let i = 0; i < side * side; i++) {
+    ctx.fillStyle = colour(map[heat.token][i + 1], extent);
+    ctx.fillRect((i % side) * cell, Math.floor(i / side) * cell, cell, cell);
+  }
+  ctx.globalAlpha = 1;
+  document.getElementById("token-caption").textContent = "“" + heat.tokens[heat.index][heat.token] + "” over the image";
+  document.querySelectorAll("#heatmap-labels .token").forEach((n, i) => n.classList.toggle("picked", i === heat.token));
+}
+
+function drawLegend(extent) {
+  const canvas = document.getElementById("legend-canvas");
+  const ctx = canvas.getContext("2d");
+  for (let x = 0; x < canvas.width; x++) {
+    ctx.fillStyle = colour(((2 * x) / (canvas.width - 1) - 1) * extent, extent);
+    ctx.fillRect(x, 0, 1, canvas.height);
+  }
+  const ticks = [-1, -0.5, 0, 0.5, 1].map((t) => el("span", {}, (t * extent).toFixed(1)));
+  document.getElementById("legend-ticks").replaceChildren(...ticks);
+}
+
+// What the pointer is on: the token, the image token, the value.
+function readout(event) {
+  const box = document.getElementById("heatmap-readout");
+  const map = heat.maps[heat.index];
+  if (!event) {
+    box.textContent = "Point at (or tap) a cell for its value.";
+    return;
+  }
+  const rect = event.target.getBoundingClientRect();
+  const c = Math.floor((event.clientX - rect.left) / heat.column);
+  const r = Math.floor((event.clientY - rect.top) / ROW_HEIGHT);
+  if (r < 0 || r >= map.length || c < 0 || c >= map[0].length) return;
+  const side = gridSide(map[0].length);
+  const where = c === 0 ? "the class token"
+    : side ? "patch row " + (Math.floor((c - 1) / side) + 1) + ", column " + (((c - 1) % side) + 1) : "patch " + c;
+  box.textContent = "“" + heat.tokens[heat.index][r] + "” × " + where + ": " + map[r][c].toFixed(2);
+  if (r !== heat.token) drawToken(r);
+}
+
+function zoom(factor) {
+  heat.fit = factor === null;
+  if (!heat.fit) heat.column = Math.max(MIN_COLUMN, Math.min(MAX_COLUMN, Math.round(heat.column * factor)));
+  drawHeatmap();
+}
+
+function showHeatmap(index) {
+  heat.index = index;
+  // Over the image first: the word (neither <start>/<end> nor a functional word) with the highest value.
+  const functional = new Set(heat.functional[index]);
+  const words = heat.maps[index].map((row, r) => [r, Math.max(...row)]).slice(1, -1)
+    .filter(([r]) => !functional.has(heat.tokens[index][r]));
+  heat.token = words.length ? words.reduce((a, b) => (b[1] > a[1] ? b : a))[0] : 0;
+  document.querySelectorAll("#dense-result tbody tr").forEach((row, i) => row.classList.toggle("shown", i === index));
   show("heatmap-result");
+  drawHeatmap();
 }
 
 async function dense() {
   const picture = image("dense-image");
-  const texts = lines("dense-texts");
-  show("dense-result", false);
-  const result = await api("score/dense", { image: picture, texts, ...modelOf() });
-  const rows = texts.map((text, i) => {
-    const button = el("button", { type: "button", class: "heatmap-button" }, "heatmap");
-    button.addEventListener("click", () => run("dense-run", "dense-error", () => heatmap(picture, text)));
-    return el("tr", { class: i === result.best ? "best" : "" }, el("td", {}, text),
+  const texts = checkTexts("dense-texts", lines("dense-texts"), 1, limits && limits.max_texts, "caption");
+  const result = await api("score/dense", { image: picture, texts, return_maps: true, ...modelOf() });
+  Object.assign(heat, { maps: result.maps, tokens: result.tokens, functional: result.functional_words, texts });
+  heat.picture.src = picture.data;
+  await heat.picture.decode();
+  const rows = texts.map((caption, i) => {
+    const button = el("button", { type: "button", class: "heatmap-button" }, "map");
+    button.addEventListener("click", () => showHeatmap(i));
+    return el("tr", { class: i === result.best ? "best" : "" }, el("td", {}, caption),
       el("td", { class: "score" }, result.scores[i].toFixed(3)), el("td", {}, result.cosine[i].toFixed(3)),
       el("td", { class: "functional" }, result.functional_words[i].join(", ") || "—"), el("td", {}, button));
   });
@@ -345,14 +606,14 @@ async function dense() {
   document.getElementById("dense-model").textContent =
     "Best: caption " + (result.best + 1) + " · " + result.model + " · functional words use the scorer's fixed rows";
   show("dense-result");
-  await heatmap(picture, texts[result.best]);
+  showHeatmap(result.best);
 }
 
 async function yukino() {
-  const captions = lines("yukino-texts");
-  show("yukino-result", false);
+  const picture = image("yukino-image");
+  const captions = checkTexts("yukino-texts", lines("yukino-texts"), 2, limits && limits.max_labels, "caption");
   const result = await api("classify", {
-    images: [image("yukino-image")],
+    images: [picture],
     labels: captions,
     templates: ["{}"],
     method: "yukino",
@@ -365,10 +626,18 @@ async function yukino() {
 
 // ------------------------------------------------------------------ start
 document.querySelectorAll(".slot").forEach(setupSlot);
-document.getElementById("pair-run").addEventListener("click", () => run("pair-run", "pair-error", rankPair));
-document.getElementById("classify-run").addEventListener("click", () => run("classify-run", "classify-error", classify));
-document.getElementById("dense-run").addEventListener("click", () => run("dense-run", "dense-error", dense));
-document.getElementById("yukino-run").addEventListener("click", () => run("yukino-run", "yukino-error", yukino));
+const WORK = { pair: rankPair, classify, dense, yukino };
+for (const [name, panel] of Object.entries(PANELS)) {
+  document.getElementById(panel.button).addEventListener("click", () => run(name, WORK[name]));
+}
+const heatCanvas = document.getElementById("heatmap-canvas");
+heatCanvas.addEventListener("mousemove", readout);
+heatCanvas.addEventListener("click", readout);
+heatCanvas.addEventListener("mouseleave", () => readout(null));
+document.getElementById("zoom-in").addEventListener("click", () => zoom(1.5));
+document.getElementById("zoom-out").addEventListener("click", () => zoom(1 / 1.5));
+document.getElementById("zoom-fit").addEventListener("click", () => zoom(null));
+window.addEventListener("resize", () => heat.fit && heat.maps && !document.getElementById("heatmap-result").hidden && drawHeatmap());
 // Another model: its version and text encoders (GET /models again: it may have loaded meanwhile).
 document.getElementById("model-select").addEventListener("change", () => {
   showModel();
@@ -380,4 +649,5 @@ document.getElementById("key-form").addEventListener("submit", (event) => {
   document.getElementById("key-form").hidden = true;
   loadModels();
 });
+updatePanels();
 loadModels();
