@@ -3,11 +3,12 @@
 #
 #   bash deploy/validate.sh            # exits non-zero on any problem
 #
-# 1. renders k8s/overlays/{cpu,gpu,s3,redis-sentinel,redis-cluster} with `kubectl kustomize` or
-#    `kustomize` when installed, else with deploy/render_kustomize.py (and, when both exist,
-#    checks they agree);
-# 2. validates every rendered object (and k8s/tools/*.yaml) against the Kubernetes schemas of
-#    $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors;
+# 1. renders k8s/overlays/{cpu,gpu,s3,redis-sentinel,redis-cluster} and the optional
+#    k8s/monitoring with `kubectl kustomize` or `kustomize` when installed, else with
+#    deploy/render_kustomize.py (and, when both exist, checks they agree);
+# 2. validates every rendered overlay object (and k8s/tools/*.yaml) against the Kubernetes schemas
+#    of $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors (k8s/monitoring holds a
+#    Prometheus Operator ServiceMonitor, a custom resource outside those schemas: rendered only);
 # 3. runs checkov's Kubernetes policies on the same objects. Rendered output rather than
 #    `checkov -d k8s`, because base files carry no namespace and overlays hold partial patches;
 #    a skipped check needs a written reason in a `checkov.io/skipN` annotation (annotations,
@@ -25,6 +26,8 @@ cd "$ROOT"
 
 K8S_VERSION="${K8S_VERSION:-1.32.0}"
 OVERLAYS=(cpu gpu s3 redis-sentinel redis-cluster)
+# Applied beside an overlay where the cluster has what they need; rendered and compared only.
+OPTIONAL=(monitoring)
 TOOLS_VENV="${DEPLOY_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/clip-deploy-tools}"
 REQUIREMENTS="deploy/requirements-validate.txt"
 
@@ -57,8 +60,9 @@ elif command -v kustomize >/dev/null 2>&1; then
 else
     RENDERER=()
 fi
-for overlay in "${OVERLAYS[@]}"; do
+for overlay in "${OVERLAYS[@]}" "${OPTIONAL[@]}"; do
     dir="k8s/overlays/$overlay"
+    if [[ " ${OPTIONAL[*]} " == *" $overlay "* ]]; then dir="k8s/$overlay"; fi
     if ((${#RENDERER[@]})); then
         if "${RENDERER[@]}" "$dir" >"$OUT/$overlay.yaml"; then
             echo "$dir: rendered with ${RENDERER[*]}"

@@ -8,7 +8,7 @@ Two layers, each with 1-key and 20-key lookups of stored embeddings (every looku
   started on a free 127.0.0.1 port in a temporary folder, persisting nothing.
 
 The cache gets a ``ServiceMetrics`` as in the service, so the figures include observing
-``cache_lookup_seconds``; the event loop is uvloop when installed (uvicorn's default choice).
+``clip_cache_lookup_seconds``; the event loop is uvloop when installed (uvicorn's default choice).
 
     .venv/bin/python -m loadtests.bench_cache
     .venv/bin/python -m loadtests.bench_cache --redis-url redis://127.0.0.1:6379/0 --n 5000 --dim 768

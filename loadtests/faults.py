@@ -15,7 +15,7 @@ after another, with ``--settle`` seconds of plain traffic before the first and a
 - ``s3 kill -9`` (``--s3``): the same for the S3 server; ``/readyz`` must say ``"store": "ok"`` again.
 - ``corrupt: truncated weights``: ``model-store --no-load-check publish --alias production`` of the
   version with its weights file cut in half. The service must refuse it
-  (``model_swaps_total{result="refused"}``) and keep serving the old version.
+  (``clip_model_swaps_total{result="refused"}``) and keep serving the old version.
 - ``corrupt: checksum mismatch``: a version whose weights were changed in the store after it was
   published, promoted without the promote's own check (bit rot between promote and load): refused.
 - ``publish SIGTERM|SIGKILL at MOMENT``: ``model-store publish --alias staging`` killed once with
@@ -292,7 +292,7 @@ class FaultRun:
         return time.perf_counter() - start
 
     def refused(self) -> float:
-        return metric_value(self.url, "model_swaps_total", result="refused")
+        return metric_value(self.url, "clip_model_swaps_total", result="refused")
 
     def store(self) -> ModelStore:
         # One instance: on S3 each new one builds a boto3 client, and kills poll the store often.
@@ -326,12 +326,12 @@ class FaultRun:
 
     # ------------------------------------------------------------------ faults
     def redis_kill(self, phase: Phase) -> None:
-        errors = metric_value(self.url, "cache_requests_total", layer="redis", result="error")
+        errors = metric_value(self.url, "clip_cache_requests_total", layer="redis", result="error")
         self.redis.stop()  # SIGKILL: connections drop mid-command
         time.sleep(self.args.down)
         self.redis.start()  # same port, nothing kept: every key is a miss again
         back = self.wait_for(lambda: self.readyz().get("redis") == "up", 60, "Redis in use again")
-        errors = metric_value(self.url, "cache_requests_total", layer="redis", result="error") - errors
+        errors = metric_value(self.url, "clip_cache_requests_total", layer="redis", result="error") - errors
         phase.notes.append(f"down {self.args.down:g} s ({errors:.0f} Redis errors); in use again {back:.1f} s later")
 
     def s3_kill(self, phase: Phase) -> None:

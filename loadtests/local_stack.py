@@ -115,12 +115,22 @@ def publish_tiny(
 
 
 def metric_value(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    """Sum of the samples called ``name`` (``clip_model_swaps_total``, ``clip_batch_size_count``)
+    whose labels include ``labels``; 0 when the metric has no such sample yet. A name the server
+    does not export at all (a typo, a renamed metric) raises KeyError rather than reading as 0."""
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
+    known = False
     for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        known = known or name in {fam.name, *(fam.name + s for s in _SAMPLE_SUFFIXES)}
         for s in fam.samples:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
+    if not known:
+        raise KeyError(f"{url}/metrics exports no metric called {name!r} (see docs/operations.md, Metrics)")
     return total
+
+
+# The series a metric family exposes beside its own name (counters, histograms, summaries).
+_SAMPLE_SUFFIXES = ("_total", "_created", "_count", "_sum", "_bucket")

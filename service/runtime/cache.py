@@ -189,7 +189,7 @@ class EmbeddingCache:
     async def get_many(self, keys: Sequence[str]) -> list[np.ndarray | None]:
         """Values in key order, None for misses; LRU first, then one MGET for the rest.
 
-        Each layer's time is observed in ``cache_lookup_seconds``: the LRU pass always, Redis only
+        Each layer's time is observed in ``clip_cache_lookup_seconds``: the LRU pass always, Redis only
         when it was asked (its time includes decoding and an error or timeout).
         """
         started = time.perf_counter()

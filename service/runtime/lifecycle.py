@@ -124,7 +124,7 @@ class ModelManager:
         # Why nothing serves yet, in words safe for unauthenticated callers (no paths): the 503s say it.
         self.not_ready_reason: str | None = None
         # Why the alias could not be read on the last poll (None: it could). The serving version
-        # keeps serving meanwhile; /readyz and the store_watch_ok gauge report it.
+        # keeps serving meanwhile; /readyz and the clip_store_watch_ok gauge report it.
         self.watch_error: str | None = None
         self._watch_logged = 0.0
         self._refused: str | None = None
@@ -138,7 +138,7 @@ class ModelManager:
         self.entry: AliasEntry | None = None
         self.sides: dict[str, ModelRuntime | None] = {CANARY: None, SHADOW: None}
         self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
-        self._split_exported: set[str] = set()  # versions with a canary_weight or shadow_fraction series
+        self._split_exported: set[str] = set()  # versions exporting clip_canary_weight_ratio/clip_shadow_sample_ratio
         self.shadows = ShadowRunner(self.name, metrics, lease=self._shadow_lease, busy=self.answering_busy)
         metrics.set_store_watch(ok=True, model=self.ref)
 

@@ -3,7 +3,11 @@
 Each ``ServiceMetrics`` owns its own ``CollectorRegistry`` rather than the process-global one, so
 several apps (and their tests) can live in one process without duplicate-metric errors.
 Metric names are part of the operations contract (dashboards, autoscaling on queue time): change
-them only together with the deploy files.
+them only together with the deploy files, and list the old name in docs/changelog.md. Every name
+follows Prometheus naming: the ``clip_`` prefix, base units in the name (``_seconds``, ``_bytes``,
+``_ratio`` for shares and percentages, which are exported as 0-1), ``_total`` on counters and
+``_info`` on gauges that are always 1 and carry their information in labels
+(tests/unit/runtime/test_metrics.py checks them all).
 """
 
 from __future__ import annotations
@@ -67,65 +71,65 @@ class ServiceMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests_total = Counter(
-            "http_requests_total",
+            "clip_http_requests_total",
             "HTTP requests by route template, method and status code.",
             ["route", "method", "status"],
             registry=r,
         )
         self.http_request_duration_seconds = Histogram(
-            "http_request_duration_seconds",
+            "clip_http_request_duration_seconds",
             "HTTP request latency by route template.",
             ["route", "method"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(
-            "batch_size",
+            "clip_batch_size",
             "Items per batch handed to the model.",
             ["model", "batcher"],
             buckets=BATCH_SIZE_BUCKETS,
             registry=r,
         )
         self.batch_wait_seconds = Histogram(
-            "batch_wait_seconds",
+            "clip_batch_wait_seconds",
             "Time the oldest item of a batch spent queued before it ran.",
             ["model", "batcher"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.encode_seconds = Histogram(
-            "encode_seconds",
+            "clip_encode_seconds",
             "Model run time per batch.",
             ["model", "batcher"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_depth = Gauge(
-            "queue_depth",
+            "clip_queue_depth",
             "Items waiting in a batcher queue.",
             ["model", "batcher"],
             registry=r,
         )
         self.batcher_rejected_total = Counter(
-            "batcher_rejected_total",
+            "clip_batcher_rejected_total",
             "Requests a batcher did not serve, by reason (queue_full, closed, deadline, cancelled, over_budget).",
             ["model", "batcher", "reason"],
             registry=r,
         )
         self.batch_failures_total = Counter(
-            "batch_failures_total",
+            "clip_batch_failures_total",
             "Batches whose model call raised.",
             ["model", "batcher"],
             registry=r,
         )
         self.cache_requests_total = Counter(
-            "cache_requests_total",
+            "clip_cache_requests_total",
             "Embedding cache lookups per key, by layer and result.",
             ["layer", "result"],
             registry=r,
         )
         self.cache_lookup_seconds = Histogram(
-            "cache_lookup_seconds",
+            "clip_cache_lookup_seconds",
             "Time of one embedding-cache lookup (all keys of a get_many) per layer: the in-process LRU "
             "pass, and the Redis round trip for the keys the LRU missed.",
             ["layer"],
@@ -133,65 +137,65 @@ class ServiceMetrics:
             registry=r,
         )
         self.model_info = Gauge(
-            "model_info",
+            "clip_model_info",
             "1 for each serving model version and text encoder; `model` is the served-set entry (CLIP_MODEL).",
             ["model", "name", "version", "encoder"],
             registry=r,
         )
         self.model_swaps_total = Counter(
-            "model_swaps_total",
+            "clip_model_swaps_total",
             "Model version swaps by result (ok, refused, retrying).",
             ["model", "result"],
             registry=r,
         )
         self.backend_auto_decisions_total = Counter(
-            "backend_auto_decisions_total",
+            "clip_backend_auto_decisions_total",
             "precision=auto / backend=auto decisions by outcome: chosen (measured and kept), remembered (read back), "
             "deferred (the rounds' noise could not settle it: the reference serves, measured again at the next load).",
             ["outcome"],
             registry=r,
         )
         self.backend_auto_margin = Gauge(
-            "backend_auto_margin",
+            "clip_backend_auto_margin_ratio",
             "The serving auto candidate's speed over the reference (median of per-round ratios; 1 for the reference).",
             registry=r,
         )
         self.backend_auto_spread = Gauge(
-            "backend_auto_spread",
+            "clip_backend_auto_spread_ratio",
             "The spread of the per-round ratios behind the last auto decision (the noise its margin had to beat).",
             registry=r,
         )
         self.store_watch_ok = Gauge(
-            "store_watch_ok",
+            "clip_store_watch_ok",
             "1 while the serving alias can be read from the model store (hot swaps work), 0 when not.",
             ["model"],
             registry=r,
         )
         self.model_loads_total = Counter(
-            "model_loads_total",
+            "clip_model_loads_total",
             "Models of the served set loaded (at start, or on a request while over the memory budget); hot swaps "
-            "are counted by model_swaps_total.",
+            "are counted by clip_model_swaps_total.",
             ["model"],
             registry=r,
         )
         self.model_unloads_total = Counter(
-            "model_unloads_total",
+            "clip_model_unloads_total",
             "Idle models unloaded to make room under max_loaded_models.",
             ["model"],
             registry=r,
         )
         self.inflight_requests = Gauge(
-            "inflight_requests",
+            "clip_inflight_requests",
             "HTTP requests being handled right now.",
             registry=r,
         )
         self.images_decoded_total = Counter(
-            "images_decoded_total",
+            "clip_images_decoded_total",
             "Images decoded from request payloads.",
             registry=r,
         )
         self.texts_truncated_total = Counter(
-            "texts_truncated_total",
+            "clip_texts_truncated_total",
             "Texts cut to the model context length.",
             registry=r,
         )
@@ -199,66 +203,66 @@ class ServiceMetrics:
         # when that version is no longer loaded (forget_version), so series do not pile up over
         # months of releases.
         self.version_requests_total = Counter(
-            "version_requests_total",
+            "clip_version_requests_total",
             "HTTP requests answered by a model version, by its role here (primary or canary) and status code.",
             ["model", "version", "role", "status"],
             registry=r,
         )
         self.version_request_duration_seconds = Histogram(
-            "version_request_duration_seconds",
+            "clip_version_request_duration_seconds",
             "Latency of the HTTP requests a model version answered, by its role here.",
             ["model", "version", "role"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.canary_weight = Gauge(
-            "canary_weight",
-            "Percent of the callers this server routes to its loaded canary version (absent: no canary).",
+            "clip_canary_weight_ratio",
+            "Share (0-1) of the callers this server routes to its loaded canary version (absent: no canary).",
             ["model", "version"],
             registry=r,
         )
         self.shadow_fraction = Gauge(
-            "shadow_fraction",
+            "clip_shadow_sample_ratio",
             "Fraction of the requests this server samples for its loaded shadow version (absent: no shadow).",
             ["model", "version"],
             registry=r,
         )
         self.side_loads_total = Counter(
-            "side_loads_total",
+            "clip_side_loads_total",
             "Loads of a canary or shadow version beside the primary, by result (ok, refused, retrying); `model` is "
             "the served-set entry (CLIP_MODEL).",
             ["model", "role", "result"],
             registry=r,
         )
         self.shadow_requests_total = Counter(
-            "shadow_requests_total",
+            "clip_shadow_requests_total",
             "Requests sampled for the shadow version, by outcome: compared, dropped (queue_full, busy, gone) or "
             "failed.",
             ["model", "version", "endpoint", "outcome"],
             registry=r,
         )
         self.shadow_agreement_total = Counter(
-            "shadow_agreement_total",
+            "clip_shadow_agreement_total",
             "Decisions of the shadow compared with the primary's (/classify: top-1 label per image; /rank-pair: "
             "the decision per pair; /rank: the top image; /score/dense: the best caption), by result.",
             ["model", "version", "endpoint", "result"],
             registry=r,
         )
         self.shadow_cosine = Histogram(
-            "shadow_cosine",
+            "clip_shadow_cosine",
             "Mean cosine between the primary's and the shadow's embeddings, one observation per compared request.",
             ["model", "version", "endpoint"],
             buckets=COSINE_BUCKETS,
             registry=r,
         )
         self.shadow_score_correlation = Histogram(
-            "shadow_score_correlation",
+            "clip_shadow_score_correlation",
             "Pearson correlation of the primary's and the shadow's scores over the texts of one request.",
             ["model", "version", "endpoint"],
             buckets=CORRELATION_BUCKETS,
             registry=r,
         )
-        # Label sets currently exported by model_info, per served-set entry, so a swap can remove them.
+        # Label sets currently exported by clip_model_info, per served-set entry, so a swap can remove them.
         self._model_labels: dict[str, list[tuple[str, str, str, str]]] = {}
         # Series of the version-labelled metrics above, per (model, version), for forget_version.
         self._version_series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
@@ -294,7 +298,7 @@ class ServiceMetrics:
             self.cache_requests_total.labels(layer=layer, result=result).inc(count)
 
     def observe_cache_lookup(self, layer: str, seconds: float) -> None:
-        """``layer`` is "lru" or "redis", as in ``cache_requests_total``."""
+        """``layer`` is "lru" or "redis", as in ``clip_cache_requests_total``."""
         self.cache_lookup_seconds.labels(layer=layer).observe(seconds)
 
     def set_serving_model(self, name: str, version: str, encoders: Iterable[str], model: str | None = None) -> None:
@@ -354,9 +358,10 @@ class ServiceMetrics:
     def set_split(
         self, model: str, version: str, *, weight: float | None = None, fraction: float | None = None
     ) -> None:
-        """Export the canary ``weight`` (percent) or shadow ``fraction`` this server applies to ``version``."""
+        """Export the canary ``weight`` (percent, exported as a 0-1 ratio) or shadow ``fraction`` this
+        server applies to ``version``."""
         if weight is not None:
-            self._versioned(self.canary_weight, model, version).set(weight)
+            self._versioned(self.canary_weight, model, version).set(weight / 100)
         if fraction is not None:
             self._versioned(self.shadow_fraction, model, version).set(fraction)
 

@@ -195,7 +195,7 @@ def check(exchange: Exchange) -> str | None:
         assert exchange.content_type == "image/png" and exchange.response.startswith(b"\x89PNG"), where
         return path
     if path == "/metrics":
-        assert b"http_requests_total" in exchange.response
+        assert b"clip_http_requests_total" in exchange.response
         return path
     answer = exchange.response_json()
     if path == "/readyz":

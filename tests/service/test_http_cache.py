@@ -27,11 +27,12 @@ def samples(client: httpx.Client, family: str) -> dict[tuple[tuple[str, str], ..
 
 
 def cache_counts(client: httpx.Client) -> dict[str, float]:
-    return {f"{dict(k)['layer']}.{dict(k)['result']}": v for k, v in samples(client, "cache_requests_total").items()}
+    counts = samples(client, "clip_cache_requests_total")
+    return {f"{dict(k)['layer']}.{dict(k)['result']}": v for k, v in counts.items()}
 
 
 def batch_items(client: httpx.Client, batcher: str) -> float:
-    for labels, value in samples(client, "batch_size_sum").items():
+    for labels, value in samples(client, "clip_batch_size_sum").items():
         if dict(labels).get("batcher") == batcher:
             return value
     return 0.0

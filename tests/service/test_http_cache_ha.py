@@ -32,7 +32,7 @@ CLIENTS = 4
 def redis_hits(client: httpx.Client) -> float:
     for family in text_string_to_metric_families(client.get("/metrics").text):
         for s in family.samples:
-            if s.name == "cache_requests_total" and s.labels == {"layer": "redis", "result": "hit"}:
+            if s.name == "clip_cache_requests_total" and s.labels == {"layer": "redis", "result": "hit"}:
                 return s.value
     return 0.0
 

@@ -93,11 +93,11 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         # Exactly the store's routing function, on the key's bytes: every replica routes alike.
         assert versions == [f"split@{route(entry, key)}" for key in callers]
         assert asyncio.run(_embed_as(url, callers[:300], auth)) == versions[:300]  # one caller, one version
-        assert metric_value(url, "version_requests_total", version="v2", role="canary", status="200") == (
+        assert metric_value(url, "clip_version_requests_total", version="v2", role="canary", status="200") == (
             versions.count("split@v2") + versions[:300].count("split@v2")
         )
-        assert metric_value(url, "version_requests_total", version="v1", role="primary") > 0
-        assert metric_value(url, "canary_weight", version="v2") == 10
+        assert metric_value(url, "clip_version_requests_total", version="v1", role="primary") > 0
+        assert metric_value(url, "clip_canary_weight_ratio", version="v2") == 0.1
 
         # Widening the canary (picked up at the next poll) keeps every caller it had.
         store.canary("split", "production", "v2", 50)
@@ -231,7 +231,7 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
         for t in threads:
             t.join(timeout=60)
         ready = httpx.get(f"{url}/readyz").json()
-        canary_loads = metric_value(url, "side_loads_total", role="canary", result="ok")
+        canary_loads = metric_value(url, "clip_side_loads_total", role="canary", result="ok")
     assert len(seen) > 200 and {status for _, status, _ in seen} == {200}, [s for s in seen if s[1] != 200][:5]
     assert ready["model"] == "split@v2"
     assert canary_loads == 2  # promoted as it was loaded: nothing loaded again for the promotion
@@ -245,11 +245,11 @@ def test_a_canary_that_cannot_load_is_refused_and_the_primary_answers_everything
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.1) as running:
         url = running.url
         store.canary("split", "production", broken, 50)
-        _wait(lambda: metric_value(url, "side_loads_total", role="canary", result="refused") == 1)
+        _wait(lambda: metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1)
         callers = [f"caller-{i}" for i in range(40)]
         assert set(asyncio.run(_embed_as(url, callers, {}))) == {"split@v1"}
         assert _canary(url) == {"version": broken, "weight": 50.0, "loaded": False}
         time.sleep(0.5)  # several polls: a refused version is not tried again
-        assert metric_value(url, "side_loads_total", role="canary", result="refused") == 1
-        assert metric_value(url, "canary_weight") == 0  # no split is exported for a canary not loaded
+        assert metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1
+        assert metric_value(url, "clip_canary_weight_ratio") == 0  # no split is exported for a canary not loaded
     assert any(f"refusing canary split@{broken}" in r.getMessage() for r in caplog.records)

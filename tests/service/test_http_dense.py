@@ -225,8 +225,8 @@ def test_score_does_not_depend_on_concurrent_requests(cold_server: Any, image: A
     assert results[0]["scores"] == pytest.approx(alone["scores"], rel=0, abs=DENSE_BATCH_TOLERANCE)
     assert results[1]["scores"] != pytest.approx(alone["scores"], rel=0, abs=DENSE_BATCH_TOLERANCE)
     metrics = httpx.get(f"{cold_server.url}/metrics").text
-    ones = _sample(metrics, 'batch_size_bucket{batcher="dense-image",le="1.0",model="dense@production"}')
-    batches = _sample(metrics, 'batch_size_count{batcher="dense-image",model="dense@production"}')
+    ones = _sample(metrics, 'clip_batch_size_bucket{batcher="dense-image",le="1.0",model="dense@production"}')
+    batches = _sample(metrics, 'clip_batch_size_count{batcher="dense-image",model="dense@production"}')
     assert batches > ones, "no dense-image batch held 2+ images"
 
 

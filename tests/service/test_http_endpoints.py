@@ -34,7 +34,7 @@ def test_health_ready_metrics(client: httpx.Client) -> None:
     }
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    assert 'model_info{encoder="base",model="tiny@production",name="tiny",version="v1"} 1.0' in r.text
+    assert 'clip_model_info{encoder="base",model="tiny@production",name="tiny",version="v1"} 1.0' in r.text
     assert 'route="/readyz"' in r.text
 
 

@@ -304,8 +304,8 @@ def test_huge_label_count_is_refused(client: httpx.Client, red: dict[str, str]) 
 
 def test_every_error_counted_no_500(client: httpx.Client) -> None:
     text = client.get("/metrics").text
-    assert re.search(r'http_requests_total\{[^}]*status="4\d\d"', text)
-    five = [line for line in text.splitlines() if re.match(r'http_requests_total\{[^}]*status="50[0-2]"', line)]
+    assert re.search(r'clip_http_requests_total\{[^}]*status="4\d\d"', text)
+    five = [line for line in text.splitlines() if re.match(r'clip_http_requests_total\{[^}]*status="50[0-2]"', line)]
     assert not five, five
 
 

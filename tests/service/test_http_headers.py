@@ -122,8 +122,8 @@ def test_head_answers_every_get_route_with_its_headers_and_no_body(running: Any,
     assert client.head("/embed").status_code == 405
     assert client.head("/nowhere").status_code == 404
     metrics = client.get("/metrics").text
-    assert re.search(r'http_requests_total\{[^}]*method="HEAD"[^}]*route="/healthz"', metrics) or re.search(
-        r'http_requests_total\{[^}]*route="/healthz"[^}]*method="HEAD"', metrics
+    assert re.search(r'clip_http_requests_total\{[^}]*method="HEAD"[^}]*route="/healthz"', metrics) or re.search(
+        r'clip_http_requests_total\{[^}]*route="/healthz"[^}]*method="HEAD"', metrics
     )
 
 

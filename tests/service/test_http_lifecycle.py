@@ -74,10 +74,10 @@ def test_queue_full_is_429_with_retry_after(
             if r.status_code == 429:
                 assert r.json()["error"]["code"] == "overloaded"
                 assert int(r.headers["retry-after"]) >= 1
-        assert metric_value(running.url, "batcher_rejected_total", reason="queue_full") >= 1
+        assert metric_value(running.url, "clip_batcher_rejected_total", reason="queue_full") >= 1
         # Refused before decoding: only the accepted request's images were decoded.
         accepted = sum(2 for r in responses if r.status_code == 200)
-        assert metric_value(running.url, "images_decoded_total") == accepted
+        assert metric_value(running.url, "clip_images_decoded_total") == accepted
 
 
 def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: list[tuple[int, str]]) -> None:
@@ -110,7 +110,7 @@ def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publis
         stop.set()
         for t in threads:
             t.join(timeout=60)
-        swaps = metric_value(running.url, "model_swaps_total", result="ok")
+        swaps = metric_value(running.url, "clip_model_swaps_total", result="ok")
         info = httpx.get(f"{running.url}/metrics").text
     assert {status for status, _ in seen} == {200}, [s for s in seen if s[0] != 200][:5]
     models = [m for _, m in seen]
@@ -141,14 +141,14 @@ def test_corrupt_version_is_refused_old_keeps_serving(
         store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
         store.promote("guarded", "production", version)
         deadline = time.monotonic() + 30
-        while metric_value(running.url, "model_swaps_total", result="refused") < 1:
+        while metric_value(running.url, "clip_model_swaps_total", result="refused") < 1:
             assert time.monotonic() < deadline, "the corrupt version was not refused"
             time.sleep(0.1)
         time.sleep(0.6)  # a few more polls: it must not be retried or swapped in
         stop.set()
         thread.join(timeout=60)
         ready = httpx.get(f"{running.url}/readyz").json()
-        refused = metric_value(running.url, "model_swaps_total", result="refused")
+        refused = metric_value(running.url, "clip_model_swaps_total", result="refused")
         models = httpx.get(f"{running.url}/models").json()
     assert ready == {
         "ready": True,
@@ -203,7 +203,7 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
             broken.text_projection.fill_(float("nan"))  # checksums fine, embeddings NaN
         publish_bundle(ModelStore(tmp_path), "warm", broken, config, aliases=["production"], fp16=False)
         deadline = time.monotonic() + 30
-        while metric_value(running.url, "model_swaps_total", result="refused") < 1:
+        while metric_value(running.url, "clip_model_swaps_total", result="refused") < 1:
             assert time.monotonic() < deadline, "a version that fails warm-up was swapped in"
             time.sleep(0.1)
         assert httpx.get(f"{running.url}/readyz").json()["model"] == "warm@v1"
@@ -235,7 +235,7 @@ def test_request_past_its_deadline_is_504(tmp_path: Path, serve_app: Any, publis
     with serve_app(store=str(tmp_path), model="slow@production", batching=batching) as running:
         r = httpx.post(f"{running.url}/embed", json={"texts": ["waits in the queue past its deadline"]})
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-        assert metric_value(running.url, "batcher_rejected_total", reason="deadline") >= 1
+        assert metric_value(running.url, "clip_batcher_rejected_total", reason="deadline") >= 1
 
 
 def _wait(condition: Any, timeout: float = 30.0) -> None:
@@ -266,7 +266,7 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
                 "store": "unreadable",
                 "models": [_served("watch@production", "watch@v1", store="unreadable")],
             }
-            assert metric_value(running.url, "store_watch_ok") == 0
+            assert metric_value(running.url, "clip_store_watch_ok") == 0
             time.sleep(0.3)  # several polls fail; the watcher keeps polling
             assert manager._task is not None and not manager._task.done()
         aliases.unlink()
@@ -275,7 +275,7 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
         aliases.rmdir()
         aliases.write_bytes(good)
         _wait(lambda: manager.watch_error is None)
-        assert metric_value(running.url, "store_watch_ok") == 1
+        assert metric_value(running.url, "clip_store_watch_ok") == 1
         publish_model(root, "watch", seed=9)  # v2, promoted to production
         _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "watch@v2")
         assert httpx.get(f"{running.url}/readyz").json()["store"] == "ok"
@@ -309,13 +309,13 @@ def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
         weights.mkdir()  # unreadable (EISDIR), as a flaky mount or a copy in progress can be
         store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
         store.promote("flaky", "production", version)
-        _wait(lambda: metric_value(running.url, "model_swaps_total", result="retrying") >= 2)
+        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", result="retrying") >= 2)
         assert httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v1"
         weights.rmdir()
         weights.write_bytes(saved)  # readable again: the next try swaps it in
         _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v2")
-        assert metric_value(running.url, "model_swaps_total", result="refused") == 0
-        assert metric_value(running.url, "model_swaps_total", result="ok") == 1
+        assert metric_value(running.url, "clip_model_swaps_total", result="refused") == 0
+        assert metric_value(running.url, "clip_model_swaps_total", result="ok") == 1
     assert any("cannot load flaky@v2 yet" in r.getMessage() for r in caplog.records)
 
 

@@ -113,9 +113,9 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
             else:
                 assert stats["mean_cosine"] == pytest.approx(1.0, abs=1e-6), path
         assert copy["endpoints"]["/score/dense"]["mean_correlation"] == pytest.approx(1.0, abs=1e-6)
-        assert metric_value(url, "shadow_requests_total", version="v2", outcome="compared") == len(calls)
-        assert metric_value(url, "shadow_agreement_total", version="v2", result="disagree") == 0
-        assert metric_value(url, "shadow_fraction", version="v2") == 1.0
+        assert metric_value(url, "clip_shadow_requests_total", version="v2", outcome="compared") == len(calls)
+        assert metric_value(url, "clip_shadow_agreement_total", version="v2", result="disagree") == 0
+        assert metric_value(url, "clip_shadow_sample_ratio", version="v2") == 1.0
 
         store.shadow("split", "production", "v3", fraction=1.0)
         _wait(lambda: _shadow(url).get("version") == "v3" and _shadow(url).get("loaded"))
@@ -127,18 +127,19 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         assert other["/classify"]["agreement"] < 1.0
         assert other["/embed"]["mean_cosine"] < 0.99 and other["/v1/embeddings"]["mean_cosine"] < 0.99
         assert other["/score/dense"]["mean_correlation"] < 0.99
-        assert metric_value(url, "shadow_agreement_total", version="v3", result="disagree") > 0
+        assert metric_value(url, "clip_shadow_agreement_total", version="v3", result="disagree") > 0
         # v2 is no longer loaded: its series went with it.
         exported = httpx.get(f"{url}/metrics").text
         _wait(lambda: 'version="v2"' not in httpx.get(f"{url}/metrics").text)
-        assert 'shadow_requests_total{endpoint="/classify",model="split",outcome="compared",version="v3"}' in exported
+        series = 'clip_shadow_requests_total{endpoint="/classify",model="split",outcome="compared",version="v3"}'
+        assert series in exported
 
         store.shadow("split", "production", None)
         _wait(lambda: not httpx.get(f"{url}/models/split").json()["shadow"])
-        before = metric_value(url, "shadow_requests_total")
+        before = metric_value(url, "clip_shadow_requests_total")
         _answers(url, calls[:2], one_by_one=False)
         time.sleep(0.3)
-        assert metric_value(url, "shadow_requests_total") == before  # no shadow: nothing sampled
+        assert metric_value(url, "clip_shadow_requests_total") == before  # no shadow: nothing sampled
 
         store.shadow("split", "production", "v3", fraction=1.0)  # again: its summary starts afresh
         _wait(lambda: _shadow(url).get("loaded"))
@@ -171,6 +172,6 @@ def test_shadow_work_is_dropped_first_under_a_burst(store_root: Path, serve_app:
         assert stats["dropped"] > 0 and stats["failed"] == 0
         assert stats["compared"] + stats["dropped"] == burst
         dropped = sum(
-            metric_value(url, "shadow_requests_total", outcome=reason) for reason in ("queue_full", "busy", "gone")
+            metric_value(url, "clip_shadow_requests_total", outcome=reason) for reason in ("queue_full", "busy", "gone")
         )
         assert dropped == stats["dropped"]

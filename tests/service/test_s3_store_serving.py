@@ -51,7 +51,7 @@ def test_hot_swap_through_s3_under_traffic_loses_no_request(
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
-        swaps = metric_value(running.url, "model_swaps_total", result="ok")
+        swaps = metric_value(running.url, "clip_model_swaps_total", result="ok")
         cache = running.services.store.backend.cache
     assert {status for status, _ in seen} == {200}, [s for s in seen if s[0] != 200][:5]
     models = [model for _, model in seen]

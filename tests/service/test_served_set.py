@@ -87,9 +87,9 @@ def test_each_request_is_answered_by_the_model_it_names_as_a_lone_server_would(
     assert ready["ready"] and ready["model"] == "alpha@v1"
     assert [m["ref"] for m in ready["models"]] == ["alpha", "beta@production", "beta@v1"]
     assert ids == ["alpha", "alpha@v1", "beta", "beta@v2", "beta@v1"]  # each accepted by `model`
-    assert 'model_info{encoder="base",model="beta@v1",name="beta",version="v1"} 1.0' in metrics
-    assert 'model_info{encoder="base",model="beta@production",name="beta",version="v2"} 1.0' in metrics
-    assert 'batch_size_count{batcher="text-base",model="beta@v1"}' in metrics
+    assert 'clip_model_info{encoder="base",model="beta@v1",name="beta",version="v1"} 1.0' in metrics
+    assert 'clip_model_info{encoder="base",model="beta@production",name="beta",version="v2"} 1.0' in metrics
+    assert 'clip_batch_size_count{batcher="text-base",model="beta@v1"}' in metrics
     # Each version answers what a server of that version alone answers.
     for version in ("alpha@v1", "beta@v2", "beta@v1"):
         with serve_app(store=str(two_models), model=version) as alone:
@@ -139,15 +139,15 @@ def test_a_version_one_model_cannot_load_leaves_the_others_serving(
         weights.unlink()
         weights.mkdir()
         store.promote("beta", "production", version)
-        _wait(lambda: metric_value(running.url, "model_swaps_total", model="alpha", result="refused") >= 1)
-        _wait(lambda: metric_value(running.url, "model_swaps_total", model="beta", result="retrying") >= 2)
+        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", model="alpha", result="refused") >= 1)
+        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", model="beta", result="retrying") >= 2)
         time.sleep(0.5)  # more requests on every model after both failures
         stop.set()
         for client in clients:
             client.join(timeout=60)
         served = httpx.get(f"{running.url}/models").json()["served"]
-        swaps = metric_value(running.url, "model_swaps_total", result="ok")
-        refused_gamma = metric_value(running.url, "model_swaps_total", model="gamma@production")
+        swaps = metric_value(running.url, "clip_model_swaps_total", result="ok")
+        refused_gamma = metric_value(running.url, "clip_model_swaps_total", model="gamma@production")
     for model, version in (("alpha", "alpha@v1"), ("beta", "beta@v1"), ("gamma", "gamma@v1")):
         assert seen[model], model
         failed = [s for s in seen[model] if s[0] != 200]
@@ -234,8 +234,8 @@ def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
         assert answered == "gamma@v1"
         assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
         _wait(lambda: gc.collect() >= 0 and beta() is None, what="beta's weights to be freed")
-        assert metric_value(running.url, "model_unloads_total", model="beta") == 1
-        assert metric_value(running.url, "model_loads_total", model="gamma") == 1
+        assert metric_value(running.url, "clip_model_unloads_total", model="beta") == 1
+        assert metric_value(running.url, "clip_model_loads_total", model="gamma") == 1
         # A model with a request in flight is never unloaded: a request for beta waits for room,
         # then gets a 503 with Retry-After when its time budget runs out.
         gamma = running.services.models.entries[2].current

@@ -1,7 +1,7 @@
 """A real open_clip architecture (ViT-B-32, random weights: no pretrained weights can be
 downloaded here) runs ``pcclip`` and ``dcsm`` on user data at its own 224 px for a few steps on
 CPU, each publishing a version the service's loader accepts. Speed is recorded in
-docs/benchmarks.md (``python -m training.userdata.bench``), not asserted."""
+docs/benchmarks-notebook.md (``python -m training.userdata.bench``), not asserted."""
 
 from __future__ import annotations
 

@@ -312,12 +312,12 @@ async def test_metrics_are_recorded(make: BatcherFactory) -> None:
     get = metrics.registry.get_sample_value
     # A batcher given the app's metrics directly records under no served-set entry (model "").
     test = {"model": "", "batcher": "test"}
-    assert get("batch_size_count", test) == 1
-    assert get("batch_size_sum", test) == 4
-    assert get("encode_seconds_count", test) == 1
-    assert get("batch_wait_seconds_count", test) == 1
-    assert get("queue_depth", test) == 0
-    assert get("batcher_rejected_total", {**test, "reason": "too_large"}) == 1
+    assert get("clip_batch_size_count", test) == 1
+    assert get("clip_batch_size_sum", test) == 4
+    assert get("clip_encode_seconds_count", test) == 1
+    assert get("clip_batch_wait_seconds_count", test) == 1
+    assert get("clip_queue_depth", test) == 0
+    assert get("clip_batcher_rejected_total", {**test, "reason": "too_large"}) == 1
 
 
 async def test_metrics_of_a_model_carry_its_label(make: BatcherFactory) -> None:
@@ -326,5 +326,5 @@ async def test_metrics_of_a_model_carry_its_label(make: BatcherFactory) -> None:
     await b.submit([1, 2])
     b.record_rejection("over_budget")
     get = metrics.registry.get_sample_value
-    assert get("batch_size_sum", {"model": "other@v3", "batcher": "test"}) == 2
-    assert get("batcher_rejected_total", {"model": "other@v3", "batcher": "test", "reason": "over_budget"}) == 1
+    assert get("clip_batch_size_sum", {"model": "other@v3", "batcher": "test"}) == 2
+    assert get("clip_batcher_rejected_total", {"model": "other@v3", "batcher": "test", "reason": "over_budget"}) == 1

@@ -29,7 +29,7 @@ def keys_for(n: int, model_ref: str = "default@v3") -> list[str]:
 
 
 def cache_counts(metrics: ServiceMetrics, layer: str, result: str) -> float:
-    value = metrics.registry.get_sample_value("cache_requests_total", {"layer": layer, "result": result})
+    value = metrics.registry.get_sample_value("clip_cache_requests_total", {"layer": layer, "result": result})
     return value or 0.0
 
 

@@ -73,7 +73,7 @@ def job(answer: str, shadow_answer: str, version: str = "v2") -> ShadowJob[str]:
 
 def outcome(metrics: ServiceMetrics, outcome: str, version: str = "v2") -> float:
     labels = {"model": "m", "version": version, "endpoint": "/classify", "outcome": outcome}
-    return metrics.registry.get_sample_value("shadow_requests_total", labels) or 0.0
+    return metrics.registry.get_sample_value("clip_shadow_requests_total", labels) or 0.0
 
 
 def test_the_runner_compares_and_counts() -> None:
@@ -86,7 +86,7 @@ def test_the_runner_compares_and_counts() -> None:
     assert outcome(metrics, "compared") == 1 and shadow.active == 0
     get = metrics.registry.get_sample_value
     labels = {"model": "m", "version": "v2", "endpoint": "/classify"}
-    assert get("shadow_agreement_total", {**labels, "result": "disagree"}) == 1
+    assert get("clip_shadow_agreement_total", {**labels, "result": "disagree"}) == 1
     r.forget("v2")
     assert r.summary("v2") == {}
 
