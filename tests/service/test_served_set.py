@@ -272,3 +272,4 @@ def test_the_least_recently_used_idle_model_is_the_one_unloaded(
         assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready", "delta": "ready"}
         assert _embed(running.url, {"texts": TEXTS}, "beta")[0] == "beta@v1"  # gamma was used before delta
         assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded", "delta": "ready"}
+
