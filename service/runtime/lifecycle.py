@@ -118,6 +118,7 @@ class ModelManager:
         self.load_started: float | None = None  # monotonic start of the load in progress
         self.last_load_s: float | None = None  # how long the last load took
         self._loading = 0  # loads in progress (first load or a hot swap's)
+        self.waiting = 0  # requests waiting for it to load (under a memory budget)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -169,9 +170,11 @@ class ModelManager:
 
     @property
     def evictable(self) -> bool:
-        """No request in flight on any of its versions (canary and shadow runs included) and no
-        load in progress: unloading it now fails nothing."""
-        if self._loading:
+        """No request in flight on any of its versions (canary and shadow runs included), none
+        waiting for it to load and no load in progress: unloading it now fails nothing and undoes
+        no load a request waits for (two models waiting for one slot would unload each other's as
+        soon as it started, or before their requests got to it)."""
+        if self._loading or self.waiting:
             return False
         runtimes = [*self._retiring.values(), *self._loaded()]
         return all(runtime.active == 0 for runtime in runtimes)

@@ -20,9 +20,9 @@ has its own canary, shadow and shadow runner, ``service.runtime.lifecycle``):
 Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
 their first request. That request waits for the load, within the request's time budget, else it
 gets 503 with Retry-After while the load goes on. To make room, the least recently used entry with
-no request in flight (on its primary, canary or shadow) and no load in progress is unloaded with
-its canary, shadow and shadow runner; the default entry never is. When every
-loaded entry is busy, the request waits for one to finish.
+no request in flight (on its primary, canary or shadow), none waiting for it to load and no load
+in progress is unloaded with its canary, shadow and shadow runner; the default entry never is.
+When every loaded entry is busy, the request waits for one to finish.
 """
 
 from __future__ import annotations
@@ -206,6 +206,14 @@ class ServedModels:
             stages.deadline = loop.time() + budget_s
         deadline = stages.deadline if stages is not None and stages.deadline is not None else loop.time() + budget_s
         entry.last_used = time.monotonic()  # once loaded, it is the most recently used
+        entry.waiting += 1  # not unloaded meanwhile, nor before this request holds it
+        try:
+            await self._wait_for_load(entry, deadline)
+        finally:
+            entry.waiting -= 1
+
+    async def _wait_for_load(self, entry: ModelManager, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
         waited_for_room = False
         while entry.current is None:
             if not entry.started:
