@@ -141,7 +141,14 @@ class ModelManager:
         self.sides: dict[str, ModelRuntime | None] = {CANARY: None, SHADOW: None}
         self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
         self._split_exported: set[str] = set()  # versions with a canary_weight or shadow_fraction series
-        self.shadows = ShadowRunner(self.name, metrics, lease=self._shadow_lease, busy=self.answering_busy)
+        self.shadows = ShadowRunner(
+            self.name,
+            metrics,
+            lease=self._shadow_lease,
+            busy=self.answering_busy,
+            idle_since=self.answering_idle_since,
+            quiet_s=settings.shadow_quiet_ms / 1000,
+        )
         metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
@@ -320,6 +327,13 @@ class ModelManager:
     def _shadow_lease(self, version: str) -> ModelRuntime | None:
         shadow = self.sides[SHADOW]
         return shadow if shadow is not None and shadow.bundle.version == version else None
+
+    def answering_idle_since(self) -> float | None:
+        """When the last request on the versions that answer callers (primary, canary) ended
+        (monotonic), None while one is in flight: shadow runs wait for a gap in the traffic."""
+        if any(rt is not None and rt.active > 0 for rt in (self.current, self.sides[CANARY])):
+            return None
+        return self.last_used
 
     def answering_busy(self) -> bool:
         """Whether the versions that answer callers (primary, canary) have work queued: shadow work
