@@ -298,7 +298,7 @@ class Settings(BaseSettings):
         ge=0,
         description="A shadow run starts only once the primary and canary have had no request in flight for this "
         "long (a gap in the traffic, not the moment between two requests of one client); a sampled request that "
-        "finds no such gap within 1 s is dropped. 0: it starts as soon as none is in flight.",
+        "finds no such gap within 1 s is dropped. 0: it starts right after the answer, whatever is in flight.",
     )
     graceful_shutdown_s: int = Field(default=20, ge=0, description="How long SIGTERM waits for in-flight requests.")
     warmup: bool = Field(

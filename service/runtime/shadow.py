@@ -247,7 +247,7 @@ class ShadowRunner:
     async def until_quiet(self) -> bool:
         """Wait until the versions that answer callers have been idle for ``quiet_s`` (True), or
         give up after ``wait_s`` (False)."""
-        if self._idle_since is None:
+        if self._idle_since is None or self._quiet_s <= 0:  # 0: no waiting at all
             return True
         deadline = time.monotonic() + self._wait_s
         while True:
