@@ -294,6 +294,14 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a swapped-out version may keep finishing requests (then its batchers stop).",
     )
+    shadow_quiet_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="A shadow run starts only once the primary and canary have had no request in flight for this "
+        "long (a gap in the traffic, not the moment between two requests of one client); a sampled request that "
+        "finds no such gap within 1 s is dropped. 0 (the default; a gain from waiting is not measured yet): it starts "
+        "right after the answer, whatever is in flight.",
+    )
     graceful_shutdown_s: int = Field(default=20, ge=0, description="How long SIGTERM waits for in-flight requests.")
     warmup: bool = Field(
         default=True,

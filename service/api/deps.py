@@ -17,7 +17,7 @@ from service.runtime.canary import CANARY_KEY_HEADER, caller_key
 from service.runtime.lifecycle import ModelManager, ModelRuntime
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
-from service.runtime.served import ServedModels
+from service.runtime.served import Selection, ServedModels
 
 
 @dataclass
@@ -64,6 +64,8 @@ async def get_caller_key(
 
 
 CallerKeyDep = Annotated[bytes | None, Depends(get_caller_key)]
+# Answers that depend on the caller's key (which version answers them) vary by these headers.
+VARY_BY_CALLER = f"{CANARY_KEY_HEADER}, Authorization"
 
 
 async def get_pipeline(services: ServicesDep) -> Pipeline:
@@ -75,12 +77,13 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 
 @contextlib.asynccontextmanager
 async def use_model(
-    request: Request, services: Services, model: ModelManager, key: bytes | None = None
+    request: Request, services: Services, model: Selection, key: bytes | None = None
 ) -> AsyncIterator[ModelRuntime]:
     """The runtime of ``model`` (from ``services.models.resolve``: an unknown name is a 404 before
     the request's input is checked) that answers the caller ``key`` (``CallerKeyDep``): the entry's
-    canary for the callers its alias routes to it, else its primary. Held from start to end even
-    if a new version is swapped in. Under a memory budget, a model that is not loaded loads first."""
+    canary for the callers its alias routes to it, else its primary; the version the request's
+    ``model`` named, if it named one. Held from start to end even if a new version is swapped in.
+    Under a memory budget, a model that is not loaded loads first."""
     async with services.models.acquire_entry(model, key) as runtime:
         request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
         request.state.role = runtime.role

@@ -117,16 +117,30 @@ async def token_count(pipeline: Pipeline, rt: ModelRuntime, texts: list[str]) ->
 
 def model_list(served: list[EntryStatus]) -> OpenAIModelList:
     """The names a request's ``model`` may use, entry by entry of the served set: a model name
-    (the first entry of that name answers it; it follows hot swaps) and the exact ``name@version``
-    an entry serves, or its configured ref while it is not loaded. Each id is listed once."""
+    (the first entry of that name answers it; it follows hot swaps), the exact ``name@version``
+    an entry serves (or its configured ref while it is not loaded) and that of its loaded canary.
+    Each id is listed once, with the version that answers the caller ``served`` was read for
+    (``answers``): a name's depends on the caller's key while a canary splits its callers."""
     out: dict[str, OpenAIModel] = {}
     for entry in served:
         created = _unix(entry.created_at) if entry.created_at else 0
-        ids = [entry.name, entry.serving or entry.ref]
-        for model_id in ids:
+        ids = [
+            (entry.name, entry.serving, created, entry.answers),
+            (entry.serving or entry.ref, entry.serving, created, entry.serving),
+        ]
+        if entry.canary is not None:
+            canary_created = _unix(entry.canary_created_at) if entry.canary_created_at else 0
+            ids.append((entry.canary, entry.canary, canary_created, entry.canary))
+        for model_id, serving, since, answers in ids:
             if model_id not in out:
                 out[model_id] = OpenAIModel(
-                    id=model_id, created=created, owned_by=OWNER, serving=entry.serving, state=entry.state
+                    id=model_id,
+                    created=since,
+                    owned_by=OWNER,
+                    serving=serving,
+                    state=entry.state,
+                    answers=answers,
+                    canary=entry.canary if model_id == entry.name else None,
                 )
     return OpenAIModelList(data=list(out.values()))
 

@@ -75,9 +75,24 @@ class OpenAIModel(BaseModel):
     created: int = Field(description="when the version it answers with was published, Unix seconds (0: not loaded)")
     owned_by: str
     serving: str | None = Field(
-        default=None, description="this service's addition: the `name@version` it answers with, null while not loaded"
+        default=None,
+        description="this service's addition: the `name@version` it answers with (for a name: the primary version "
+        "of its entry), null while not loaded",
     )
     state: ServedState = Field(default="ready", description="this service's addition: " + SERVED_STATE)
+    answers: str | None = Field(
+        default=None,
+        description="this service's addition: the `name@version` that answers the caller of this request when it "
+        "names this id, by its `X-Canary-Key` header, else its API key (send the same headers as your requests): "
+        "a name's canary answers the callers routed to it, a `name@version` always that version. Null while not "
+        "loaded, or while a canary splits the callers and this request carries neither key (such requests are "
+        "routed at random)",
+    )
+    canary: str | None = Field(
+        default=None,
+        description="this service's addition, on a name: the `name@version` of the canary loaded beside its primary "
+        "(it is listed as an id of its own too), null when none",
+    )
 
 
 class OpenAIModelList(BaseModel):

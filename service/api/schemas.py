@@ -488,6 +488,17 @@ class ServedModel(BaseModel):
     store: Literal["ok", "unreadable"] = Field(
         default="ok", description="whether its alias can be read from the model store (hot swaps wait while not)"
     )
+    canary: str | None = Field(
+        default=None,
+        description="the `name@version` of the canary loaded beside it, answering the callers its alias routes there "
+        "(a request may also name it as `model`); null when none",
+    )
+    answers: str | None = Field(
+        default=None,
+        description="the `name@version` that answers the caller of this request when it names this entry, by its "
+        "`X-Canary-Key` header, else its API key (send the same headers as your requests); null while not loaded, "
+        "or while a canary splits the callers and this request carries neither key (routed at random)",
+    )
 
 
 class ModelsResponse(BaseModel):

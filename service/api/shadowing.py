@@ -24,7 +24,8 @@ from service.api.deps import CallerKeyDep, Services, ServicesDep, use_model
 from service.api.openai_schemas import EmbeddingsResponse
 from service.api.schemas import ClassifyResponse, DenseResponse, EmbedResponse, RankPairResponse, RankResponse
 from service.api.vector_encoding import decode_rows
-from service.runtime.lifecycle import ModelManager, ModelRuntime
+from service.runtime.lifecycle import ModelRuntime
+from service.runtime.served import Selection
 from service.runtime.shadow import Answer, ShadowJob
 
 __all__ = ["AnswerDep", "Answering", "summarize"]
@@ -53,8 +54,8 @@ def summarize(answer: BaseModel) -> Answer:
 
 @dataclass
 class Answering:
-    """Call it with the served-set entry the request names and the endpoint's operation (a
-    function of the runtime): it returns the answer."""
+    """Call it with what the request's ``model`` picks (``ServedModels.resolve``) and the
+    endpoint's operation (a function of the runtime): it returns the answer."""
 
     request: Request
     services: Services
@@ -62,13 +63,14 @@ class Answering:
     endpoint: str
     background: BackgroundTasks
 
-    async def __call__(self, model: ModelManager, operation: Callable[[ModelRuntime], Awaitable[R]]) -> R:
+    async def __call__(self, model: Selection, operation: Callable[[ModelRuntime], Awaitable[R]]) -> R:
         async with use_model(self.request, self.services, model, self.key) as runtime:
             answer = await operation(runtime)
-        version = model.shadow_sample()
+        entry = model.entry
+        version = entry.shadow_sample()
         if version is not None:
             job = ShadowJob(version, self.endpoint, answer, operation, summarize)
-            self.background.add_task(model.shadows.offer, job)
+            self.background.add_task(entry.shadows.offer, job)
         return answer
 
 

@@ -19,7 +19,8 @@ The alias entry may also name a canary (a weighted share of the callers) and a s
 a sample of the requests after they were answered). Each is loaded beside the primary with its own
 runtime and batchers, checked like a swapped-in version; one that cannot load is refused (or
 retried) and logged, and the primary answers everything meanwhile. ``acquire(key)`` routes a
-request to the canary by its caller key (``model_store.routing.route``), and the shadow runs go
+request to the canary by its caller key (``model_store.routing.route``), or to the version the
+request named (``acquire(key, version)``: the primary's or the canary's), and the shadow runs go
 through a bounded queue (``service.runtime.shadow``). Weight changes take effect at the next poll;
 a promoted canary becomes the primary as it is (nothing reloads), and a version no role holds any
 more drains like a swapped-out one. Each entry of the served set has its own canary, shadow and
@@ -117,6 +118,7 @@ class ModelManager:
         self.load_started: float | None = None  # monotonic start of the load in progress
         self.last_load_s: float | None = None  # how long the last load took
         self._loading = 0  # loads in progress (first load or a hot swap's)
+        self.waiting = 0  # requests waiting for it to load (under a memory budget)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -139,7 +141,14 @@ class ModelManager:
         self.sides: dict[str, ModelRuntime | None] = {CANARY: None, SHADOW: None}
         self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
         self._split_exported: set[str] = set()  # versions exporting clip_canary_weight_ratio/clip_shadow_sample_ratio
-        self.shadows = ShadowRunner(self.name, metrics, lease=self._shadow_lease, busy=self.answering_busy)
+        self.shadows = ShadowRunner(
+            self.name,
+            metrics,
+            lease=self._shadow_lease,
+            busy=self.answering_busy,
+            idle_since=self.answering_idle_since,
+            quiet_s=settings.shadow_quiet_ms / 1000,
+        )
         metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
@@ -168,9 +177,11 @@ class ModelManager:
 
     @property
     def evictable(self) -> bool:
-        """No request in flight on any of its versions (canary and shadow runs included) and no
-        load in progress: unloading it now fails nothing."""
-        if self._loading:
+        """No request in flight on any of its versions (canary and shadow runs included), none
+        waiting for it to load and no load in progress: unloading it now fails nothing and undoes
+        no load a request waits for (two models waiting for one slot would unload each other's as
+        soon as it started, or before their requests got to it)."""
+        if self._loading or self.waiting:
             return False
         runtimes = [*self._retiring.values(), *self._loaded()]
         return all(runtime.active == 0 for runtime in runtimes)
@@ -258,16 +269,42 @@ class ModelManager:
             except Exception:
                 log.exception("stopping %s failed", runtime.ref)
 
+    def serves(self, version: str, role: str = PRIMARY) -> bool:
+        """Whether ``version`` is loaded here as the primary (``role`` primary) or the canary."""
+        runtime = self.current if role == PRIMARY else self.sides[CANARY] if self.current is not None else None
+        return runtime is not None and runtime.bundle.version == version
+
+    def answers(self, key: str | bytes | None) -> str | None:
+        """The ``name@version`` that answers the caller ``key`` now; None while nothing is loaded,
+        or while a canary splits the callers and ``key`` is None (each request is drawn at random)."""
+        current, canary = self.current, self.sides[CANARY]
+        if current is None or canary is None or self.entry is None or self.entry.canary is None:
+            return current.ref if current is not None else None
+        if key is None:
+            return None
+        return canary.ref if route(self.entry, key) == canary.bundle.version else current.ref
+
     @contextlib.asynccontextmanager
-    async def acquire(self, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+    async def acquire(self, key: str | bytes | None = None, version: str | None = None) -> AsyncIterator[ModelRuntime]:
         """The runtime that answers a request from the caller ``key`` (``service.runtime.canary``):
-        the canary for the callers the alias routes to it, else the primary; held for the whole
-        request (no await between read and count)."""
+        the canary for the callers the alias routes to it, else the primary; or, when the request
+        named a ``version``, that version if it is still the primary or the canary (unknown_model
+        once it is neither: a request never gets another version than the one it named). Held for
+        the whole request (no await between read and count)."""
         runtime = self.current
         if runtime is None:
             raise ClipError(ErrorCode.not_ready, self.not_ready_message(), retry_after=1)
         canary = self.sides[CANARY]
-        if canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
+        if version is not None:
+            if runtime.bundle.version != version:
+                if canary is None or canary.bundle.version != version:
+                    raise ClipError(
+                        ErrorCode.unknown_model,
+                        f"model {self.name}@{version} is not served here any more; {self.ref} serves {runtime.ref}",
+                        "model",
+                    )
+                runtime = canary
+        elif canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
             runtime = canary
         self.last_used = time.monotonic()
         try:
@@ -290,6 +327,13 @@ class ModelManager:
     def _shadow_lease(self, version: str) -> ModelRuntime | None:
         shadow = self.sides[SHADOW]
         return shadow if shadow is not None and shadow.bundle.version == version else None
+
+    def answering_idle_since(self) -> float | None:
+        """When the last request on the versions that answer callers (primary, canary) ended
+        (monotonic), None while one is in flight: shadow runs wait for a gap in the traffic."""
+        if any(rt is not None and rt.active > 0 for rt in (self.current, self.sides[CANARY])):
+            return None
+        return self.last_used
 
     def answering_busy(self) -> bool:
         """Whether the versions that answer callers (primary, canary) have work queued: shadow work

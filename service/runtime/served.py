@@ -13,15 +13,16 @@ has its own canary, shadow and shadow runner, ``service.runtime.lifecycle``):
 * ``name``: the first entry of that model name;
 * ``name@selector``: the entry configured with that selector (``name@production`` for the entry
   ``name@production``, or ``name`` which means the same), else an entry of that name now serving
-  version ``selector``;
+  version ``selector`` as its primary or as its loaded canary: that version answers the request,
+  whatever the caller's key (``Selection.version``);
 * anything else is ``unknown_model``, whose message lists the set.
 
 Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
 their first request. That request waits for the load, within the request's time budget, else it
 gets 503 with Retry-After while the load goes on. To make room, the least recently used entry with
-no request in flight (on its primary, canary or shadow) and no load in progress is unloaded with
-its canary, shadow and shadow runner; the default entry never is. When every
-loaded entry is busy, the request waits for one to finish.
+no request in flight (on its primary, canary or shadow), none waiting for it to load and no load
+in progress is unloaded with its canary, shadow and shadow runner; the default entry never is.
+When every loaded entry is busy, the request waits for one to finish.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from typing import Any
 from clipcore.errors import ClipError, ErrorCode
 from model_store import ModelStore
 from service.config import Settings
-from service.runtime.assembly import ModelRuntime
+from service.runtime.assembly import CANARY, ModelRuntime
 from service.runtime.lifecycle import ModelManager, ModelState
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES
 
-__all__ = ["EntryStatus", "ServedModels"]
+__all__ = ["EntryStatus", "Selection", "ServedModels"]
 
 log = logging.getLogger("service.served")
 
@@ -61,6 +62,20 @@ class EntryStatus:
     default: bool
     store_ok: bool  # whether its alias could be read on the last poll
     created_at: str | None  # when the serving version was published
+    canary: str | None = None  # the name@version of its loaded canary, if any
+    canary_created_at: str | None = None
+    # The name@version that answers the caller ``status`` was asked for, when it names this entry:
+    # None while not loaded, or while a canary splits and the caller has no key (random per request).
+    answers: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a request's ``model`` picks: an entry, and a version of it when the ``model`` names one
+    (its primary's or its canary's: that version answers, whatever the caller's key)."""
+
+    entry: ModelManager
+    version: str | None = None
 
 
 class ServedModels:
@@ -100,24 +115,24 @@ class ServedModels:
         await asyncio.gather(*self._stopping, return_exceptions=True)
 
     # ------------------------------------------------------------------ routing
-    def resolve(self, requested: str | None) -> ModelManager:
-        """The entry a request's ``model`` names (the default entry for None); unknown_model else."""
+    def resolve(self, requested: str | None) -> Selection:
+        """The entry a request's ``model`` names (the default entry for None), with the version it
+        pins if it names one its entry serves (as primary or canary); unknown_model else."""
         if requested is None:
-            return self.default
+            return Selection(self.default)
         name, at, selector = requested.partition("@")
+        found: Selection | None = None
         if not at:
-            found = next((e for e in self.entries if e.name == name), None)
+            found = next((Selection(e) for e in self.entries if e.name == name), None)
         else:
-            found = next((e for e in self.entries if (e.name, e.selector) == (name, selector)), None)
-            if found is None:  # a version: the entry that serves it now
-                found = next(
-                    (
-                        e
-                        for e in self.entries
-                        if e.name == name and e.current is not None and e.current.bundle.version == selector
-                    ),
-                    None,
-                )
+            found = next((Selection(e) for e in self.entries if (e.name, e.selector) == (name, selector)), None)
+            # A version: the entry that answers with it now, as its primary (first) or its canary.
+            for role in ("primary", "canary"):
+                if found is None:
+                    found = next(
+                        (Selection(e, selector) for e in self.entries if e.name == name and e.serves(selector, role)),
+                        None,
+                    )
         if found is None:
             raise ClipError(
                 ErrorCode.unknown_model,
@@ -131,18 +146,22 @@ class ServedModels:
         parts = []
         for entry in self.entries:
             current = entry.current
+            canary = entry.sides[CANARY] if current is not None else None
             if current is None:
                 parts.append(f"{entry.ref} (not loaded)")
-            elif current.ref != entry.ref:
-                parts.append(f"{entry.ref} ({current.ref})")
+            elif current.ref != entry.ref or canary is not None:
+                serving = current.ref if canary is None else f"{current.ref}, canary {canary.ref}"
+                parts.append(f"{entry.ref} ({serving})")
             else:
                 parts.append(entry.ref)
         return ", ".join(parts)
 
-    def status(self) -> list[EntryStatus]:
+    def status(self, key: str | bytes | None = None) -> list[EntryStatus]:
+        """Each entry's state, and which of its versions answers the caller ``key``."""
         out = []
         for entry in self.entries:
             current = entry.current
+            canary = entry.sides[CANARY] if current is not None else None
             out.append(
                 EntryStatus(
                     ref=entry.ref,
@@ -152,6 +171,9 @@ class ServedModels:
                     default=entry is self.default,
                     store_ok=entry.watch_error is None,
                     created_at=current.bundle.manifest.created_at if current is not None else None,
+                    canary=canary.ref if canary is not None else None,
+                    canary_created_at=canary.bundle.manifest.created_at if canary is not None else None,
+                    answers=entry.answers(key),
                 )
             )
         return out
@@ -160,16 +182,18 @@ class ServedModels:
         self, requested: str | None, key: str | bytes | None = None
     ) -> contextlib.AbstractAsyncContextManager[ModelRuntime]:
         """The runtime of the entry ``requested`` names that answers the caller ``key`` (its canary
-        or its primary, ``ModelManager.acquire``), held for the whole request. Under a memory
-        budget, a model that is not loaded is loaded first (the request waits)."""
+        or its primary, ``ModelManager.acquire``; the version ``requested`` names, if it names
+        one), held for the whole request. Under a memory budget, a model that is not loaded is
+        loaded first (the request waits)."""
         return self.acquire_entry(self.resolve(requested), key)
 
     @contextlib.asynccontextmanager
-    async def acquire_entry(self, entry: ModelManager, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
-        """``acquire`` for an entry already resolved."""
+    async def acquire_entry(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+        """``acquire`` for a ``model`` already resolved."""
+        entry = selection.entry
         if entry.current is None and self.on_demand and entry is not self.default:
             await self._load_on_demand(entry)
-        async with entry.acquire(key) as runtime:  # no await between the check above and this
+        async with entry.acquire(key, selection.version) as runtime:  # no await between the check above and this
             yield runtime
 
     # ------------------------------------------------------------------ memory budget
@@ -182,6 +206,14 @@ class ServedModels:
             stages.deadline = loop.time() + budget_s
         deadline = stages.deadline if stages is not None and stages.deadline is not None else loop.time() + budget_s
         entry.last_used = time.monotonic()  # once loaded, it is the most recently used
+        entry.waiting += 1  # not unloaded meanwhile, nor before this request holds it
+        try:
+            await self._wait_for_load(entry, deadline)
+        finally:
+            entry.waiting -= 1
+
+    async def _wait_for_load(self, entry: ModelManager, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
         waited_for_room = False
         while entry.current is None:
             if not entry.started:

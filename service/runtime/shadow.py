@@ -6,6 +6,13 @@ returned. Shadow work is the first thing dropped under load: the queue holds a f
 offer beyond them is dropped), one worker runs them one at a time, and a request is dropped
 when its turn comes while the batchers of the versions that answer callers have work queued.
 
+Shadow work also waits for idle time: a run starts only once the versions that answer callers
+have had no request in flight for ``quiet_s`` (the ``shadow_quiet_ms`` setting), and a sampled
+request that finds no such moment within ``SHADOW_WAIT_S`` is dropped (``busy``). Started right
+after an answer, a run would share the CPU with the next request of a busy client (back-to-back
+requests leave gaps of a millisecond or so); so it runs in the gaps of the traffic instead, and
+under steady load, where there are none, it gives way entirely.
+
 A shadow run calls the request's own operation with the shadow version's runtime, through the
 same pipeline (cache, batchers), and compares the two answers (``compare``): decisions one by one
 (top-1 label, pair decision, best caption), embeddings by mean cosine, scores by Pearson
@@ -36,6 +43,10 @@ A = TypeVar("A")
 # Sampled requests waiting for the shadow: a few cover the gaps between requests of a steady load;
 # more would only be shadow work piling up behind itself (dropped instead, and counted).
 SHADOW_QUEUE = 4
+# A gap in the traffic, not the moment between an answer and the next request of the same client
+# (the default of the shadow_quiet_ms setting).
+SHADOW_QUIET_S = 0.005
+SHADOW_WAIT_S = 1.0  # how long a sampled request waits for such a gap before it is dropped
 LOG_REPEAT_S = 60.0
 
 
@@ -154,7 +165,8 @@ class ShadowRunner:
     """The bounded queue and single worker of one served alias' shadow runs.
 
     ``lease(version)`` is the loaded shadow runtime of that version (None once it is gone);
-    ``busy()`` says whether the versions that answer callers have work queued.
+    ``busy()`` says whether the versions that answer callers have work queued; ``idle_since()``
+    when their last request ended (monotonic), None while one is in flight (None: never waits).
     """
 
     def __init__(
@@ -164,11 +176,17 @@ class ShadowRunner:
         lease: Callable[[str], ModelRuntime | None],
         busy: Callable[[], bool],
         capacity: int = SHADOW_QUEUE,
+        idle_since: Callable[[], float | None] | None = None,
+        quiet_s: float = SHADOW_QUIET_S,
+        wait_s: float = SHADOW_WAIT_S,
     ) -> None:
         self.model = model
         self.metrics = metrics
         self._lease = lease
         self._busy = busy
+        self._idle_since = idle_since
+        self._quiet_s = quiet_s
+        self._wait_s = wait_s
         self._queue: asyncio.Queue[ShadowJob[Any]] = asyncio.Queue(maxsize=capacity)
         self._task: asyncio.Task[None] | None = None
         self._stats: dict[str, dict[str, EndpointStats]] = {}  # version -> endpoint -> totals
@@ -226,11 +244,29 @@ class ShadowRunner:
         self._totals(job).dropped += 1
         self.metrics.shadow_request(self.model, job.version, job.endpoint, reason)
 
+    async def until_quiet(self) -> bool:
+        """Wait until the versions that answer callers have been idle for ``quiet_s`` (True), or
+        give up after ``wait_s`` (False)."""
+        if self._idle_since is None or self._quiet_s <= 0:  # 0: no waiting at all
+            return True
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            since, now = self._idle_since(), time.monotonic()
+            pause = self._quiet_s if since is None else self._quiet_s - (now - since)
+            if pause <= 0:
+                return True
+            if now + pause > deadline:
+                return False
+            await asyncio.sleep(pause)
+
     async def _work(self) -> None:
         while True:
             job = await self._queue.get()
             try:
-                await self.run(job)
+                if await self.until_quiet():
+                    await self.run(job)
+                else:
+                    self._drop(job, "busy")
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug in one comparison must not stop the shadow

@@ -193,13 +193,15 @@ def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling
 
 def test_bench_shadow_compares_primary_latency_with_the_shadow_off_and_on(tiny_store: Path) -> None:
     out = run_script("bench_shadow.py", "--store", str(tiny_store), "--model", "tiny@production", "--requests", "12",
-                     "--rounds", "1", "--warmup", "2", "--fraction", "1.0", "--threads", "1")  # fmt: skip
+                     "--rounds", "1", "--warmup", "2", "--fraction", "1.0", "--threads", "1",
+                     "--think-ms", "30")  # fmt: skip
     rows = table(out)
     assert [(r[0], r[1]) for r in rows] == [("off", "12"), ("on", "12")]
     for _, _, p50, p99, mean in rows:
         assert 0 < float(p50) <= float(p99) and float(mean) > 0
     assert re.search(r"^ratio on / off: p50 [\d.]+, p99 [\d.]+, mean [\d.]+$", out, re.M), out
-    # At fraction 1 every request is sampled; the copy agrees with the answers sent.
+    # At fraction 1 every request is sampled (and run in the clients' pauses: shadow runs wait for
+    # gaps in the traffic); the copy agrees with the answers sent.
     shadow = re.search(r"^shadow: 14 of 14 requests sampled \((\d+) compared, (\d+) dropped, 0 failed\), mean cosine "
                        r"to the answers sent ([\d.]+)", out, re.M)  # fmt: skip
     assert shadow, out

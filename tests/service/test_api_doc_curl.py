@@ -130,6 +130,7 @@ def check(command: str, answer: Any) -> None:
         assert answer["object"] == "list" and len(answer["data"][0]["embedding"]) == 32, answer
     elif route == "/v1/models":
         assert answer["data"][0]["id"] == "default", answer
+        assert answer["data"][0]["answers"] == answer["data"][0]["serving"], answer  # no canary: the primary
     else:
         raise AssertionError(f"no check for {route}")
 

@@ -253,3 +253,69 @@ def test_a_canary_that_cannot_load_is_refused_and_the_primary_answers_everything
         assert metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1
         assert metric_value(url, "clip_canary_weight_ratio") == 0  # no split is exported for a canary not loaded
     assert any(f"refusing canary split@{broken}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_naming_a_version_gets_it_and_v1_models_names_the_callers_version(
+    store_root: Path, serve_app: Any
+) -> None:
+    store = ModelStore(store_root)
+    with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
+        url = running.url
+        store.canary("split", "production", "v2", 50)
+        _wait(lambda: _canary(url).get("loaded"))
+        entry = store.alias_entry("split", "production")
+        assert entry is not None
+        key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
+        with httpx.Client(base_url=url, timeout=60) as client:
+            # A version the request names answers it, whichever version the caller's key routes to:
+            # the canary's as well as the primary's.
+            for routed, key in sorted(key_of.items()):
+                headers = {"X-Canary-Key": key}
+                for named in ("v1", "v2"):
+                    for path, body in (
+                        ("/embed", {"texts": ["a red circle"], "model": f"split@{named}"}),
+                        ("/v1/embeddings", {"input": ["a red circle"], "model": f"split@{named}"}),
+                    ):
+                        r = client.post(path, json=body, headers=headers)
+                        assert r.status_code == 200, r.text
+                        assert r.json()["model"] == r.headers["x-model"] == f"split@{named}", (path, routed)
+                # /v1/models and /models say which version answers this caller.
+                r = client.get("/v1/models", headers=headers)
+                assert "X-Canary-Key" in r.headers["vary"]
+                listed = {m["id"]: m for m in r.json()["data"]}
+                assert listed["split"]["answers"] == f"split@{routed}"
+                assert listed["split"]["canary"] == "split@v2" and listed["split"]["serving"] == "split@v1"
+                assert listed["split@v1"]["answers"] == "split@v1"
+                assert listed["split@v2"]["answers"] == "split@v2" and listed["split@v2"]["created"] > 0
+                served = client.get("/models", headers=headers).json()["served"]
+                assert [(s["ref"], s["serving"], s["canary"], s["answers"]) for s in served] == [
+                    ("split@production", "split@v1", "split@v2", f"split@{routed}")
+                ]
+                # What it says is what answers a request naming the model.
+                r = client.post("/embed", json={"texts": ["a blue square"], "model": "split"}, headers=headers)
+                assert r.json()["model"] == f"split@{routed}"
+            # Without a key the callers are split at random: no version is named.
+            listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+            assert listed["split"]["answers"] is None and listed["split@v2"]["answers"] == "split@v2"
+            # The API key routes when there is no X-Canary-Key, here as for the requests.
+            from service.runtime.canary import caller_key
+
+            token = next(
+                t for t in (f"token-{i}" for i in range(64)) if route(entry, caller_key(None, f"Bearer {t}")) == "v2"
+            )
+            listed = {
+                m["id"]: m
+                for m in client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).json()["data"]
+            }
+            assert listed["split"]["answers"] == "split@v2"
+
+            # Once the canary ends, its version is no longer served: naming it is a 404 listing the set.
+            store.rollback("split", "production")
+            _wait(lambda: running.services.manager.sides["canary"] is None)
+            r = client.post("/embed", json={"texts": ["a red circle"], "model": "split@v2"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
+            assert "split@production (split@v1)" in r.json()["error"]["message"]
+            listed = {
+                m["id"]: m for m in client.get("/v1/models", headers={"X-Canary-Key": key_of["v2"]}).json()["data"]
+            }
+            assert set(listed) == {"split", "split@v1"} and listed["split"]["answers"] == "split@v1"

@@ -30,7 +30,17 @@ def test_health_ready_metrics(client: httpx.Client) -> None:
         "model": "tiny@v1",
         "redis": "up",
         "store": "ok",
-        "models": [{"ref": "tiny@production", "serving": "tiny@v1", "state": "ready", "default": True, "store": "ok"}],
+        "models": [
+            {
+                "ref": "tiny@production",
+                "serving": "tiny@v1",
+                "state": "ready",
+                "default": True,
+                "store": "ok",
+                "canary": None,
+                "answers": "tiny@v1",
+            }
+        ],
     }
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")

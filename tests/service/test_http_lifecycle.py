@@ -22,8 +22,10 @@ from model_store import ModelStore
 
 
 def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
-    """One entry of /readyz's ``models``: the only, default, model of the set, serving."""
-    return {"ref": ref, "serving": serving, "state": "ready", "default": True, "store": store}
+    """One entry of /readyz's ``models``: the only, default, model of the set, serving (no canary:
+    its primary answers every caller)."""
+    return {"ref": ref, "serving": serving, "state": "ready", "default": True, "store": store, "canary": None,
+            "answers": serving}  # fmt: skip
 
 
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:

@@ -272,3 +272,78 @@ def test_the_least_recently_used_idle_model_is_the_one_unloaded(
         assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready", "delta": "ready"}
         assert _embed(running.url, {"texts": TEXTS}, "beta")[0] == "beta@v1"  # gamma was used before delta
         assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded", "delta": "ready"}
+
+
+def _split(url: str, name: str) -> dict[str, Any]:
+    """The canary and shadow of ``name`` this server follows: {"canary": {...}, "shadow": {...}}."""
+    info = httpx.get(f"{url}/models/{name}", timeout=30).json()
+    return {role: info.get(role) or {} for role in ("canary", "shadow")}
+
+
+def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reloads_them(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    from model_store.routing import route
+
+    root = tmp_path / "store"
+    publish_model(root, "alpha", seed=71)
+    publish_model(root, "beta", seed=72)  # v1, production
+    publish_model(root, "beta", seed=73, aliases=())  # v2: the canary
+    publish_model(root, "beta", seed=74, aliases=())  # v3: the shadow
+    publish_model(root, "gamma", seed=75)
+    store = ModelStore(root)
+    store.canary("beta", "production", "v2", 50)
+    store.shadow("beta", "production", "v3", fraction=1.0)
+    entry = store.alias_entry("beta", "production")
+    assert entry is not None
+    key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
+    settings = {"max_loaded_models": 2, "watch_interval_s": 0.2, "batching": {"request_timeout_s": 60.0}}
+    with serve_app(store=str(root), model="alpha,beta@production,gamma", **settings) as running:
+        url = running.url
+        beta = running.services.models.entries[1]
+
+        def split_loaded() -> bool:
+            split = _split(url, "beta")
+            return bool(split["canary"].get("loaded") and split["shadow"].get("loaded"))
+
+        _wait(split_loaded, what="beta's canary and shadow to load")
+        held = [weakref.ref(rt.bundle.model) for rt in (beta.current, beta.sides["canary"], beta.sides["shadow"])]
+
+        # Callers of beta keep sending while gamma's requests unload it (when it is idle between
+        # two of them) and beta's load it again: every request is answered, none fails.
+        answers: list[tuple[int, str]] = []
+        stop = threading.Event()
+
+        def beta_client(key: str) -> None:
+            with httpx.Client(base_url=url, timeout=120) as client:
+                while not stop.is_set():
+                    r = client.post("/embed", json={"texts": TEXTS, "model": "beta"}, headers={"X-Canary-Key": key})
+                    answers.append((r.status_code, r.json().get("model", r.text)))
+
+        threads = [threading.Thread(target=beta_client, args=(key,)) for key in (key_of["v1"], key_of["v2"])]
+        for t in threads:
+            t.start()
+        try:
+            _wait(lambda: len(answers) >= 10, what="beta's first answers")
+            assert _embed(url, {"texts": TEXTS}, "gamma")[0] == "gamma@v1"
+            assert metric_value(url, "clip_model_unloads_total", model="beta@production") >= 1
+            # The three versions beta had loaded are freed, not only its primary.
+            _wait(lambda: gc.collect() >= 0 and all(ref() is None for ref in held), what="beta's versions to be freed")
+            # Beta's callers loaded it again (gamma, idle, made room); its canary and shadow follow.
+            _wait(split_loaded, what="beta's canary and shadow to load again")
+            since = len(answers)
+            _wait(lambda: len(answers) >= since + 10, what="answers after the reload")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=120)
+        assert answers and {status for status, _ in answers} == {200}, [a for a in answers if a[0] != 200][:5]
+        # Each caller stayed on its version throughout, the unload and reload included.
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for version, key in key_of.items():
+                r = client.post("/embed", json={"texts": TEXTS, "model": "beta"}, headers={"X-Canary-Key": key})
+                assert r.json()["model"] == f"beta@{version}"
+        assert {model for _, model in answers} == {"beta@v1", "beta@v2"}
+        # The shadow compares again after the reload.
+        _wait(lambda: _split(url, "beta")["shadow"]["endpoints"].get("/embed", {}).get("compared", 0) > 0)
+        assert _states(url) == {"alpha": "ready", "beta@production": "ready", "gamma": "unloaded"}

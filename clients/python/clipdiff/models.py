@@ -153,12 +153,18 @@ class ModelInfo(_Result):
 class ServedModel(_Result):
     """One model a server serves: ``ref`` as configured (what ``model=`` may name), the
     ``name@version`` it answers with now (None while not loaded) and its ``state`` (``ready``,
-    ``loading``, ``failed`` or ``unloaded``: held out of memory until a request names it)."""
+    ``loading``, ``failed`` or ``unloaded``: held out of memory until a request names it), the
+    ``name@version`` of a canary loaded beside it (``model=`` may name it too), and ``answers``:
+    the ``name@version`` that answers this client's calls naming it (by the ``X-Canary-Key`` in
+    ``headers``, else the API key; None while a canary splits the callers and the client sends
+    neither)."""
 
     ref: str
     serving: str | None = None
     state: str = "ready"
     default: bool = False
+    canary: str | None = None
+    answers: str | None = None
 
 
 class ModelsInfo(_Result):

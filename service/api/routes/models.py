@@ -8,11 +8,11 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from clipcore.backends.base import AutoDecision
 from model_store import ModelNotFound, ModelStore, StoreError
-from service.api.deps import ServicesDep
+from service.api.deps import VARY_BY_CALLER, CallerKeyDep, ServicesDep
 from service.api.errors import ApiError, ErrorCode
 from service.api.schemas import (
     ERROR_RESPONSES,
@@ -119,6 +119,8 @@ def served_models(served: list[EntryStatus]) -> list[ServedModel]:
             state=entry.state,
             default=entry.default,
             store="ok" if entry.store_ok else "unreadable",
+            canary=entry.canary,
+            answers=entry.answers,
         )
         for entry in served
     ]
@@ -176,8 +178,9 @@ def _store_unreadable(exc: StoreError) -> ApiError:
 
 # Plain ``def``: FastAPI runs these in its thread pool, so store reads never block the loop.
 @router.get("/models", response_model=ModelsResponse)
-def list_models(services: ServicesDep) -> ModelsResponse:
-    served = services.models.status()
+def list_models(services: ServicesDep, key: CallerKeyDep, response: Response) -> ModelsResponse:
+    response.headers["Vary"] = VARY_BY_CALLER  # `served[].answers` is the caller's
+    served = services.models.status(key)
     serving = served[0].serving
     store = services.store
     try:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from service.api import openai_embeddings
-from service.api.deps import PipelineDep, ServicesDep
+from service.api.deps import VARY_BY_CALLER, CallerKeyDep, PipelineDep, ServicesDep
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
 from service.api.shadowing import AnswerDep
@@ -22,5 +22,8 @@ async def create_embeddings(
 
 
 @router.get("/models", response_model=OpenAIModelList)
-async def list_models(services: ServicesDep) -> OpenAIModelList:
-    return openai_embeddings.model_list(services.models.status())
+async def list_models(services: ServicesDep, key: CallerKeyDep, response: Response) -> OpenAIModelList:
+    """The ids `model` may take, each with the version that answers this caller (`answers`, by the
+    request's `X-Canary-Key`, else its API key)."""
+    response.headers["Vary"] = VARY_BY_CALLER
+    return openai_embeddings.model_list(services.models.status(key))

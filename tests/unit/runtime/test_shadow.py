@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,3 +151,35 @@ def test_the_caller_key_is_the_canary_key_else_a_digest_of_the_api_key() -> None
     assert caller_key(None, "bearer  secret ") == digest
     assert caller_key("", "Bearer other") != digest
     assert caller_key(None, None) is None and caller_key(None, "Basic abc") is None and caller_key("", "") is None
+
+
+def test_a_run_waits_for_a_gap_in_the_traffic_and_is_dropped_without_one() -> None:
+    metrics = ServiceMetrics()
+    in_flight: dict[str, float | None] = {"since": None}  # None: a request is in flight on the answering versions
+
+    r = ShadowRunner("m", metrics, lease=lambda v: FakeRuntime(), busy=lambda: False,
+                     idle_since=lambda: in_flight["since"], quiet_s=0.02, wait_s=0.2)  # fmt: skip
+
+    async def scenario() -> tuple[bool, bool, float]:
+        loop_start = time.monotonic()
+        no_gap = await r.until_quiet()  # requests in flight the whole time: gives up after wait_s
+        waited = time.monotonic() - loop_start
+        in_flight["since"] = time.monotonic()  # the last request just ended
+        gap = await r.until_quiet()  # a gap of quiet_s follows
+        return no_gap, gap, waited
+
+    no_gap, gap, waited = asyncio.run(scenario())
+    assert (no_gap, gap) == (False, True) and waited >= 0.1
+
+    async def dropped_as_busy() -> None:
+        in_flight["since"] = None
+        await r.start()
+        await r.offer(job("a", "a"))
+        for _ in range(200):
+            if outcome(metrics, "busy") == 1:
+                break
+            await asyncio.sleep(0.01)
+        await r.close()
+
+    asyncio.run(dropped_as_busy())
+    assert outcome(metrics, "busy") == 1 and outcome(metrics, "compared") == 0
