@@ -26,6 +26,7 @@ def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
     return {"ref": ref, "serving": serving, "state": "ready", "default": True, "store": store}
 
 
+@pytest.mark.slow
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     root.mkdir()
@@ -87,6 +88,7 @@ def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: li
             seen.append((r.status_code, r.json().get("model", r.text)))
 
 
+@pytest.mark.slow
 def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     publish_model(root, "swap", seed=7)
@@ -245,6 +247,7 @@ def _wait(condition: Any, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
     tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
