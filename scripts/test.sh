@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Install everything the tests need (Redis server, the project with its dev extras, the SDK),
 # run the static checks and the whole suite.
+# Usage: scripts/test.sh [--fast] [pytest arguments]
+#   --fast  the everyday subset: the same installs and static checks, then every test not marked
+#           `slow` (pytest -m "not slow"), a few minutes instead of a quarter of an hour.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+select=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  select=(-m "not slow")
+fi
 # Debian packages the suite runs: redis-server (the embedding cache, also as Redis Cluster nodes),
 # redis-sentinel (the cache behind Sentinel, failing over), qemu-user (runs the int8
 # graphs on an emulated AVX2-only CPU, whatever CPU this is), chromium and chromium-driver (the
@@ -31,4 +39,4 @@ PATHS=(clipcore service training model_store loadtests tests clients scripts dep
 .venv/bin/ruff format --check "${PATHS[@]}"
 .venv/bin/mypy
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q "${select[@]}" "$@"

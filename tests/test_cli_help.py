@@ -86,6 +86,7 @@ def test_python_m_service_flags_have_help(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize(
     "cmd", [["-m", "training.cli", "--version"], ["-m", "model_store.cli", "--version"], ["-m", "service", "--version"]]
 )
+@pytest.mark.slow
 def test_every_cli_prints_its_version(cmd: list[str]) -> None:
     proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr

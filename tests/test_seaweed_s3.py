@@ -11,6 +11,7 @@ import pytest
 from loadtests.seaweed_s3 import running_seaweed, weed_binary
 
 
+@pytest.mark.slow
 def test_stopping_the_server_does_not_wait_out_its_graceful_shutdown(tmp_path: Path) -> None:
     # `weed server` answers SIGTERM by starting a graceful stop that hangs (20 s and more, its
     # filer waiting on gRPC streams): stopping must not depend on it, since nothing in a test's

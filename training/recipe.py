@@ -33,6 +33,8 @@ from training.world.differences import comparative_text
 from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, SHAPES
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# Earlier names of configs in CONFIG_DIR, still accepted: old name -> current name.
+CONFIG_ALIASES = {"fashion-tiny": "vit-tiny-32"}
 Log = Callable[[str], None]
 
 # Smoke builds (CI): a scorer that trains in seconds.
@@ -76,7 +78,7 @@ def model_config(name_or_path: str) -> dict:
     """A JSON file, a config of training/configs, or an open_clip architecture name (``ViT-B-32``)."""
     path = Path(name_or_path)
     if not path.exists():
-        path = CONFIG_DIR / f"{name_or_path}.json"
+        path = CONFIG_DIR / f"{CONFIG_ALIASES.get(name_or_path, name_or_path)}.json"
     if not path.exists():
         import open_clip
 

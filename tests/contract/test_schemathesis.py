@@ -28,6 +28,7 @@ MAX_EXAMPLES = 60
 TIMEOUT_S = 300
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error_or_contract_violation(base_url: str, tmp_path: Path) -> None:
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
     if st is None:

@@ -124,6 +124,7 @@ def service_process(
         log.close()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(
     service_process: tuple[subprocess.Popen[bytes], str, int],
 ) -> None:

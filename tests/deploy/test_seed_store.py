@@ -86,6 +86,7 @@ def test_verify_fails_on_a_corrupt_volume(baked: Path, tmp_path: Path) -> None:
     assert seed_store.main(["--source", str(baked), "--target", str(target), "--verify", "tiny@nope"]) == 1
 
 
+@pytest.mark.slow
 def test_seeds_a_bucket_through_the_store(baked: Path, s3_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
     target = s3_env.new_location()
     assert seed_store.main(["--source", str(baked), "--target", target, "--verify", "tiny@production"]) == 0

@@ -33,6 +33,7 @@ def answers(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_install_is_skipped_when_the_environment_is_current() -> None:
     """`PYTHON=false` fails any path that would create or install: only the stamp's fast path passes."""
     subprocess.run(["bash", "scripts/install.sh", "cpu"], cwd=REPO, check=True, timeout=600)
@@ -44,6 +45,7 @@ def test_install_is_skipped_when_the_environment_is_current() -> None:
     assert stale.returncode != 0  # another dependency set is not taken for this one
 
 
+@pytest.mark.slow
 def test_serve_script_starts_redis_and_stops_it_with_the_service() -> None:
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is not installed (scripts/test.sh installs it)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ def local(args: list[str], store: Path, run_dir: Path) -> list[str]:
     return [mapping.get(a, a) for a in args]
 
 
+@pytest.mark.slow
 def test_train_job_commands_publish_a_version_the_service_picks_up(
     tmp_path: Path, serve_app: Any, publish_model: Any
 ) -> None:

@@ -41,6 +41,7 @@ def test_bench_cache_measures_both_layers_against_its_own_redis() -> None:
         assert misses == "0", layer  # every stored key came back: Redis really answered
 
 
+@pytest.mark.slow
 def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
     # With fbgemm held to its AVX2 kernels (what an AVX2-only CPU runs): the header says so, int8 passes.
     out = run_script("bench_backends.py", "--store", str(tiny_store), "--model", "tiny@production",
@@ -85,6 +86,7 @@ def test_the_fp32_bound_counts_every_matrix_product_of_a_vit_b_32() -> None:
     assert image_flops(model, 224) == 2 * (blocks + patches + projection)
 
 
+@pytest.mark.slow
 def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ceiling(tiny_store: Path) -> None:
     out = run_script("benchmark.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
                      "--concurrency", "2", "--batch-sizes", "1", "4", "--torch-threads", "1",
@@ -99,6 +101,7 @@ def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ce
         assert naive > 0 and service > 0 and row[-1] == "0/0", row  # both answered, without errors
 
 
+@pytest.mark.slow
 def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path, publish_dense_model: Any) -> None:
     publish_dense_model(tmp_path)
     out = run_script("bench_backends.py", "--store", str(tmp_path), "--model", "dense@production",
@@ -111,6 +114,7 @@ def test_bench_backends_adds_the_dense_table_for_a_dcsm_version(tmp_path: Path, 
             assert float(parity) >= 0.999, backend
 
 
+@pytest.mark.slow
 def test_soak_samples_the_servers_rss_under_unique_traffic(tiny_store: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "loadtests.soak", "--store", str(tiny_store), "--model", "tiny@production",
@@ -158,6 +162,7 @@ def test_the_peer_model_folder_gets_open_clips_exact_vocabulary() -> None:
         ("loadtests.peer.benchmark", ["--device", "cuda:0"], {}),
     ],
 )
+@pytest.mark.slow
 def test_gpu_benchmarks_say_clearly_that_there_is_no_gpu(
     module: str, args: list[str], env_extra: dict[str, str]
 ) -> None:
@@ -173,6 +178,7 @@ def test_gpu_benchmarks_say_clearly_that_there_is_no_gpu(
     assert "Traceback" not in proc.stderr and "|" not in proc.stdout  # no table: nothing was measured
 
 
+@pytest.mark.slow
 def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "loadtests.bench_cuda", "--device", "cpu"], capture_output=True,
@@ -181,6 +187,7 @@ def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling(tiny_store: Path) -> None:
     out = run_script("bench_single.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
                      "--rounds", "1", "--threads", "1")  # fmt: skip
@@ -191,6 +198,7 @@ def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling
     assert "backend torch fp32" in out
 
 
+@pytest.mark.slow
 def test_bench_shadow_compares_primary_latency_with_the_shadow_off_and_on(tiny_store: Path) -> None:
     out = run_script("bench_shadow.py", "--store", str(tiny_store), "--model", "tiny@production", "--requests", "12",
                      "--rounds", "1", "--warmup", "2", "--fraction", "1.0", "--threads", "1",
@@ -228,6 +236,7 @@ def test_the_peer_benchmark_names_what_auto_chose_for_the_service(
     assert re.search(r"torch fp32 [\d.]+ / [\d.]+, onnx fp32 [\d.]+ / [\d.]+\)$", line), line
 
 
+@pytest.mark.slow
 def test_the_peer_benchmark_ceiling_is_the_served_backends(
     tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,6 +254,7 @@ def test_the_peer_benchmark_ceiling_is_the_served_backends(
     assert backend.endswith("int8") and len(list((tmp_path / "c").glob("auto/tiny/*.json"))) == 1
 
 
+@pytest.mark.slow
 def test_bench_served_set_measures_memory_per_set_and_one_models_latency_beside_another() -> None:
     # ViT-S-32: the smallest open_clip ViT, so the set's servers start in seconds.
     rows = table(run_script("bench_served_set.py", "rss", "--arch", "ViT-S-32", "--counts", "1", "3", "--budget", "2"))

@@ -29,6 +29,7 @@ def phases(output: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("store", ["local", "s3"])
+@pytest.mark.slow
 def test_no_request_fails_while_faults_are_injected(store: str, capsys: pytest.CaptureFixture[str]) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")

@@ -45,6 +45,7 @@ def run_cli(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_runner_reports_classify_under_load(base_url: str) -> None:
     out = run_cli(
         "--url",

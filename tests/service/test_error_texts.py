@@ -48,6 +48,7 @@ def test_the_sdk_with_a_wrong_base_path_says_which_url_was_not_found(base_url: s
     assert f"GET {base_url}/api/v2/models" in str(info.value) and "no endpoint GET /api/v2/models" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_refused_at_once_with_what_to_do(tiny_store: Path) -> None:
     """It exited 3 after 12.8 s (the model load) with uvicorn's errno text; now before any loading,
     naming the address and the --port flag."""

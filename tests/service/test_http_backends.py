@@ -48,6 +48,7 @@ def wait_refused(url: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_onnx_bf16_and_int8_answer_like_torch_fp32(
     tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -91,6 +92,7 @@ def _write_wrong_export(bundle: ModelBundle, target: Path, perturb: Any) -> None
     (target / SIDECAR).write_text(json.dumps(sidecar))
 
 
+@pytest.mark.slow
 def test_version_failing_onnx_parity_is_refused(
     tmp_path: Path, serve_app: Any, publish_model: Any, perturb_onnx_weights: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -188,6 +190,7 @@ def served_against_torch_fp32(
     return backend, got, reference
 
 
+@pytest.mark.slow
 def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decision(
     tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
 ) -> None:
@@ -218,6 +221,7 @@ def test_precision_auto_serves_the_gated_winner_and_a_restart_reuses_the_decisio
     assert again.startswith(f"{chosen['backend']} {chosen['precision']}") and f"auto: remembered in {decision}" in again
 
 
+@pytest.mark.slow
 def test_backend_auto_serves_the_faster_fp32_runtime_with_fp32_answers(
     tmp_path: Path, tiny_store: Path, serve_app: Any, make_image: Any
 ) -> None:

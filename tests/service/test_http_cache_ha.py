@@ -117,6 +117,7 @@ def hits_from_redis(running: Any, texts: list[str]) -> float:
         return redis_hits(c) - before
 
 
+@pytest.mark.slow
 def test_sentinel_failover_under_load_fails_no_request_and_the_new_master_is_used(
     tmp_path: Path, publish_model: Any, serve_app: Any, redis_sentinel: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -164,6 +165,7 @@ def test_sentinel_failover_under_load_fails_no_request_and_the_new_master_is_use
     assert during >= 2 * CLIENTS  # the load went on through the failover
 
 
+@pytest.mark.slow
 def test_cluster_node_restart_under_load_fails_no_request_and_hits_recover(
     tmp_path: Path, publish_model: Any, serve_app: Any, redis_cluster: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

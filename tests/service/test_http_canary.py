@@ -69,6 +69,7 @@ async def _embed_as(url: str, keys: list[str], headers: dict[str, str], concurre
         return list(await asyncio.gather(*(one(client, key) for key in keys)))
 
 
+@pytest.mark.slow
 def test_a_canary_answers_its_share_of_the_callers_by_key(
     store_root: Path, serve_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

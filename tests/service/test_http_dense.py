@@ -368,6 +368,7 @@ def png_b64(picture: Image.Image) -> str:
 
 # ----------------------------------------------------------------------------- ONNX dense graphs
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.slow
 def test_onnx_backend_serves_dense_scores_from_its_dense_graphs(
     dense_store: Path,
     serve_app: Any,

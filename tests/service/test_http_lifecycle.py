@@ -28,6 +28,7 @@ def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
             "answers": serving}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     root.mkdir()
@@ -89,6 +90,7 @@ def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: li
             seen.append((r.status_code, r.json().get("model", r.text)))
 
 
+@pytest.mark.slow
 def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     publish_model(root, "swap", seed=7)
@@ -247,6 +249,7 @@ def _wait(condition: Any, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
     tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -69,6 +69,7 @@ def _read_all(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_an_oversized_header_is_refused_with_431(server: str) -> None:
     with socket.create_connection(("127.0.0.1", _port(server))) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n")
@@ -143,6 +144,7 @@ def test_a_body_that_stops_arriving_is_cut_off_with_408(server: str, chunked: bo
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.slow
 def test_a_trickled_body_is_cut_off_with_408_at_the_body_deadline(server: str, chunked: bool) -> None:
     # One byte every 0.5 s never leaves a gap of body_idle_timeout_s, and would take 500 s.
     pieces = [b"1\r\na\r\n" if chunked else b"a"] * 1000

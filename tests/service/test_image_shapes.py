@@ -43,6 +43,7 @@ print((after - before) / 1024, out.shape)
 
 
 @pytest.mark.parametrize("size", [(20_000, 1), (1, 20_000), (160_000, 2)])
+@pytest.mark.slow
 def test_a_thin_image_is_preprocessed_without_its_upscaled_whole(size: tuple[int, int], tmp_path: Path) -> None:
     """``shortest`` resizes only the region its crop keeps: a 20000x1 picture once became a
     4.5M x 224 intermediate (3 GB) before the crop. Peak RSS growth of the preprocessing alone, in

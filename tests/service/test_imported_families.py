@@ -66,6 +66,7 @@ def family_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.slow
 def test_family_serves_open_clip_embeddings(family_store: dict[str, Any], serve_app: Any, name: str) -> None:
     store = ModelStore(family_store["store"])
     manifest = store.manifest(name, "v1")

@@ -56,6 +56,7 @@ def both_forms(url: str, path: str, body: dict[str, Any], files: list[tuple[str,
     return as_json, as_form
 
 
+@pytest.mark.slow
 def test_rank_pair_form_equals_json(default_url: str, make_image: Any) -> None:
     a, b = make_image("circle", "red", "large"), make_image("circle", "red", "small")
     body = {"image_a": a, "image_b": b, "difference": LARGER}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_samples import metric_value
 
 from model_store import ModelStore
@@ -25,6 +26,7 @@ def _client_loop(url: str, body: dict[str, Any], stop: threading.Event, seen: li
                 seen.append((0, f"{type(exc).__name__}: {exc}"))
 
 
+@pytest.mark.slow
 def test_hot_swap_through_s3_under_traffic_loses_no_request(
     s3_env: Any, tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
 ) -> None:
@@ -63,6 +65,7 @@ def test_hot_swap_through_s3_under_traffic_loses_no_request(
     assert cache.root == cache_dir and cache.fills >= 2 and len(list((cache_dir / "blobs").iterdir())) >= 2
 
 
+@pytest.mark.slow
 def test_a_restarted_server_loads_from_its_cache(
     s3_env: Any, tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
 ) -> None:

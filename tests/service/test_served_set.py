@@ -56,6 +56,7 @@ def two_models(tmp_path: Path, publish_model: Any) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_each_request_is_answered_by_the_model_it_names_as_a_lone_server_would(
     two_models: Path, serve_app: Any, make_image: Any
 ) -> None:
@@ -109,6 +110,7 @@ def _load(url: str, model: str, body: dict[str, Any], stop: threading.Event, see
             seen.append((r.status_code, r.json().get("model", r.text)))
 
 
+@pytest.mark.slow
 def test_a_version_one_model_cannot_load_leaves_the_others_serving(
     tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
 ) -> None:
@@ -176,6 +178,7 @@ def test_an_unknown_model_is_a_404_that_lists_the_served_set(two_models: Path, s
             assert "alpha (alpha@v1), beta@production (beta@v2), beta@v1" in error["message"], error["message"]
 
 
+@pytest.mark.slow
 def test_v1_embeddings_route_by_their_model(two_models: Path, serve_app: Any) -> None:
     with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
         vectors = {}
@@ -218,6 +221,7 @@ def _states(url: str) -> dict[str, str]:
     return {m["ref"]: m["state"] for m in httpx.get(f"{url}/models").json()["served"]}
 
 
+@pytest.mark.slow
 def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
     tmp_path: Path, serve_app: Any, publish_model: Any
 ) -> None:
@@ -257,6 +261,7 @@ def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
         assert httpx.get(f"{running.url}/readyz").status_code == 200
 
 
+@pytest.mark.slow
 def test_the_least_recently_used_idle_model_is_the_one_unloaded(
     tmp_path: Path, serve_app: Any, publish_model: Any
 ) -> None:

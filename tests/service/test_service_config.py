@@ -138,6 +138,7 @@ def test_cli_flags_mirror_settings() -> None:
     assert parse_args([]) == {}
 
 
+@pytest.mark.slow
 def test_python_m_service_serves_and_shuts_down(tmp_path: Path, publish_model: Any) -> None:
     publish_model(tmp_path / "store", "cli", seed=14)
     port = free_port()
@@ -378,6 +379,7 @@ def test_no_clip_variable_the_repository_sets_warns() -> None:
 
 
 # ----------------------------------------------------------------------------- the process
+@pytest.mark.slow
 def test_python_m_service_takes_nested_flags_and_warns_about_unknown_variables(tiny_store: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CLIP_")}

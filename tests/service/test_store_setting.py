@@ -58,6 +58,7 @@ def test_a_misspelt_model_logs_what_the_store_holds(
     assert "models in the store: " in logged[0] and "tiny (" in logged[0] and "production -> v" in logged[0], logged[0]
 
 
+@pytest.mark.slow
 def test_an_unreachable_s3_store_is_a_503_on_every_models_route(
     tmp_path: Path, serve_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from clipcore.models.bundle import ModelBundle
@@ -13,6 +14,7 @@ from model_store import ModelStore
 from training.cli import app
 
 
+@pytest.mark.slow
 def test_build_default_smoke_publishes_an_evaluated_version(tmp_path: Path) -> None:
     store_dir, run_dir = tmp_path / "models", tmp_path / "run"
     result = CliRunner().invoke(

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -16,6 +18,7 @@ def clip_train(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_model_the_store_does_not_have_is_one_line() -> None:
     proc = clip_train("show-eval", "nosuch@production", "--store", str(REPO / "models"))
     assert proc.returncode == 1
@@ -23,6 +26,7 @@ def test_a_model_the_store_does_not_have_is_one_line() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_piped_table_keeps_one_row_per_line() -> None:
     """Piped, rich assumed 80 columns and broke every row of the 84-column table."""
     proc = clip_train("show-eval", "default@production", "--store", str(REPO / "models"))

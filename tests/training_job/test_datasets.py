@@ -88,6 +88,7 @@ def test_every_problem_is_reported_with_its_file_and_line(folder: Path) -> None:
         require_valid(dataset)
 
 
+@pytest.mark.slow
 def test_validate_command_lists_problems_and_exits_1_so_training_never_starts(folder: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "training.cli", "data", "validate", str(folder)]

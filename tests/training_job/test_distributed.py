@@ -37,6 +37,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return single, ranks
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process(runs: tuple[Path, Path]) -> None:
     single, ranks = runs
     one, two = torch.load(single / "weights.pt"), torch.load(ranks / "weights.pt")
@@ -57,6 +58,7 @@ def test_two_ranks_match_one_process(runs: tuple[Path, Path]) -> None:
         assert loss_two[name] == pytest.approx(loss_one[name], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_training_moved_the_weights(runs: tuple[Path, Path]) -> None:
     """The comparison above is not vacuous: the finetune changed the text tower."""
     single, _ = runs
@@ -75,6 +77,7 @@ def _comparable(key: str, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t.chunk(3)[0], t.chunk(3)[2]]) if key.endswith("attn.in_proj_bias") else t
 
 
+@pytest.mark.slow
 def test_pcclip_on_user_data_under_torchrun(tmp_path: Path) -> None:
     """``torchrun ... -m training.cli pcclip`` with 2 ranks: features computed in shards, one version
     published (by rank 0), the same text encoder as one process trains."""

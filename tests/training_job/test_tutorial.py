@@ -4,7 +4,9 @@ The shell blocks are read from the tutorial itself, so a command that changes th
 changed. Sizes are cut down (a few hundred images, a few steps: this checks that the commands
 work and chain, not the tutorial's figures); everything else is passed as written. The LLM
 stand-in and the service run in-process on free ports of 127.0.0.1, and the tutorial's curl and
-SDK calls are sent to them.
+SDK calls are sent to them. The commands run in an empty folder standing for the repository root,
+which holds nothing but ``tutorial/`` afterwards (the tutorial's one git-ignored folder), and the
+last step's folder of class folders (JPEGs) is imported and trained on like the converted photos.
 """
 
 from __future__ import annotations
@@ -62,13 +64,16 @@ def option(argv: list[str], name: str) -> str:
 
 def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN401
     torch.set_num_threads(1)
-    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "repo"
+    work.mkdir()
+    monkeypatch.chdir(work)
     monkeypatch.setenv("CLIP_FEATURE_CACHE", str(tmp_path / "features"))
     runner = CliRunner()
     outputs: list[str] = []
     shell: list[str] = []  # curl lines, run once the service is up
     with contextlib.ExitStack() as stack:
         server = llm = None
+        store_dir = ""
         for line in (c for block in blocks("bash") for c in commands(block)):
             argv = shlex.split(line.rstrip("&").strip())
             if argv[0] == ".venv/bin/clip-train":
@@ -92,7 +97,8 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
                 name, _, value = argv[1].partition("=")
                 monkeypatch.setenv(name, value)
             elif argv[:3] == [".venv/bin/python", "-m", "service"]:
-                server = stack.enter_context(serve_app(store=option(argv, "--store"), model=option(argv, "--model")))
+                store_dir = option(argv, "--store")
+                server = stack.enter_context(serve_app(store=store_dir, model=option(argv, "--model")))
             elif argv[0] == "kill":
                 continue  # the stand-in's process: here a thread, stopped with the test
             elif argv[0] == "curl" or re.match(r"^[A-Z_]+=", line):
@@ -103,11 +109,11 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
         port = server.url.rsplit(":", 1)[1]
         lines = [line.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for line in shell]
         script = "set -euo pipefail\n" + "\n".join(lines)
-        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, cwd=work)
         assert proc.returncode == 0, proc.stderr
         answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         assert answers, proc.stdout
-        store = ModelStore(tmp_path / "models")
+        store = ModelStore(work / store_dir)
         name, version = store.resolve("fashion@production")
         assert all(a["model"] == f"{name}@{version}" for a in answers), answers
         classified = [a for a in answers if "comparative" in a]
@@ -121,6 +127,15 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     annex = store.annex_files(name, version)
     assert "eval.json" in annex and "report.html" in annex
     assert any("published fashion-llm@v1" in out for out in outputs), "the LLM library was not published"
-    assert (tmp_path / "reports").is_dir()
+    assert (work / "tutorial" / "reports").is_dir()
+    assert [p.name for p in work.iterdir()] == ["tutorial"], "the tutorial wrote outside tutorial/"
+    assert "/tutorial/" in (TUTORIAL.parents[1] / ".gitignore").read_text().splitlines()
+    # Step 9: the class folders (JPEGs) were imported with their test tree and trained on.
+    imported = [json.loads(line) for line in (work / "tutorial" / "mine" / "train.jsonl").read_text().splitlines()]
+    assert imported and all(r["image"].startswith("images/train/") and r["image"].endswith(".jpg") for r in imported)
+    assert (work / "tutorial" / "mine" / "test.jsonl").read_text().strip()
+    mine, mine_version = store.resolve("mine@staging")
+    assert store.manifest(mine, mine_version).training["method"] == "comparatives"
+    assert "eval.json" in store.annex_files(mine, mine_version)
     promoted = store.alias_log("fashion", "production")["production"][-1]
     assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record

@@ -61,6 +61,7 @@ def test_the_converter_writes_the_raw_pixels_and_labels(data: Path) -> None:
     assert set(json.loads((data / "labels.json").read_text())) == set(LABELS)
 
 
+@pytest.mark.slow
 def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: Path, tmp_path: Path) -> None:
     args = ["evaluate", "fm@with-library", "--store", str(root), "--data", str(data / "test.jsonl"),
             "--split", "all", "--dataset-name", "fmnist", "--seeds", "2", "--n-captions", "20"]  # fmt: skip

@@ -63,6 +63,7 @@ def decision(cache: Path, bundle: ModelBundle) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
+@pytest.mark.slow
 def test_auto_serves_a_gated_candidate_and_remembers_the_choice(
     bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +111,7 @@ def test_a_candidate_that_fails_the_gate_is_never_chosen(
         assert "0.980000 < 0.999" in trial["refused"] and trial["images_per_s"] is None, trial
 
 
+@pytest.mark.slow
 def test_a_winner_must_be_clearly_faster(bundle: ModelBundle, tmp_path: Path) -> None:
     build = real_build(bundle, tmp_path / "exports")
 
@@ -243,6 +245,7 @@ def test_candidates_follow_what_is_installed_and_the_device(monkeypatch: pytest.
 
 
 @pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 (Debian's qemu-user) is needed to run the AVX2-only CPU path")
+@pytest.mark.slow
 def test_the_key_and_the_bf16_candidate_follow_the_cpu_that_runs(tmp_path: Path) -> None:
     """Under the emulated AVX2-only CPU the instruction sets are those it runs, not the host's
     /proc/cpuinfo (which qemu passes through): no AVX-512, no native bf16, another key."""

@@ -109,6 +109,7 @@ def choose(
 
 
 @pytest.mark.parametrize("noise", ["steady", "burst on the fastest", "burst on the reference"])
+@pytest.mark.slow
 def test_noise_never_picks_another_winner_than_a_quiet_measurement(
     bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, burner: Burner, noise: str
 ) -> None:
@@ -151,6 +152,7 @@ def test_equal_candidates_keep_the_reference_or_defer_under_noise(
     assert noisy[1] == ("torch", "fp32"), noisy
 
 
+@pytest.mark.slow
 def test_the_tiny_models_real_candidates_beside_a_burner(bundle: ModelBundle, tmp_path: Path, burner: Burner) -> None:
     """The real candidates (exports made once, then only timed): a decision taken beside spinning
     processes is the quiet one or deferred."""

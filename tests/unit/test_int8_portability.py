@@ -78,6 +78,7 @@ def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @needs_qemu
+@pytest.mark.slow
 def test_int8_graph_passes_the_gate_on_an_avx2_only_cpu(bundle: ModelBundle, tmp_path: Path) -> None:
     export_bundle(bundle, tmp_path / "int8", image_precision="int8")
     pixels = _pixels(bundle)
@@ -91,6 +92,7 @@ def test_int8_graph_passes_the_gate_on_an_avx2_only_cpu(bundle: ModelBundle, tmp
 
 
 @needs_qemu
+@pytest.mark.slow
 def test_full_range_int8_weights_saturate_without_vnni(bundle: ModelBundle, tmp_path: Path) -> None:
     """The failure the 7-bit scheme prevents, shown on the same model: full-range int8 weights
     drift on the AVX2 path (so the test above can tell the two schemes apart)."""

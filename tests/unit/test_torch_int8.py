@@ -120,6 +120,7 @@ print(json.dumps({"min_cosine": check_parity(bundle, Int8TorchTowers(bundle))}))
 
 
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="fbgemm's AVX2 kernels are x86-64's")
+@pytest.mark.slow
 def test_the_avx2_kernels_pass_the_gate_on_any_x86_cpu(store: Path) -> None:
     """fbgemm takes its kernels from CPUID, so a machine with AVX-512 VNNI would never run the AVX2
     ones that an AVX2-only CPU gets (products summed pairwise in a saturating int16). The

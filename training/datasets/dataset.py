@@ -140,8 +140,13 @@ def content_digest(item: Item) -> str:
 
 def split_of(item: Item, fractions: dict[Split, float] | None = None) -> Split:
     """The split of ``item``, from its first image's content hash (deterministic, order-free)."""
+    return split_of_digest(content_digest(item), fractions)
+
+
+def split_of_digest(digest: str, fractions: dict[Split, float] | None = None) -> Split:
+    """The split of an image whose content has the sha256 hex ``digest``."""
     fractions = fractions or DEFAULT_FRACTIONS
-    u = int(content_digest(item)[:15], 16) / 16**15  # uniform in [0, 1)
+    u = int(digest[:15], 16) / 16**15  # uniform in [0, 1)
     edge = 0.0
     for name in ("train", "val", "test"):
         edge += fractions.get(name, 0.0)  # type: ignore[call-overload]

@@ -9,6 +9,10 @@ output is a dataset in this project's format (docs/data.md):
     OUT/test.jsonl           label records of the 10,000 test images, kept for evaluation
     OUT/images/{train,test}/NNNNN.png
 
+With ``class_folders`` it writes the same photos as JPEGs in the layout most photo datasets come
+in instead, ``OUT/{train,test}/<label>/NNNNN.jpg`` (spaces in a label as underscores), which
+``clip-train data import-folder`` reads (docs/tutorial.md shows both).
+
 The split by content hash inside ``train.jsonl`` gives train / validation (calibration) records;
 ``test.jsonl`` is the official test set, which no training command reads.
 """
@@ -75,5 +79,22 @@ def convert(source: Path, out: Path, limit: int | None = None, test_limit: int |
             label = LABELS[int(labels[i])]
             lines.append(json.dumps({"image": name, "label": label, "attributes": ATTRIBUTES[label]}))
         (out / f"{part}.jsonl").write_text("\n".join(lines) + "\n")
+        counts[part] = n
+    return counts
+
+
+def write_class_folders(
+    source: Path, out: Path, limit: int | None = None, test_limit: int | None = None
+) -> dict[str, int]:
+    """The photos as JPEGs in ``out/{train,test}/<label>/``; returns the number of images of each part."""
+    counts = {}
+    for part, prefix, cut in (("train", "train", limit), ("test", "t10k", test_limit)):
+        images = read_idx(source / f"{prefix}-images-idx3-ubyte.gz")
+        labels = read_idx(source / f"{prefix}-labels-idx1-ubyte.gz")
+        n = len(images) if cut is None else min(cut, len(images))
+        for i in range(n):
+            folder = out / part / LABELS[int(labels[i])].replace(" ", "_")
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(images[i], mode="L").save(folder / f"{i:05d}.jpg", quality=95)
         counts[part] = n
     return counts

@@ -48,6 +48,7 @@ def test_the_wheel_holds_only_its_own_names(wheel: Path) -> None:
     assert tops == {"clipdiff", f"clipdiff_client-{wheel.name.split('-')[1]}.dist-info"}
 
 
+@pytest.mark.slow
 def test_installs_beside_the_package_of_the_old_name(wheel: Path, tmp_path: Path) -> None:
     fetched = pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(tmp_path / "dl"), OLD_NAME)
     if fetched.returncode != 0:

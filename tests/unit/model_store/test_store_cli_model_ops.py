@@ -69,6 +69,7 @@ def test_gated_promote_force_history_and_rollback(runner: CliRunner, root: Root,
     assert "clip@production: v1" in result.output
 
 
+@pytest.mark.slow
 def test_canary_shadow_and_their_ends(runner: CliRunner, root: Root, evaluated: ModelStore) -> None:
     result = _run(runner, root, "canary", "clip", "v3", "--alias", "production", "--weight", "10")
     assert result.exit_code == 0, result.output
@@ -99,6 +100,7 @@ def test_canary_shadow_and_their_ends(runner: CliRunner, root: Root, evaluated: 
     assert "v1 -> v3 (v1 90 %, v3 10 %)" in result.output
 
 
+@pytest.mark.slow
 def test_gate_dry_run_and_policy(runner: CliRunner, root: Root, evaluated: ModelStore, tmp_path: Path) -> None:
     result = _run(runner, root, "gate", "clip", "v2")
     assert result.exit_code == 1 and NEGATION in result.output

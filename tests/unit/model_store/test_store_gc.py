@@ -44,6 +44,7 @@ def test_gc_keeps_aliases_history_and_newest(five: ModelStore, root: Root) -> No
     assert five.rollback("clip", "production") == "v1"
 
 
+@pytest.mark.slow
 def test_gc_removes_only_stale_staging(five: ModelStore, root: Root) -> None:
     # Object stores cannot back-date a blob, so the grace is made short instead: the old staging
     # area is written, then (more than the grace, at one-second timestamp resolution, later)
@@ -64,6 +65,7 @@ def _model_store_cli(root: Root, *args: str) -> list[str]:
     return [sys.executable, "-m", "model_store.cli", "--store", root.location, "--no-load-check", *args]
 
 
+@pytest.mark.slow
 def test_a_killed_publish_leaves_staging_that_gc_removes_after_the_grace(root: Root, tmp_path: Path) -> None:
     """``kill -9`` of ``model-store publish`` between its upload and its commit: the staging area
     stays, the run's output says so, and gc removes it once past the grace, never before."""

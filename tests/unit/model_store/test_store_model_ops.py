@@ -32,6 +32,7 @@ def evaluated(store: ModelStore) -> ModelStore:
     return store
 
 
+@pytest.mark.slow
 def test_the_gate_refuses_a_negation_drop_until_forced_with_a_reason(evaluated: ModelStore, root: Root) -> None:
     assert evaluated.promote("clip", "production", "v1") is None
     first = evaluated.alias_log("clip")["production"][-1]

@@ -272,6 +272,7 @@ def test_the_lock_excludes_other_holders(s3_root: S3Root, tmp_path: Path) -> Non
 
 
 # ------------------------------------------------------------------ concurrent promotes
+@pytest.mark.slow
 def test_concurrent_promotes_from_processes_never_tear_or_lose_the_alias_table(root: Root) -> None:
     store = root.store()
     for payload in (b"one", b"two", b"three"):
