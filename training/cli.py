@@ -129,7 +129,8 @@ def base_cmd(
         device=device,
         bf16=device == "cpu" or device.startswith("cuda"),
     )
-    train_base(cfg, out, log=console.print)
+    # Normalised as build-default publishes the default model (DefaultRecipe.preprocess).
+    train_base(cfg, out, preprocess=DefaultRecipe().preprocess, log=console.print)
 
 
 @app.command("build-default")
@@ -249,6 +250,7 @@ def pcclip_sweep(
     arch = model_config(config)
     base = build_model(arch)
     base.load_state_dict(torch.load(run_dir / "base" / "model.pt", map_location="cpu"))
+    preprocess = DefaultRecipe().preprocess  # what build-default publishes base/model.pt with
     rows = []
     for loss in losses.split(","):
         for temperature in map(float, temperatures.split(",")):
@@ -260,10 +262,10 @@ def pcclip_sweep(
                 fine_size_fraction=fine_size_fraction,
                 caption_weight=caption_weight,
             )
-            state = train_pcclip(base, cfg, log=lambda _: None)
+            state = train_pcclip(base, cfg, log=lambda _: None, preprocess=preprocess)
             with tempfile.TemporaryDirectory() as tmp:
                 scratch = ModelStore(tmp)
-                publish_bundle(scratch, "sweep", base, arch, text_variants={"pcclip": state})
+                publish_bundle(scratch, "sweep", base, arch, text_variants={"pcclip": state}, preprocess=preprocess)
                 bundle = ModelBundle.load(scratch, "sweep@v1", device=device)
                 ev = Evaluator(bundle, EvalConfig(n_pairs=300, n_zeroshot=300))
                 ranks = ev.rank_accuracy(ev.rank_pairs(1000, 300), generator_images, ["pcclip"])["pcclip"]

@@ -21,6 +21,7 @@ import torch
 from open_clip.model import CLIP
 
 from clipcore.models.bundle import ModelBundle
+from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.publish import publish_bundle
 from model_store import ModelStore
 from training.evaluation import EvalConfig, evaluate
@@ -59,6 +60,9 @@ class DefaultRecipe:
     device: str = "cpu"
     eval: EvalConfig = field(default_factory=EvalConfig)
     aliases: list[str] = field(default_factory=list)
+    # The preprocessing the version is published with (its manifest's): every stage encodes its
+    # images with it, as serving will.
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
     def smoke(self) -> DefaultRecipe:
         """The tiny configuration CI builds in a minute: few steps, a small evaluation."""
@@ -69,6 +73,7 @@ class DefaultRecipe:
             align_start=2 * steps // 3, pcclip_steps=min(self.pcclip_steps, 20),
             semclip_steps=min(self.semclip_steps, 20), yukino_steps=min(self.yukino_steps, 20), seed=self.seed,
             device=self.device, eval=EvalConfig(**{**asdict(SMOKE_EVAL), "seeds": seeds}), aliases=self.aliases,
+            preprocess=self.preprocess,
         )  # fmt: skip
 
 
@@ -115,7 +120,7 @@ def _cached_stage(path: Path, config: dict, train: Callable[[], Any], log: Log =
 
 
 def _semclip_variants(
-    model: CLIP, steps: int, seed: int, device: str, run_dir: Path, log: Log = print
+    model: CLIP, preprocess: PreprocessConfig, steps: int, seed: int, device: str, run_dir: Path, log: Log = print
 ) -> dict[str, dict]:
     """SemCLIP and its paraphrase-only / negation-only ablations, sharing one triplet dataset."""
     small = steps <= 50
@@ -133,15 +138,22 @@ def _semclip_variants(
 
         def train(cfg: SemClipConfig = cfg, variant: str = variant) -> dict:
             nonlocal data
-            data = data or triplet_dataset(cfg, model)
-            return train_semclip(model, cfg, data=data, out_dir=run_dir / variant, log=log)
+            data = data or triplet_dataset(cfg, model, preprocess)
+            return train_semclip(model, cfg, data=data, out_dir=run_dir / variant, log=log, preprocess=preprocess)
 
         states[variant] = _cached_stage(run_dir / f"{variant}.pt", asdict(cfg), train, log)
     return states
 
 
 def _yukino(
-    model: CLIP, sem_states: dict[str, dict], steps: int, seed: int, device: str, run_dir: Path, log: Log = print
+    model: CLIP,
+    preprocess: PreprocessConfig,
+    sem_states: dict[str, dict],
+    steps: int,
+    seed: int,
+    device: str,
+    run_dir: Path,
+    log: Log = print,
 ) -> tuple[dict[str, torch.Tensor], dict[str, bytes], dict]:
     """YUKINO's text variant (from SemCLIP's) and the inverter over it: the variant's state, the
     inverter's files and its manifest component."""
@@ -165,13 +177,14 @@ def _yukino(
 
     def train_text() -> dict[str, torch.Tensor]:
         start = with_state(model, sem_states[text_cfg.start])
-        return train_yukino_text(model, start, text_cfg, out_dir=run_dir, log=log)
+        return train_yukino_text(model, start, text_cfg, out_dir=run_dir, log=log, preprocess=preprocess)
 
     text_state = _cached_stage(run_dir / "yukino_text.pt", asdict(text_cfg), train_text, log)
 
     def train() -> tuple[dict[str, bytes], dict]:
         text_model = with_state(model, text_state)
-        return train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=log).to_files()
+        head = train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=log, preprocess=preprocess)
+        return head.to_files()
 
     config = {**asdict(cfg), "oti": asdict(oti_cfg), "text": asdict(text_cfg)}
     files, component = _cached_stage(run_dir / "yukino.pt", config, train, log)
@@ -201,7 +214,7 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         base_cfg.warmup_steps = max(1, steps // 5)
         base_cfg.batch_size = 32
     t0 = time.time()
-    model = train_base(base_cfg, run_dir / "base", log=log)
+    model = train_base(base_cfg, run_dir / "base", preprocess=r.preprocess, log=log)
     base_seconds = time.time() - t0
     pc_cfg = PCClipConfig(
         steps=pcclip_steps,
@@ -216,21 +229,21 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         pc_state = torch.load(pc_path, weights_only=False)["state"]  # a rerun resumes after this stage
         log(f"pcclip: reusing {pc_path}")
     else:
-        pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=log)
+        pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=log, preprocess=r.preprocess)
         torch.save({"config": vars(pc_cfg), "state": pc_state}, pc_path)
     pc_seconds = time.time() - t0
     t0 = time.time()
-    sem_states = _semclip_variants(model.cpu(), semclip_steps, seed, device, run_dir, log)
+    sem_states = _semclip_variants(model.cpu(), r.preprocess, semclip_steps, seed, device, run_dir, log)
     sem_seconds = time.time() - t0
     t0 = time.time()
     yukino_text, yukino_files, yukino_component = _yukino(
-        model.cpu(), sem_states, yukino_steps, seed, device, run_dir, log
+        model.cpu(), r.preprocess, sem_states, yukino_steps, seed, device, run_dir, log
     )
     yukino_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
     dcsm_files, dcsm_component = train_dcsm_files(
-        model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm", log=log
+        model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm", log=log, preprocess=r.preprocess
     )
     dcsm_seconds = time.time() - t0
     training = {
@@ -261,6 +274,7 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         data=data,
         extra_files={**dcsm_files, **yukino_files},
         components={"dcsm": dcsm_component, "yukino": yukino_component},
+        preprocess=r.preprocess,
     )
     with tempfile.TemporaryDirectory() as tmp:
         # Evaluate exactly what will be served: the stored (fp16) weights, loaded back.

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from clipcore.methods.losses import clip_contrastive_loss, filip_loss, mask_alignment_loss
 from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
 from training.probes import probe_set, zero_shot_accuracy
@@ -76,11 +76,13 @@ def image_size(model_config: dict[str, Any]) -> int:
     return int(size[0] if isinstance(size, list | tuple) else size)
 
 
-def make_batch(cfg: BaseTrainConfig, step: int, tokenize: Tokenize) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
+def make_batch(
+    cfg: BaseTrainConfig, step: int, tokenize: Tokenize, preprocess: PreprocessConfig
+) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
     base = step * cfg.batch_size
     scenes = [sample_scene(Split.TRAIN, cfg.seed, base + i, p_two=cfg.p_two_objects) for i in range(cfg.batch_size)]
     rng = np.random.default_rng([cfg.seed, step, 7])
-    images = normalize_uint8(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
+    images = preprocess.normalize(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
     captions = [random_caption(s, rng) for s in scenes]
     return scenes, images, tokenize(captions)
 
@@ -109,8 +111,9 @@ def lr_at(cfg: BaseTrainConfig, step: int) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa: ANN001
-    """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log."""
+def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessConfig, log=print) -> CLIP:  # noqa: ANN001
+    """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log. ``preprocess``:
+    the configuration the model is published with (its images are normalised as it will be served)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model_config).to(cfg.device)
@@ -143,7 +146,7 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
             set_text_trainable(model, step >= cfg.text_freeze_steps)
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step)
-            scenes, images, tokens = make_batch(cfg, step, tokenize)
+            scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
             images, tokens = images.to(cfg.device), tokens.to(cfg.device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start
             use_align = cfg.align_weight > 0 and step >= cfg.align_start
@@ -175,7 +178,7 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
             done = step + 1
             info = f"loss {loss.item():.3f}"
             if done % cfg.eval_every == 0 or done == cfg.steps:
-                acc = zero_shot_accuracy(model, tokenize, probes, device=cfg.device)
+                acc = zero_shot_accuracy(model, tokenize, probes, preprocess, device=cfg.device)
                 history.append({"step": done, "loss": loss.item(), "seconds": time.time() - t0, **acc})
                 log(json.dumps(history[-1]))
             if history:

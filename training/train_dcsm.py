@@ -31,6 +31,7 @@ from clipcore.methods.dcsm import (
 )
 from clipcore.methods.losses import dcsm_batch_loss
 from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
+from clipcore.models.preprocess import PreprocessConfig
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
@@ -159,9 +160,16 @@ def scorer_config(cfg: DCSMTrainConfig, n_positions: int) -> dict[str, Any]:
 
 
 def train_dcsm(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+    model: CLIP,
+    context_length: int,
+    cfg: DCSMTrainConfig,
+    out_dir: Path | None = None,
+    log: Log = print,
+    *,
+    preprocess: PreprocessConfig,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     """Train a scorer on ``model``'s frozen dense features: (scorer_state, scorer_config, table).
+    ``preprocess``: the base version's.
 
     With ``out_dir`` the scorer is checkpointed after every epoch (and resumed from there:
     the feature cache is rebuilt deterministically) and the history is written as JSON.
@@ -170,18 +178,20 @@ def train_dcsm(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _train(model, context_length, cfg, out_dir, log)
+        return _train(model, context_length, cfg, out_dir, log, preprocess)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None, log: Log
+    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None, log: Log, preprocess: PreprocessConfig
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     torch.manual_seed(cfg.seed)
     model = model.to(cfg.device).eval()
     length = int(cfg.scorer.get("length", DEFAULT_SCORER_CONFIG["length"]))
-    encoder = DenseEncoder(model, context_length, cfg.functional_groups, length, device=cfg.device)
+    encoder = DenseEncoder(
+        model, context_length, cfg.functional_groups, length, preprocess.mean, preprocess.std, device=cfg.device
+    )
     t0, c0 = time.time(), time.process_time()
     train = build_cache(
         encoder,
@@ -308,9 +318,15 @@ def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def train_dcsm_files(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+    model: CLIP,
+    context_length: int,
+    cfg: DCSMTrainConfig,
+    out_dir: Path | None = None,
+    log: Log = print,
+    *,
+    preprocess: PreprocessConfig,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Train and package: ``(files, component)`` for ``publish_bundle(extra_files=files,
     components={"dcsm": component})``."""
-    state, config, table = train_dcsm(model, context_length, cfg, out_dir, log)
+    state, config, table = train_dcsm(model, context_length, cfg, out_dir, log, preprocess=preprocess)
     return dcsm_files(state, config, table), dcsm_component(config)

@@ -19,6 +19,7 @@ from open_clip.model import CLIP
 
 from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
 from clipcore.models.clip_model import normalize, text_features
+from clipcore.models.preprocess import PreprocessConfig
 from training.distributed import sharded_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
@@ -43,7 +44,7 @@ class PCClipConfig:
     device: str = "cpu"
 
 
-def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
+def difference_dataset(cfg: PCClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
     """Image embeddings of every pair (computed once) plus texts and attributes."""
     pairs = [
         sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction) for i in range(cfg.pairs)
@@ -51,18 +52,26 @@ def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
     rng = np.random.default_rng([cfg.seed, 5])
     firsts = render_batch([p.first for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
     seconds = render_batch([p.second for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
-    g1 = encode_images(model, firsts, device=cfg.device)
-    g2 = encode_images(model, seconds, device=cfg.device)
+    g1 = encode_images(model, preprocess, firsts, device=cfg.device)
+    g2 = encode_images(model, preprocess, seconds, device=cfg.device)
     captions = [random_caption(p.first, rng) for p in pairs]
     attrs = [p.attribute for p in pairs]
     return {"g1": g1, "g2": g2, "texts": [p.text for p in pairs], "captions": captions, "attributes": attrs}
 
 
-def train_pcclip(base: CLIP, cfg: PCClipConfig, out_dir: Path | None = None, log=print) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    """Returns the finetuned model's state dict (text tower changed, image tower untouched)."""
+def train_pcclip(
+    base: CLIP,
+    cfg: PCClipConfig,
+    out_dir: Path | None = None,
+    log=print,
+    *,
+    preprocess: PreprocessConfig,  # noqa: ANN001
+) -> dict[str, torch.Tensor]:
+    """Returns the finetuned model's state dict (text tower changed, image tower untouched).
+    ``preprocess``: the base version's (its manifest's, or what a new base is published with)."""
     tokenize = Tokenize(base.context_length)
     t0 = time.time()
-    data = difference_dataset(cfg, base.to(cfg.device))
+    data = difference_dataset(cfg, base.to(cfg.device), preprocess)
     log(f"pcclip: {cfg.pairs} pairs embedded in {time.time() - t0:.1f}s")
     scale = float(base.logit_scale.exp().clamp(max=100).item())
     rng = np.random.default_rng([cfg.seed, 9])

@@ -20,6 +20,7 @@ from open_clip.model import CLIP
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions
 from clipcore.models.clip_model import embed_width, normalize, text_features
+from clipcore.models.preprocess import PreprocessConfig
 from training.distributed import sharded_features
 from training.encode import Tokenize, encode_images
 from training.text_finetune import finetune_text_tower
@@ -49,11 +50,11 @@ class SemClipConfig:
     device: str = "cpu"
 
 
-def triplet_dataset(cfg: SemClipConfig, model: CLIP) -> dict:
+def triplet_dataset(cfg: SemClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
     triplets = triplet_set(Split.TRAIN, cfg.seed + 300, cfg.scenes)
     images = render_batch([t.scene for t in triplets], model.visual.image_size[0], seed=cfg.seed + 17)
     return {
-        "images": encode_images(model, images, device=cfg.device),
+        "images": encode_images(model, preprocess, images, device=cfg.device),
         "original": [t.original for t in triplets],
         "paraphrase": [t.paraphrase for t in triplets],
         "negation": [t.negation for t in triplets],
@@ -66,12 +67,14 @@ def train_semclip(
     data: dict | None = None,
     out_dir: Path | None = None,
     log=print,  # noqa: ANN001
+    *,
+    preprocess: PreprocessConfig,
 ) -> dict[str, torch.Tensor]:
     """Returns the finetuned state dict (text tower changed). ``data`` from ``triplet_dataset``
-    may be passed to share it between variants."""
+    may be passed to share it between variants; ``preprocess``: the base version's."""
     if data is None:
         t0 = time.time()
-        data = triplet_dataset(cfg, base.to(cfg.device))
+        data = triplet_dataset(cfg, base.to(cfg.device), preprocess)
         log(f"semclip: {cfg.scenes} caption triplets embedded in {time.time() - t0:.1f}s")
     tokenize = Tokenize(base.context_length)
     dim = embed_width(base)

@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from open_clip.model import CLIP
 
 from clipcore.methods.losses import clip_contrastive_loss, yukino_matching_loss, yukino_oti_loss
-from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.clip_model import normalize, text_features, tokenizer_for
+from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
-from training.encode import Tokenize, encode_images, encode_texts
+from training.encode import Tokenize, encode_image_tokens, encode_images, encode_texts
 from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
 from training.world.render import render_batch
@@ -80,14 +80,18 @@ def train_yukino_text(
     cfg: YukinoTextConfig,
     out_dir: Path | None = None,
     log=print,  # noqa: ANN001
+    *,
+    preprocess: PreprocessConfig,
 ) -> dict[str, torch.Tensor]:
-    """The text variant YUKINO matches in (see the module docstring); returns its state dict."""
+    """The text variant YUKINO matches in (see the module docstring); returns its state dict.
+    ``preprocess``: the base version's."""
     t0 = time.time()
     items = hard_negative_set(Split.TRAIN, cfg.seed + 700, cfg.items)
     scenes = [h.scene for h in items] + [h.negative_scene for h in items]
     captions = [h.positive for h in items] + [h.negative for h in items]
     images = encode_images(
         base.to(cfg.device).eval(),
+        preprocess,
         render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 29),
         device=cfg.device,
     )
@@ -141,17 +145,6 @@ def concept_embeddings(model: CLIP) -> torch.Tensor:
     return model.token_embedding.weight[ids].detach()
 
 
-@torch.no_grad()
-def image_tokens(model: CLIP, images: np.ndarray, device: str = "cpu", batch_size: int = 256) -> torch.Tensor:
-    """(N, S, S, 3) uint8 -> (N, 1+P, D) normalised class + patch tokens (the inverter's input)."""
-    out = []
-    for i in range(0, len(images), batch_size):
-        _, tokens = image_features(model, normalize_uint8(images[i : i + batch_size]).to(device), dense=True)
-        assert tokens is not None
-        out.append(normalize(tokens.float()).cpu())
-    return torch.cat(out)
-
-
 def oti(text_model: CLIP, targets: torch.Tensor, cfg: OTIConfig, device: str = "cpu") -> torch.Tensor:
     """Pseudo-tokens ``(N, W)`` for ``(N, D)`` normalised image embeddings, optimised per image."""
     concepts = concept_embeddings(text_model).to(device)
@@ -183,6 +176,8 @@ def train_inverter(
     oti_cfg: OTIConfig | None = None,
     out_dir: Path | None = None,
     log=print,  # noqa: ANN001
+    *,
+    preprocess: PreprocessConfig,
 ) -> YukinoHead:
     torch.manual_seed(cfg.seed)
     t0 = time.time()
@@ -191,7 +186,7 @@ def train_inverter(
     captions = [h.positive for h in items] + [h.negative for h in items]
     base = base.to(cfg.device).eval()
     pixels = render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 23)
-    tokens = image_tokens(base, pixels, cfg.device)
+    tokens = encode_image_tokens(base, preprocess, pixels, device=cfg.device)
     text_model = text_model.to(cfg.device).eval()
     for p in text_model.parameters():
         p.requires_grad_(False)
@@ -241,7 +236,6 @@ __all__ = [
     "OTIConfig",
     "YukinoConfig",
     "YukinoTextConfig",
-    "image_tokens",
     "oti",
     "train_inverter",
     "train_yukino_text",

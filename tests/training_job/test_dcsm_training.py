@@ -13,6 +13,7 @@ from safetensors.torch import load
 from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 from clipcore.models.clip_model import build_model
 from clipcore.models.dense import DCSMHead
+from clipcore.models.preprocess import PreprocessConfig
 from training.dense_eval import dense_metrics
 from training.train_dcsm import DCSMTrainConfig, dcsm_component, dcsm_files, train_dcsm
 
@@ -43,7 +44,7 @@ def tiny_config(**kw) -> DCSMTrainConfig:
 def trained(model, tmp_path_factory):
     out = tmp_path_factory.mktemp("dcsm")
     t0 = time.time()
-    result = train_dcsm(model, 32, tiny_config(), out_dir=out, log=lambda _: None)
+    result = train_dcsm(model, 32, tiny_config(), out_dir=out, log=lambda _: None, preprocess=PreprocessConfig())
     return result, out, time.time() - t0
 
 
@@ -83,7 +84,7 @@ def test_head_loads_from_a_version_directory(trained, tmp_path: Path) -> None:
 def test_training_resumes_from_its_checkpoint(model, trained) -> None:
     (state, _, _), out, _ = trained
     logs: list[str] = []
-    again, _, _ = train_dcsm(model, 32, tiny_config(), out_dir=out, log=logs.append)
+    again, _, _ = train_dcsm(model, 32, tiny_config(), out_dir=out, log=logs.append, preprocess=PreprocessConfig())
     assert any("resumed after epoch 2" in line for line in logs)
     assert all(torch.equal(state[k], again[k]) for k in state)
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import fit_square, normalize_uint8
+from clipcore.models.preprocess import fit_square
 from model_store import ModelStore
 from training.cli import app
 from training.derive import publish_derived
@@ -82,7 +82,7 @@ def test_features_are_computed_once_per_image_tower_and_reused(user_data: Path, 
     pixels = np.stack([fit_square(Image.open(r.path), first.bundle.image_size) for r in refs])  # type: ignore[arg-type]
     np.testing.assert_allclose(pooled, first.bundle.encode_images(pixels), atol=1e-5)
     with torch.no_grad():
-        _, tokens = image_features(first.bundle.model, normalize_uint8(pixels[:5]), dense=True)
+        _, tokens = image_features(first.bundle.model, first.bundle.preprocess_config.normalize(pixels[:5]), dense=True)
     np.testing.assert_allclose(dense, normalize(tokens).numpy(), atol=2e-3)  # stored as float16
 
     second = context(store, user_data, tmp_path, "again")  # another run, another process's view

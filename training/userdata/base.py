@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from clipcore.methods.losses import clip_contrastive_loss, filip_loss
 from clipcore.models.clip_model import build_model, image_features, text_features
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.publish import publish_bundle
 from model_store import Manifest, ModelStore
 from training.datasets.dataset import Dataset
@@ -102,13 +102,15 @@ def train_user_base(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "bf16",
+    preprocess: PreprocessConfig,
     log: Log = print,
 ) -> torch.nn.Module:
-    """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model."""
+    """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model. ``preprocess``:
+    what the version is published with (images are read and normalised as it will be served)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     model = build_model(model_config).to(device)
-    images = Images(image_size(model_config))
+    images = Images(image_size(model_config), preprocess)
     refs, texts = captioned(dataset)
     pixels = pixel_map(images, images.digests(refs), run_dir, log)
     tokenize = Tokenize(model.context_length)
@@ -133,7 +135,7 @@ def train_user_base(
             for g in opt.param_groups:
                 g["lr"] = lr_at(cfg, step)
             idx = np.sort(rng.choice(n, size=batch, replace=False))
-            x = normalize_uint8(pixels[idx]).to(device)
+            x = preprocess.normalize(pixels[idx]).to(device)
             tokens = tokenize([texts[i] for i in idx]).to(device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.text_freeze_steps
             with autocast(device, precision):
@@ -173,14 +175,18 @@ def run_user_base(
     device: str = "cpu",
     precision: str = "bf16",
     aliases: tuple[str, ...] = (),
+    preprocess: PreprocessConfig | None = None,
     log: Log = print,
 ) -> Manifest | None:
-    """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early)."""
-    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision, log=log)
+    """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early),
+    with ``preprocess`` in its manifest (OpenAI CLIP's values when None, as ``publish_bundle``)."""
+    preprocess = preprocess or PreprocessConfig()
+    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision,
+                            preprocess=preprocess, log=log)  # fmt: skip
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     return publish_bundle(
-        store, name, model.cpu(), model_config, aliases=list(aliases),
+        store, name, model.cpu(), model_config, aliases=list(aliases), preprocess=preprocess,
         training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
         data=data_summary(dataset, "user"), notes="CLIP trained from scratch on user data",
     )  # fmt: skip

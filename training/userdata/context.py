@@ -22,8 +22,8 @@ from PIL import Image
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.bundle import ModelBundle
-from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import fit_square, normalize_uint8, upright
+from clipcore.models.encoding import encode_pixels
+from clipcore.models.preprocess import PreprocessConfig, upright
 from model_store import ModelStore
 from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
@@ -89,6 +89,7 @@ class Images:
     """The distinct images of a dataset by content digest, decoded and resized on demand."""
 
     size: int
+    preprocess: PreprocessConfig  # the version's (its manifest's): resize, crop, interpolation
     refs: dict[str, ImageRef] = field(default_factory=dict)
     _digest_of: dict[int, str] = field(default_factory=dict, repr=False)
 
@@ -104,11 +105,11 @@ class Images:
         return [self.digest(r) for r in refs]
 
     def pixels(self, digests: Sequence[str]) -> np.ndarray:
-        """(N, S, S, 3) uint8, preprocessed as the service does (``fit_square``)."""
+        """(N, S, S, 3) uint8, preprocessed as the service does (``PreprocessConfig.fit``)."""
         out = np.zeros((len(digests), self.size, self.size, 3), dtype=np.uint8)
         for i, digest in enumerate(digests):
             with Image.open(io.BytesIO(self.refs[digest].read())) as img:
-                out[i] = fit_square(upright(img), self.size)
+                out[i] = self.preprocess.fit(upright(img), self.size)
         return out
 
 
@@ -152,19 +153,18 @@ class RunContext:
         cache = FeatureCache.for_version(cache_dir or default_cache_dir(), bundle.manifest, resolved)
         run_dir.mkdir(parents=True, exist_ok=True)
         log(f"{bundle.ref}: {len(dataset.items)} records ({dataset.counts()}), device {device}, {resolved}")
-        return cls(store, bundle, dataset, cache, Images(bundle.image_size), run_dir, device, resolved, seed, log)
+        images = Images(bundle.image_size, bundle.preprocess_config)
+        return cls(store, bundle, dataset, cache, images, run_dir, device, resolved, seed, log)
 
     # ------------------------------------------------------------------ frozen image features
-    @torch.no_grad()
     def _encode(self, kind: Kind, pixels: np.ndarray) -> np.ndarray:
-        x = normalize_uint8(pixels, self.bundle.mean, self.bundle.std).to(self.device)
-        with autocast(self.device, self.precision):
-            pooled, tokens = image_features(self.bundle.model, x, dense=kind == "dense")
+        pooled, tokens = encode_pixels(self.bundle.model, self.bundle.preprocess_config, pixels, device=self.device,
+                                       dense=kind == "dense", amp=autocast(self.device, self.precision))  # fmt: skip
         if kind == "dense":
             if tokens is None:
                 raise ValueError(f"{self.bundle.ref}'s image tower gives no patch tokens (DCSM needs a ViT)")
-            return normalize(tokens.float()).cpu().numpy()
-        return normalize(pooled.float()).cpu().numpy()
+            return tokens.cpu().numpy()
+        return pooled.cpu().numpy()
 
     def features(self, kind: Kind, refs: Sequence[ImageRef], batch_size: int = 64) -> np.ndarray:
         """Features of ``refs`` (in order), computing only those not in the cache."""

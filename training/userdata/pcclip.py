@@ -94,7 +94,7 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
     cap_refs, cap_texts = caption_pairs(ctx)
     g_cap = torch.from_numpy(ctx.features("pooled", cap_refs)) if cap_refs else None
     base = ctx.bundle.model
-    tokenize = Tokenize(base.context_length)
+    tokenize = Tokenize.for_bundle(ctx.bundle)
     scale = ctx.bundle.logit_scale
     n, batch = len(pairs.texts), min(cfg.batch_size, len(pairs.texts))
     device = ctx.device

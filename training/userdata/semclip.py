@@ -63,7 +63,7 @@ def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tens
     ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
     images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))
     base = ctx.bundle.model
-    tokenize = Tokenize(base.context_length)
+    tokenize = Tokenize.for_bundle(ctx.bundle)
     dim = embed_width(base)
     directions = torch.from_numpy(projection_directions(dim, cfg.directions, ctx.seed)).to(ctx.device)
     scale = ctx.bundle.logit_scale

@@ -46,7 +46,7 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
     for p in text_model.parameters():
         p.requires_grad_(False)
     tokens = torch.from_numpy(ctx.features("dense", refs))  # (N, 1+P, D) float16
-    cap = encode_texts(text_model, Tokenize(text_model.context_length), captions, device=ctx.device)
+    cap = encode_texts(text_model, Tokenize.for_bundle(ctx.bundle), captions, device=ctx.device)
     torch.manual_seed(ctx.seed)
     token_dim = int(text_model.token_embedding.weight.shape[1])
     inverter = Inverter(tokens[0].numel(), token_dim, cfg.width).to(ctx.device)
