@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from open_clip.model import CLIP
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.clip_model import is_trainable_text_param
 from training.distributed import average_gradients, is_main
+from training.schedule import lr_at
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
 StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
@@ -105,7 +105,7 @@ def finetune_text_tower(
         task = bar.add_task(label, total=steps, completed=start, info="")
         for step in range(start, end):
             for g in opt.param_groups:
-                g["lr"] = g["base_lr"] * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
+                g["lr"] = lr_at(step, lr=g["base_lr"], steps=steps, warmup_steps=20, warmup="overlap")
             with amp():
                 loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)

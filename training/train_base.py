@@ -10,7 +10,6 @@ Data is generated on the fly: step ``s`` always sees the same scenes for a given
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
 from training.probes import probe_set, zero_shot_accuracy
+from training.schedule import lr_at
 from training.world.captions import random_caption
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
@@ -101,16 +101,6 @@ def set_text_trainable(model: CLIP, trainable: bool) -> None:
             p.requires_grad_(trainable)
 
 
-def lr_at(cfg: BaseTrainConfig, step: int) -> float:
-    horizon = cfg.schedule_steps or cfg.steps
-    if cfg.phase2_start is not None and step >= cfg.phase2_start:
-        return cfg.lr * cfg.phase2_lr_frac
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessConfig, log=print) -> CLIP:  # noqa: ANN001
     """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log. ``preprocess``:
     the configuration the model is published with (its images are normalised as it will be served)."""
@@ -145,7 +135,8 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
             model.train()
             set_text_trainable(model, step >= cfg.text_freeze_steps)
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.schedule_steps or cfg.steps, warmup_steps=cfg.warmup_steps,
+                                phase2_start=cfg.phase2_start, phase2_lr_frac=cfg.phase2_lr_frac)  # fmt: skip
             scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
             images, tokens = images.to(cfg.device), tokens.to(cfg.device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start

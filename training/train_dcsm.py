@@ -32,6 +32,7 @@ from clipcore.methods.dcsm import (
 from clipcore.methods.losses import dcsm_batch_loss
 from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
 from clipcore.models.preprocess import PreprocessConfig
+from training.schedule import lr_at
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
@@ -65,8 +66,9 @@ class DCSMTrainConfig:
 
 
 @dataclass
-class FeatureCache:
-    """Interleaved anchors: row 2i is item i's image/caption, row 2i+1 its hard negative."""
+class DenseItems:
+    """The shapes world's DCSM items as dense features in memory (not the on-disk frozen-feature
+    cache, ``training.feature_cache``): row 2i is item i's image/caption, row 2i+1 its hard negative."""
 
     images: torch.Tensor  # (2N, 1+P, D) fp16
     texts: torch.Tensor  # (U, L, D) fp16, distinct captions
@@ -93,7 +95,7 @@ def _progress(name: str) -> Progress:
 
 def build_cache(
     encoder: DenseEncoder, items: Sequence[HardNegative], render_seed: int, batch: int = 512, name: str = "features"
-) -> FeatureCache:
+) -> DenseItems:
     scenes = [s for it in items for s in (it.scene, it.negative_scene)]
     captions = [c for it in items for c in (it.positive, it.negative)]
     distinct = list(dict.fromkeys(captions))
@@ -114,7 +116,7 @@ def build_cache(
             valid_chunks.append(valid)
             row_chunks.append(rows)
             bar.update(task, advance=len(tok), info="captions")
-    return FeatureCache(
+    return DenseItems(
         torch.cat(img_chunks),
         torch.cat(txt_chunks),
         torch.cat(valid_chunks),
@@ -125,9 +127,7 @@ def build_cache(
 
 
 @torch.no_grad()
-def two_way_accuracy(
-    scorer: DCSMScorer, cache: FeatureCache, table: torch.Tensor, chunk: int = 1024
-) -> dict[str, float]:
+def two_way_accuracy(scorer: DCSMScorer, cache: DenseItems, table: torch.Tensor, chunk: int = 1024) -> dict[str, float]:
     """Per kind: share of items whose image scores its caption above the hard negative."""
     scorer.eval()
     n = len(cache.kinds)
@@ -240,9 +240,8 @@ def _train(
             losses, accs = [], []
             for s in range(steps_per_epoch):
                 step = epoch * steps_per_epoch + s
-                lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / total))
                 for g in opt.param_groups:
-                    g["lr"] = lr
+                    g["lr"] = lr_at(step, lr=cfg.lr, steps=total, warmup_steps=cfg.warmup_steps, warmup="overlap")
                 items = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
                 anchors = torch.stack([2 * items, 2 * items + 1], dim=1).reshape(-1)
                 img, txt, valid, rows = (x.to(cfg.device) for x in train.batch(anchors))

@@ -41,6 +41,7 @@ from clipcore.models.clip_model import normalize, text_features, tokenizer_for
 from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
 from training.encode import Tokenize, encode_image_tokens, encode_images, encode_texts
+from training.schedule import lr_at
 from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
 from training.world.render import render_batch
@@ -202,7 +203,7 @@ def train_inverter(
     history = []
     for step in range(cfg.steps):
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+            g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps)
         chosen = torch.from_numpy(rng.choice(len(items), size=cfg.batch_items, replace=False))
         idx = torch.cat([chosen, chosen + len(items)])  # both images and both captions of every item
         v = inverter(tokens[idx].to(cfg.device))

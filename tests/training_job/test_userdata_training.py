@@ -20,9 +20,9 @@ from clipcore.models.preprocess import fit_square
 from model_store import ModelStore
 from training.cli import app
 from training.derive import publish_derived
+from training.feature_cache import tower_key
 from training.userdata.context import RunContext
 from training.userdata.demo_data import write_user_dataset
-from training.userdata.feature_cache import tower_key
 from training.userdata.pcclip import PCClipRun, run_pcclip
 from training.userdata.semclip import SemClipRun, run_semclip
 from training.userdata.yukino import YukinoRun, run_yukino

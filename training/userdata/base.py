@@ -32,6 +32,7 @@ from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecor
 from training.datasets.source import ImageRef
 from training.encode import Tokenize
 from training.generate.differences import article
+from training.schedule import lr_at
 from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
 from training.userdata.context import Images, autocast, items_of, progress, seed_everything
 from training.userdata.publishing import data_summary, run_settings
@@ -86,13 +87,6 @@ def pixel_map(images: Images, digests: list[str], run_dir: Path, log: Log) -> np
     return np.load(path, mmap_mode="r")
 
 
-def lr_at(cfg: BaseRun, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress_ = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * 0.5 * (1 + np.cos(np.pi * progress_))
-
-
 def train_user_base(
     dataset: Dataset,
     model_config: dict[str, Any],
@@ -133,7 +127,7 @@ def train_user_base(
             model.train()
             set_text_trainable(model, step >= cfg.text_freeze_steps)
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps)
             idx = np.sort(rng.choice(n, size=batch, replace=False))
             x = preprocess.normalize(pixels[idx]).to(device)
             tokens = tokenize([texts[i] for i in idx]).to(device)

@@ -1,5 +1,5 @@
 """What every training run on a user's data shares: the validated dataset, the base version, the
-device and precision, the seed, and the frozen image features (``feature_cache``).
+device and precision, the seed, and the frozen image features (``training.feature_cache``).
 
 ``RunContext.open`` validates the data first (every problem with its file and line, and no
 training when there is one), then loads the base version from the store.
@@ -28,7 +28,7 @@ from model_store import ModelStore
 from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
 from training.datasets.source import ImageRef, Item
-from training.userdata.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
+from training.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
 
 Log = Callable[[str], None]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]

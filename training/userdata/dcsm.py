@@ -28,6 +28,7 @@ from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecor
 from training.datasets.source import ImageRef
 from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
+from training.schedule import lr_at
 from training.train_dcsm import dcsm_component, dcsm_files
 from training.userdata.context import RunContext, items_of, progress
 from training.userdata.publishing import data_summary, run_settings
@@ -152,9 +153,8 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
                 cand[j] += [int(caption_row[idx[o]]) for o in others[j]]
             cand_t = torch.tensor(cand)
             image_cand = torch.cat([torch.arange(batch)[:, None], torch.from_numpy(others).long()], dim=1)
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps, warmup="overlap")
             loss, acc = dcsm_caption_negatives_loss(
                 scorer, images[idx].float().to(ctx.device), txt[cand_t].float().to(ctx.device),
                 txt_valid[cand_t].to(ctx.device), txt_rows[cand_t].to(ctx.device), image_cand.to(ctx.device),

@@ -20,6 +20,7 @@ from clipcore.methods.losses import yukino_matching_loss
 from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
 from model_store import Manifest
 from training.encode import Tokenize, encode_texts
+from training.schedule import lr_at
 from training.userdata.context import RunContext, progress
 from training.userdata.pcclip import caption_pairs
 from training.userdata.publishing import data_summary, run_settings
@@ -64,7 +65,7 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
         task = bar.add_task("yukino", total=cfg.steps, completed=start, info="")
         for step in range(start, end):
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps)
             idx = torch.from_numpy(np.random.default_rng([ctx.seed, step, 61]).choice(n, size=batch, replace=False))
             v = inverter(tokens[idx].float().to(ctx.device))
             yes, no = prompt_features(text_model, v, text_model.context_length)
