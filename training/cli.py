@@ -150,9 +150,12 @@ def build_default(
     promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
     eval_seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
     smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Train every stage from scratch (base CLIP, PC-CLIP, SemCLIP, YUKINO, DCSM), evaluate on held-out
     data, publish a version with its figures; point aliases at it only when --promote names them."""
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     np.random.seed(seed)
     recipe = DefaultRecipe(
@@ -245,8 +248,11 @@ def pcclip_sweep(
     fine_size_fraction: Annotated[float, typer.Option(help="Share of pairs of the same size class.")] = 0.5,
     caption_weight: Annotated[float, typer.Option(help="Weight of the image-caption loss.")] = 0.3,
     device: DeviceOpt = "cpu",
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
+    if threads:
+        torch.set_num_threads(threads)
     arch = model_config(config)
     base = build_model(arch)
     base.load_state_dict(torch.load(run_dir / "base" / "model.pt", map_location="cpu"))

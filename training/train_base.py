@@ -19,7 +19,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.methods.losses import clip_contrastive_loss, filip_loss, mask_alignment_loss
 from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
@@ -27,6 +26,7 @@ from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
 from training.probes import probe_set, zero_shot_accuracy
+from training.progress import StepProgress, loss_with_chance
 from training.schedule import lr_at
 from training.world.captions import random_caption
 from training.world.render import render_batch
@@ -121,16 +121,8 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
     probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes, image_size(cfg.model_config))
     autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
     t0 = time.time()
-    columns = [
-        TextColumn("[bold]base"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("train", total=cfg.steps, completed=start, info="")
+    contrastive = float("nan")
+    with StepProgress("base", total=cfg.steps, completed=start) as bar:
         for step in range(start, cfg.steps):
             model.train()
             set_text_trainable(model, step >= cfg.text_freeze_steps)
@@ -148,6 +140,7 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
                 loss = clip_contrastive_loss(
                     F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
                 )
+                contrastive = loss.item()
                 if use_filip:
                     loss = loss + cfg.filip_weight * filip_loss(
                         img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
@@ -175,11 +168,13 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
             if history:
                 h = history[-1]
                 info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"
-            bar.update(task, completed=done, info=info)
+            bar.update(info=info)
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "history": history}
                 torch.save(state, ckpt_path.with_suffix(".tmp"))
                 ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+    if start < cfg.steps:
+        log(f"base: final image-text contrastive loss {loss_with_chance(contrastive, cfg.batch_size)}")
     torch.save(model.state_dict(), out_dir / "model.pt")
     (out_dir / "history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))
     return model

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 from open_clip.model import CLIP
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.methods.dcsm import (
     DEFAULT_SCORER_CONFIG,
@@ -32,6 +31,7 @@ from clipcore.methods.dcsm import (
 from clipcore.methods.losses import dcsm_batch_loss
 from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
 from clipcore.models.preprocess import PreprocessConfig
+from training.progress import StepProgress
 from training.schedule import lr_at
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
@@ -82,17 +82,6 @@ class DenseItems:
         return self.images[anchors].float(), self.texts[t].float(), self.valid[t], self.rows[t]
 
 
-def _progress(name: str) -> Progress:
-    return Progress(
-        TextColumn(f"[bold]{name}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-
-
 def build_cache(
     encoder: DenseEncoder, items: Sequence[HardNegative], render_seed: int, batch: int = 512, name: str = "features"
 ) -> DenseItems:
@@ -102,20 +91,19 @@ def build_cache(
     where = {c: i for i, c in enumerate(distinct)}
     img_chunks, txt_chunks, valid_chunks, row_chunks = [], [], [], []
     rng = np.random.default_rng(render_seed)
-    with _progress(name) as bar:
-        task = bar.add_task(name, total=len(scenes) + len(distinct), info="")
+    with StepProgress(name, total=len(scenes) + len(distinct)) as bar:
         for i in range(0, len(scenes), batch):
             arrays = render_batch(
                 scenes[i : i + batch], encoder.model.visual.image_size[0], seed=int(rng.integers(2**31))
             )
             img_chunks.append(encoder.image_tokens(arrays).half())
-            bar.update(task, advance=len(arrays), info="images")
+            bar.update(len(arrays), info="images")
         for i in range(0, len(distinct), batch):
             tok, valid, rows = encoder.text_tokens(distinct[i : i + batch])
             txt_chunks.append(tok.half())
             valid_chunks.append(valid)
             row_chunks.append(rows)
-            bar.update(task, advance=len(tok), info="captions")
+            bar.update(len(tok), info="captions")
     return DenseItems(
         torch.cat(img_chunks),
         torch.cat(txt_chunks),
@@ -231,8 +219,7 @@ def _train(
             log(f"dcsm: resumed after epoch {start_epoch}")
     gen = torch.Generator().manual_seed(cfg.seed)
     t1, c1 = time.time(), time.process_time()
-    with _progress("dcsm") as bar:
-        task = bar.add_task("dcsm", total=total, completed=start_epoch * steps_per_epoch, info="")
+    with StepProgress("dcsm", total=total, completed=start_epoch * steps_per_epoch) as bar:
         for epoch in range(start_epoch, cfg.epochs):
             gen.manual_seed(cfg.seed * 1000 + epoch)  # a resumed epoch sees the same batches
             order = torch.randperm(cfg.samples, generator=gen)
@@ -252,7 +239,7 @@ def _train(
                 opt.step()
                 losses.append(loss.item())
                 accs.append(acc.item())
-                bar.update(task, advance=1, info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
+                bar.update(info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
             val_acc = two_way_accuracy(scorer.cpu(), val, table)
             scorer.to(cfg.device)
             history.append(

@@ -32,9 +32,10 @@ from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecor
 from training.datasets.source import ImageRef
 from training.encode import Tokenize
 from training.generate.differences import article
+from training.progress import StepProgress, loss_with_chance
 from training.schedule import lr_at
 from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
-from training.userdata.context import Images, autocast, items_of, progress, seed_everything
+from training.userdata.context import Images, autocast, items_of, seed_everything
 from training.userdata.publishing import data_summary, run_settings
 
 Log = Callable[[str], None]
@@ -76,11 +77,11 @@ def pixel_map(images: Images, digests: list[str], run_dir: Path, log: Log) -> np
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
         return np.load(path, mmap_mode="r")
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(len(digests), images.size, images.size, 3))
-    with progress("decode images") as bar:
-        task = bar.add_task("decode", total=len(digests), info=f"{images.size} px")
+    with StepProgress("decode images", total=len(digests)) as bar:
+        bar.info = f"{images.size} px"
         for i in range(0, len(digests), 256):
             out[i : i + 256] = images.pixels(digests[i : i + 256])
-            bar.update(task, advance=len(digests[i : i + 256]))
+            bar.update(len(digests[i : i + 256]))
     out.flush()
     stamp.write_text(json.dumps({"key": key, "images": len(digests)}))
     log(f"base: {len(digests)} images decoded to {path}")
@@ -119,8 +120,8 @@ def train_user_base(
     n, batch = len(refs), min(cfg.batch_size, len(refs))
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     t0 = time.time()
-    with progress("base") as bar:
-        task = bar.add_task("base", total=cfg.steps, completed=start, info="")
+    contrastive = float("nan")
+    with StepProgress("base", total=cfg.steps, completed=start) as bar:
         for step in range(start, end):
             rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
             torch.manual_seed(int(rng.integers(2**31)))
@@ -139,6 +140,7 @@ def train_user_base(
                 loss = clip_contrastive_loss(
                     F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
                 )
+                contrastive = loss.item()
                 if use_filip and img_tok is not None and txt_tok is not None:
                     loss = loss + cfg.filip_weight * filip_loss(
                         img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
@@ -148,12 +150,14 @@ def train_user_base(
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             history.append({"step": step + 1, "loss": loss.item(), "seconds": time.time() - t0})
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f}")
+            bar.update(info=f"loss {loss.item():.3f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                          "history": history}  # fmt: skip
                 torch.save(state, ckpt.with_suffix(".tmp"))
                 ckpt.with_suffix(".tmp").replace(ckpt)
+    if start < end:
+        log(f"base: image-text contrastive loss at step {end} {loss_with_chance(contrastive, batch)}")
     return model.eval()
 
 

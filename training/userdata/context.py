@@ -19,7 +19,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from PIL import Image
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.encoding import encode_pixels
@@ -29,6 +28,7 @@ from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
 from training.datasets.source import ImageRef, Item
 from training.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
+from training.progress import StepProgress
 
 Log = Callable[[str], None]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -66,17 +66,6 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[A
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
-
-
-def progress(label: str) -> Progress:
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
 
 
 def load_valid_dataset(data: Path, labels: Path | None = None) -> Dataset:
@@ -174,15 +163,15 @@ class RunContext:
         if todo and distributed.world().size > 1:
             return self._features_across_ranks(kind, digests, todo, batch_size)
         if todo:
-            with progress(f"{kind} image features") as bar:
-                task = bar.add_task(kind, total=len(todo), info=f"{len(digests) - len(todo)} cached")
+            with StepProgress(f"{kind} image features", total=len(todo)) as bar:
+                bar.info = f"{len(digests) - len(todo)} cached"
                 self.cache.ensure(
                     kind,
                     todo,
                     self.images.pixels,
                     lambda px: self._encode(kind, px),
                     batch_size,
-                    progress=lambda n: bar.update(task, advance=n),
+                    progress=lambda n: bar.update(n),
                 )
         self.log(f"{kind} features: {len(set(digests))} images, {len(todo)} computed, the rest from {store.directory}")
         return store.get(digests)

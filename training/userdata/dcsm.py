@@ -28,9 +28,10 @@ from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecor
 from training.datasets.source import ImageRef
 from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
+from training.progress import StepProgress
 from training.schedule import lr_at
 from training.train_dcsm import dcsm_component, dcsm_files
-from training.userdata.context import RunContext, items_of, progress
+from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary, run_settings
 
 
@@ -110,14 +111,13 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     texts = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
     where = {t: i for i, t in enumerate(texts)}
     tok_parts, valid_parts, row_parts = [], [], []
-    with progress("dcsm texts") as bar:
-        task = bar.add_task("texts", total=len(texts), info="")
+    with StepProgress("dcsm texts", total=len(texts)) as bar:
         for i in range(0, len(texts), 128):
             tok, valid, rows = encoder.text_tokens(texts[i : i + 128])
             tok_parts.append(tok.half())
             valid_parts.append(valid)
             row_parts.append(rows)
-            bar.update(task, advance=len(tok))
+            bar.update(len(tok))
     txt, txt_valid, txt_rows = torch.cat(tok_parts), torch.cat(valid_parts), torch.cat(row_parts)
     caption_row = torch.tensor([where[c] for c in data.captions])
     negative_rows = [[where[n] for n in ns] for ns in data.negatives]
@@ -139,8 +139,7 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     k = min(cfg.k_random, batch - 1)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     scorer.train()
-    with progress("dcsm") as bar:
-        task = bar.add_task("dcsm", total=cfg.steps, completed=start, info="")
+    with StepProgress("dcsm", total=cfg.steps, completed=start) as bar:
         for step in range(start, end):
             rng = np.random.default_rng([ctx.seed, step, 13])  # from the step: resumable
             torch.manual_seed(int(rng.integers(2**31)))  # dropout masks too
@@ -165,7 +164,7 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
             torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
             opt.step()
             history.append({"step": step + 1, "loss": loss.item(), "fit": acc.item()})
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
+            bar.update(info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
                 state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                          "history": history, "config": config}  # fmt: skip

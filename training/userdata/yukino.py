@@ -20,8 +20,9 @@ from clipcore.methods.losses import yukino_matching_loss
 from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
 from model_store import Manifest
 from training.encode import Tokenize, encode_texts
+from training.progress import StepProgress
 from training.schedule import lr_at
-from training.userdata.context import RunContext, progress
+from training.userdata.context import RunContext
 from training.userdata.pcclip import caption_pairs
 from training.userdata.publishing import data_summary, run_settings
 
@@ -61,8 +62,7 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
         start = int(saved["step"])
     n, batch = len(refs), min(cfg.batch_size, len(refs))
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    with progress("yukino") as bar:
-        task = bar.add_task("yukino", total=cfg.steps, completed=start, info="")
+    with StepProgress("yukino", total=cfg.steps, completed=start) as bar:
         for step in range(start, end):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps)
@@ -73,7 +73,7 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f}")
+            bar.update(info=f"loss {loss.item():.3f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
                 state = {"inverter": inverter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}
                 torch.save(state, path.with_suffix(".tmp"))
