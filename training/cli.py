@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore
 from model_store.errors import StoreError
@@ -271,7 +271,9 @@ def pcclip_sweep(
             state = train_pcclip(base, cfg, log=lambda _: None, preprocess=preprocess)
             with tempfile.TemporaryDirectory() as tmp:
                 scratch = ModelStore(tmp)
-                publish_bundle(scratch, "sweep", base, arch, text_variants={"pcclip": state}, preprocess=preprocess)
+                publish_bundle(
+                    scratch, "sweep", TrainedModel(base, arch, text_variants={"pcclip": state}, preprocess=preprocess)
+                )
                 bundle = ModelBundle.load(scratch, "sweep@v1", device=device)
                 ev = Evaluator(bundle, EvalConfig(n_pairs=300, n_zeroshot=300))
                 ranks = ev.rank_accuracy(ev.rank_pairs(1000, 300), generator_images, ["pcclip"])["pcclip"]
@@ -326,10 +328,12 @@ def init_random(
         manifest = publish_bundle(
             ModelStore(store, validator=validate_version),
             name,
-            build_model(model_config(config)),
-            model_config(config),
+            TrainedModel(
+                build_model(model_config(config)),
+                model_config(config),
+                notes="random weights: for speed and plumbing tests only",
+            ),
             aliases=alias if alias is not None else ["production"],
-            notes="random weights: for speed and plumbing tests only",
         )
     except StoreError as exc:  # e.g. the evaluation gate refused to move an evaluated alias to random weights
         console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)

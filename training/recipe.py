@@ -13,7 +13,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from open_clip.model import CLIP
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.preprocess import PreprocessConfig
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.evaluation import EvalConfig, evaluate
 from training.train_base import BaseTrainConfig, train_base
@@ -37,7 +37,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 Log = Callable[[str], None]
 
 # Smoke builds (CI): a scorer that trains in seconds.
-_SMOKE_DCSM = {"samples": 256, "epochs": 1, "batch_size": 64, "val_samples": 32}
+_SMOKE_DCSM: dict[str, Any] = {"samples": 256, "epochs": 1, "batch_size": 64, "val_samples": 32}
 SMOKE_EVAL = EvalConfig(
     seeds=(0, 1), n_zeroshot=60, n_pairs=40, n_compositional=40, n_pil=20, n_calibration=60, n_semclip=40, n_yukino=16
 )
@@ -266,7 +266,9 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         "pcclip_pairs": pc_cfg.pairs,
         "base_scenes_seen": steps * base_cfg.batch_size,
     }
-    kwargs = dict(
+    trained = TrainedModel(
+        model.cpu(),
+        arch,
         text_variants={"pcclip": pc_state, **sem_states, YukinoConfig.text_encoder: yukino_text},
         default_text_encoder="pcclip",
         comparatives=comparatives_library(),
@@ -279,23 +281,19 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
     with tempfile.TemporaryDirectory() as tmp:
         # Evaluate exactly what will be served: the stored (fp16) weights, loaded back.
         scratch = ModelStore(tmp)
-        publish_bundle(scratch, name, model.cpu(), arch, **kwargs)  # type: ignore[arg-type]
+        publish_bundle(scratch, name, trained)
         report = evaluate(ModelBundle.load(scratch, f"{name}@v1", device=device), r.eval, log=log)
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
     # Undefined figures (e.g. an empty subset) stay in eval.json as NaN; the manifest holds numbers.
     flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr") and math.isfinite(v)}
     # eval.json travels with the version so the store's evaluation gate sees it when --promote moves an alias.
-    kwargs["extra_files"] = {**dcsm_files, **yukino_files, "eval.json": json.dumps(report, indent=2).encode()}
-    manifest = publish_bundle(
-        store,
-        name,
-        model.cpu(),
-        arch,
+    trained = replace(
+        trained,
+        extra_files={**dcsm_files, **yukino_files, "eval.json": json.dumps(report, indent=2).encode()},
         metrics=flat,
-        aliases=r.aliases,
         notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.",
-        **kwargs,
-    )  # type: ignore[arg-type]
+    )
+    manifest = publish_bundle(store, name, trained, aliases=r.aliases)
     report["model"] = manifest.ref
     store.write_annex(name, manifest.version, "eval.json", json.dumps(report, indent=2).encode())
     return report

@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from open_clip.model import CLIP
 
-from clipcore.methods.losses import clip_contrastive_loss, filip_loss, mask_alignment_loss
-from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
+from clipcore.methods.losses import mask_alignment_loss
+from clipcore.models.clip_model import build_model
 from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
+from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
 from training.probes import probe_set, zero_shot_accuracy
 from training.progress import StepProgress, loss_with_chance
 from training.schedule import lr_at
@@ -64,18 +64,6 @@ class BaseTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def word_token_mask(tokens: torch.Tensor) -> torch.Tensor:
-    """True at word tokens: after the start token, before the end token (the argmax)."""
-    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]
-    return (pos > 0) & (pos < tokens.argmax(dim=-1, keepdim=True))
-
-
-def image_size(model_config: dict[str, Any]) -> int:
-    """The square input size of a config's image tower (open_clip's default 224 when unset)."""
-    size = model_config.get("vision_cfg", {}).get("image_size", 224)
-    return int(size[0] if isinstance(size, list | tuple) else size)
-
-
 def make_batch(
     cfg: BaseTrainConfig, step: int, tokenize: Tokenize, preprocess: PreprocessConfig
 ) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
@@ -85,20 +73,6 @@ def make_batch(
     images = preprocess.normalize(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
     captions = [random_caption(s, rng) for s in scenes]
     return scenes, images, tokenize(captions)
-
-
-def param_groups(model: CLIP, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        is_matrix = p.ndim >= 2 and "embedding" not in name
-        (decay if is_matrix else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def set_text_trainable(model: CLIP, trainable: bool) -> None:
-    for name, p in model.named_parameters():
-        if is_text_param(name):
-            p.requires_grad_(trainable)
 
 
 def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessConfig, log=print) -> CLIP:  # noqa: ANN001
@@ -134,18 +108,11 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
             use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start
             use_align = cfg.align_weight > 0 and step >= cfg.align_start
             with autocast:
-                img_pooled, img_tok = image_features(model, images, dense=use_filip or use_align)
-                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip or use_align)
-                scale = model.logit_scale.exp().clamp(max=100)
-                loss = clip_contrastive_loss(
-                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                loss, contrastive, img_tok, txt_tok = image_text_loss(
+                    model, images, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip or use_align
                 )
-                contrastive = loss.item()
-                if use_filip:
-                    loss = loss + cfg.filip_weight * filip_loss(
-                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
-                    )
                 if use_align:
+                    assert img_tok is not None and txt_tok is not None
                     rows, cols, targets = align_targets(scenes, tokens.cpu())
                     loss = loss + cfg.align_weight * mask_alignment_loss(
                         img_tok[:, 1:].float(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from clipcore.methods.dcsm import (
     prepare_maps,
 )
 from clipcore.methods.losses import dcsm_batch_loss
-from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
+from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
 from training.progress import StepProgress
 from training.schedule import lr_at
@@ -290,19 +290,6 @@ def _train(
     return state, config, table
 
 
-def dcsm_files(
-    scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
-) -> dict[str, bytes]:
-    """Files of the DCSM component of a model version: weights + table (the config lives in the
-    manifest's component entry, ``dcsm_component``)."""
-    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table)}
-
-
-def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest entry: ``components["dcsm"] = dcsm_component(config)``."""
-    return {"weights": "dcsm.safetensors", "config": dict(config)}
-
-
 def train_dcsm_files(
     model: CLIP,
     context_length: int,
@@ -312,7 +299,7 @@ def train_dcsm_files(
     *,
     preprocess: PreprocessConfig,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Train and package: ``(files, component)`` for ``publish_bundle(extra_files=files,
+    """Train and package: ``(files, component)`` for ``TrainedModel(extra_files=files,
     components={"dcsm": component})``."""
     state, config, table = train_dcsm(model, context_length, cfg, out_dir, log, preprocess=preprocess)
     return dcsm_files(state, config, table), dcsm_component(config)

@@ -230,3 +230,16 @@ def dcsm_state_bytes(scorer_state: Mapping[str, torch.Tensor], table: torch.Tens
     out = {SCORER_PREFIX + k: v.detach().cpu().float().contiguous() for k, v in scorer_state.items()}
     out[TABLE_KEY] = table.detach().cpu().float().contiguous()
     return save(out)
+
+
+def dcsm_files(
+    scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
+) -> dict[str, bytes]:
+    """Files of the DCSM component of a model version: weights + table (the config lives in the
+    manifest's component entry, ``dcsm_component``)."""
+    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table)}
+
+
+def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest entry: ``components["dcsm"] = dcsm_component(config)``."""
+    return {"weights": "dcsm.safetensors", "config": dict(config)}

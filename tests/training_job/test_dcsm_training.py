@@ -12,10 +12,10 @@ from safetensors.torch import load
 
 from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 from clipcore.models.clip_model import build_model
-from clipcore.models.dense import DCSMHead
+from clipcore.models.dense import DCSMHead, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
 from training.dense_eval import dense_metrics
-from training.train_dcsm import DCSMTrainConfig, dcsm_component, dcsm_files, train_dcsm
+from training.train_dcsm import DCSMTrainConfig, train_dcsm
 
 SMOKE = Path(__file__).resolve().parents[2] / "training" / "configs" / "shapes-smoke.json"
 

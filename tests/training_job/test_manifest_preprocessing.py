@@ -16,7 +16,7 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
 from clipcore.models.dense import DenseEncoder
 from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig, fit_square, upright
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.recipe import model_config
 from training.userdata.context import RunContext
@@ -33,7 +33,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelStore, Path
     store = ModelStore(root / "models")
     torch.manual_seed(0)
     config = model_config("shapes-smoke")
-    publish_bundle(store, "other", build_model(config), config, preprocess=OTHER, aliases=["production"])
+    publish_bundle(store, "other", TrainedModel(build_model(config), config, preprocess=OTHER), aliases=["production"])
     data = write_user_dataset(root / "data", per_label=3, scenes=4)
     # Wide pictures, as photos are: the 64 px model squashes them (a centre crop by default).
     for path in (data / "images").iterdir():

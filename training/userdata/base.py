@@ -20,22 +20,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from clipcore.methods.losses import clip_contrastive_loss, filip_loss
-from clipcore.models.clip_model import build_model, image_features, text_features
+from clipcore.models.clip_model import build_model
 from clipcore.models.preprocess import PreprocessConfig
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import Manifest, ModelStore
 from training.datasets.dataset import Dataset
-from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.encode import Tokenize
-from training.generate.differences import article
+from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
 from training.progress import StepProgress, loss_with_chance
 from training.schedule import lr_at
-from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
-from training.userdata.context import Images, autocast, items_of, seed_everything
+from training.userdata.context import Images, autocast, captioned_images, seed_everything
 from training.userdata.publishing import data_summary, run_settings
 
 Log = Callable[[str], None]
@@ -56,14 +52,7 @@ class BaseRun:
 
 
 def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
-    refs, texts = [], []
-    for item in items_of(dataset, "caption") + items_of(dataset, "negatives") + items_of(dataset, "label"):
-        record = item.record
-        if isinstance(record, CaptionRecord | NegativesRecord):
-            texts.append(record.caption)
-        elif isinstance(record, LabelRecord):
-            texts.append(f"a photo of {article(record.label)} {record.label}.")
-        refs.append(item.images[0])
+    refs, texts = captioned_images(dataset)
     if len(refs) < 2:
         raise ValueError("base training needs at least two captioned or labelled images (docs/data.md)")
     return refs, texts
@@ -134,17 +123,9 @@ def train_user_base(
             tokens = tokenize([texts[i] for i in idx]).to(device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.text_freeze_steps
             with autocast(device, precision):
-                img_pooled, img_tok = image_features(model, x, dense=use_filip)
-                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip)
-                scale = model.logit_scale.exp().clamp(max=100)
-                loss = clip_contrastive_loss(
-                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                loss, contrastive, _, _ = image_text_loss(
+                    model, x, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip
                 )
-                contrastive = loss.item()
-                if use_filip and img_tok is not None and txt_tok is not None:
-                    loss = loss + cfg.filip_weight * filip_loss(
-                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
-                    )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -177,14 +158,15 @@ def run_user_base(
     log: Log = print,
 ) -> Manifest | None:
     """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early),
-    with ``preprocess`` in its manifest (OpenAI CLIP's values when None, as ``publish_bundle``)."""
+    with ``preprocess`` in its manifest (OpenAI CLIP's values when None, as ``TrainedModel``)."""
     preprocess = preprocess or PreprocessConfig()
     model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision,
                             preprocess=preprocess, log=log)  # fmt: skip
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
-    return publish_bundle(
-        store, name, model.cpu(), model_config, aliases=list(aliases), preprocess=preprocess,
+    trained = TrainedModel(
+        model.cpu(), model_config, preprocess=preprocess, data=data_summary(dataset, "user"),
         training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
-        data=data_summary(dataset, "user"), notes="CLIP trained from scratch on user data",
+        notes="CLIP trained from scratch on user data",
     )  # fmt: skip
+    return publish_bundle(store, name, trained, aliases=list(aliases))

@@ -26,8 +26,10 @@ from clipcore.models.preprocess import PreprocessConfig, upright
 from model_store import ModelStore
 from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
+from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef, Item
 from training.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
+from training.generate.differences import article
 from training.progress import StepProgress
 
 Log = Callable[[str], None]
@@ -212,6 +214,21 @@ def items_of(dataset: Dataset, kind: str, split: str | None = "train") -> list[I
         return items
     chosen = {id(i) for i in dataset.split(split)}  # type: ignore[arg-type]
     return [i for i in items if id(i) in chosen]
+
+
+def captioned_images(dataset: Dataset, split: str | None = "train") -> tuple[list[ImageRef], list[str]]:
+    """(image, caption) of a split, what every method that reads captions trains on: ``caption``
+    and ``negatives`` records' captions as written, then labelled images as "a photo of a {label}."."""
+    refs, texts = [], []
+    for item in items_of(dataset, "caption", split) + items_of(dataset, "negatives", split):
+        assert isinstance(item.record, CaptionRecord | NegativesRecord)
+        refs.append(item.images[0])
+        texts.append(item.record.caption)
+    for item in items_of(dataset, "label", split):
+        assert isinstance(item.record, LabelRecord)
+        refs.append(item.images[0])
+        texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
+    return refs, texts
 
 
 @contextlib.contextmanager

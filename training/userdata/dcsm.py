@@ -22,7 +22,7 @@ import torch
 
 from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
 from clipcore.methods.losses import dcsm_caption_negatives_loss
-from clipcore.models.dense import DenseEncoder
+from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
@@ -30,7 +30,6 @@ from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
 from training.progress import StepProgress
 from training.schedule import lr_at
-from training.train_dcsm import dcsm_component, dcsm_files
 from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary, run_settings
 
@@ -166,9 +165,9 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
             history.append({"step": step + 1, "loss": loss.item(), "fit": acc.item()})
             bar.update(info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                         "history": history, "config": config}  # fmt: skip
-                torch.save(state, path.with_suffix(".tmp"))
+                checkpoint_state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                    "history": history, "config": config}  # fmt: skip
+                torch.save(checkpoint_state, path.with_suffix(".tmp"))
                 path.with_suffix(".tmp").replace(path)
     state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
     return state, config, table

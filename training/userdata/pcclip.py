@@ -18,13 +18,13 @@ from open_clip.model import CLIP
 from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
 from clipcore.models.clip_model import normalize, text_features
 from model_store import Manifest
-from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
+from training.datasets.records import PairRecord
 from training.datasets.source import ImageRef
 from training.distributed import is_main, sharded_features
 from training.encode import Tokenize
-from training.generate.differences import article, pairs_from_labels
+from training.generate.differences import pairs_from_labels
 from training.text_finetune import finetune_text_tower
-from training.userdata.context import RunContext, autocast, items_of
+from training.userdata.context import RunContext, autocast, captioned_images, items_of
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -71,27 +71,13 @@ def difference_pairs(ctx: RunContext, cfg: PCClipRun) -> PairData:
     return data
 
 
-def caption_pairs(ctx: RunContext) -> tuple[list[ImageRef], list[str]]:
-    """(image, caption) of the training split: captions as written, labels as "a photo of a {label}"."""
-    refs, texts = [], []
-    for item in items_of(ctx.dataset, "caption") + items_of(ctx.dataset, "negatives"):
-        assert isinstance(item.record, CaptionRecord | NegativesRecord)
-        refs.append(item.images[0])
-        texts.append(item.record.caption)
-    for item in items_of(ctx.dataset, "label"):
-        assert isinstance(item.record, LabelRecord)
-        refs.append(item.images[0])
-        texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
-    return refs, texts
-
-
 def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor]:
     """The finetuned model's state dict (text tower changed, image tower untouched)."""
     pairs = difference_pairs(ctx, cfg)
     ctx.log(f"pcclip: {len(pairs.texts)} pairs ({pairs.generated} with generated difference texts)")
     g1 = torch.from_numpy(ctx.features("pooled", pairs.first))
     g2 = torch.from_numpy(ctx.features("pooled", pairs.second))
-    cap_refs, cap_texts = caption_pairs(ctx)
+    cap_refs, cap_texts = captioned_images(ctx.dataset)
     g_cap = torch.from_numpy(ctx.features("pooled", cap_refs)) if cap_refs else None
     base = ctx.bundle.model
     tokenize = Tokenize.for_bundle(ctx.bundle)

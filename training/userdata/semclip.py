@@ -23,8 +23,7 @@ from training.distributed import is_main, sharded_features
 from training.encode import Tokenize
 from training.generate.negatives import paraphrase, toggle_negation
 from training.text_finetune import finetune_text_tower
-from training.userdata.context import RunContext, autocast
-from training.userdata.pcclip import caption_pairs
+from training.userdata.context import RunContext, autocast, captioned_images
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -40,8 +39,8 @@ class SemClipRun:
 
 
 def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str]]:
-    """(caption index into ``caption_pairs``, original, paraphrase, negation) of every caption that negates."""
-    _, captions = caption_pairs(ctx)
+    """(caption index into ``captioned_images``, original, paraphrase, negation) of every caption that negates."""
+    _, captions = captioned_images(ctx.dataset)
     rng = random.Random(ctx.seed)
     keep, orig, para, neg = [], [], [], []
     for i, caption in enumerate(captions):
@@ -58,7 +57,7 @@ def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str
 
 
 def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tensor]:
-    refs, _ = caption_pairs(ctx)
+    refs, _ = captioned_images(ctx.dataset)
     keep, orig, para, neg = triplets(ctx)
     ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
     images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))

@@ -22,8 +22,7 @@ from model_store import Manifest
 from training.encode import Tokenize, encode_texts
 from training.progress import StepProgress
 from training.schedule import lr_at
-from training.userdata.context import RunContext
-from training.userdata.pcclip import caption_pairs
+from training.userdata.context import RunContext, captioned_images
 from training.userdata.publishing import data_summary, run_settings
 
 
@@ -40,7 +39,7 @@ class YukinoRun:
 
 
 def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
-    refs, captions = caption_pairs(ctx)
+    refs, captions = captioned_images(ctx.dataset)
     if len(refs) < 2:
         raise ValueError("YUKINO needs at least two captioned or labelled images (docs/data.md)")
     encoder = cfg.text_encoder or ctx.bundle.default_text_encoder
