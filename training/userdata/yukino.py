@@ -16,12 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clipcore.methods.losses import yukino_matching_loss
-from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
+from clipcore.models.yukino import YukinoHead
 from model_store import Manifest
 from training.encode import Tokenize, encode_texts
-from training.progress import StepProgress
-from training.schedule import lr_at
+from training.methods import yukino
 from training.userdata.context import RunContext, captioned_images
 from training.userdata.publishing import data_summary, run_settings
 
@@ -48,37 +46,17 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
         p.requires_grad_(False)
     tokens = torch.from_numpy(ctx.features("dense", refs))  # (N, 1+P, D) float16
     cap = encode_texts(text_model, Tokenize.for_bundle(ctx.bundle), captions, device=ctx.device)
-    torch.manual_seed(ctx.seed)
-    token_dim = int(text_model.token_embedding.weight.shape[1])
-    inverter = Inverter(tokens[0].numel(), token_dim, cfg.width).to(ctx.device)
-    opt = torch.optim.AdamW(inverter.parameters(), lr=cfg.lr, weight_decay=0.01)
-    start = 0
-    path = ctx.checkpoint("yukino")
-    if path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        inverter.load_state_dict(saved["inverter"])
-        opt.load_state_dict(saved["optimizer"])
-        start = int(saved["step"])
     n, batch = len(refs), min(cfg.batch_size, len(refs))
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    with StepProgress("yukino", total=cfg.steps, completed=start) as bar:
-        for step in range(start, end):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps)
-            idx = torch.from_numpy(np.random.default_rng([ctx.seed, step, 61]).choice(n, size=batch, replace=False))
-            v = inverter(tokens[idx].float().to(ctx.device))
-            yes, no = prompt_features(text_model, v, text_model.context_length)
-            loss = yukino_matching_loss(yes, no, cap[idx].to(ctx.device), cfg.scale)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            bar.update(info=f"loss {loss.item():.3f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                state = {"inverter": inverter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}
-                torch.save(state, path.with_suffix(".tmp"))
-                path.with_suffix(".tmp").replace(path)
-    config = {"in_dim": tokens[0].numel(), "token_dim": token_dim, "width": cfg.width, "scale": cfg.scale}
-    return YukinoHead(inverter.cpu().eval(), encoder, config)
+
+    def rows(step: int) -> torch.Tensor:  # from the step: a resumed run sees the same batches
+        return torch.from_numpy(np.random.default_rng([ctx.seed, step, 61]).choice(n, size=batch, replace=False))
+
+    hyper = yukino.Hyper(steps=cfg.steps, lr=cfg.lr, width=cfg.width, scale=cfg.scale)
+    head, _ = yukino.train_inverter(
+        text_model, encoder, yukino.InverterData(tokens, cap), rows, hyper, seed=ctx.seed, device=ctx.device,
+        checkpoint=ctx.checkpoint("yukino"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
+    )  # fmt: skip
+    return head
 
 
 def run_yukino(
