@@ -78,7 +78,7 @@ def train_pcclip(
     features = pcclip.DifferenceData(data["g1"], data["g2"], data["texts"], data["g1"], data["captions"])
     scale = float(base.logit_scale.exp().clamp(max=100).item())
     state, history = pcclip.train(base, features, batches, hyper, tokenize=Tokenize(base.context_length), scale=scale,
-                                  seed=cfg.seed, device=cfg.device)  # fmt: skip
+                                  seed=cfg.seed, device=cfg.device, log=log)  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "pcclip_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))

@@ -55,3 +55,18 @@ def test_base_on_data_logs_progress_lines_and_the_loss_with_its_chance(tmp_path:
     assert "base 3/3 loss " in result.output  # a line, not a bar: CliRunner's output is no terminal
     assert "image-text contrastive loss at step 3 " in result.output
     assert "(chance: ln 8 = 2.079)" in result.output
+
+
+def test_pcclip_reports_its_contrastive_terms_beside_chance(tmp_path: Path, publish_model) -> None:  # noqa: ANN001
+    data = write_user_dataset(tmp_path / "data", per_label=2, scenes=2)
+    publish_model(tmp_path / "models", "tiny", comparatives=[])
+    before = torch.get_num_threads()
+    result = CliRunner().invoke(app, ["pcclip", "--model", "tiny@production", "--data", str(data), "--store",
+                                      str(tmp_path / "models"), "--steps", "2", "--batch-size", "4",
+                                      "--generated-pairs", "8", "--run-dir", str(tmp_path / "run"), "--feature-cache",
+                                      str(tmp_path / "features"), "--threads", "1"])  # fmt: skip
+    torch.set_num_threads(before)
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "pcclip 2/2 loss " in out
+    assert "difference " in out and "(chance: ln 4 = 1.386)" in out

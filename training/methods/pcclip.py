@@ -22,6 +22,7 @@ from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_los
 from clipcore.models.clip_model import normalize, text_features
 from training.distributed import sharded_features
 from training.encode import Tokenize
+from training.progress import loss_with_chance
 from training.text_finetune import finetune_text_tower
 
 
@@ -54,6 +55,11 @@ class Hyper:
     ensemble_weight: float  # w * finetuned + (1 - w) * base
 
 
+def kind_of(hyper: Hyper) -> str:
+    """The difference loss: ``contrastive`` (InfoNCE over the batch's texts) or ``mse``."""
+    return "mse" if hyper.loss == "mse" else "contrastive"
+
+
 def train(
     base: CLIP,
     data: DifferenceData,
@@ -68,8 +74,11 @@ def train(
     checkpoint_every: int = 100,
     stop_after: int | None = None,
     amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-    """The finetuned model's state dict (text tower changed, image tower untouched) and its history."""
+    """The finetuned model's state dict (text tower changed, image tower untouched) and its history.
+    ``log``: where the last step's contrastive terms are reported beside their chance level."""
+    last: dict[str, tuple[float, int]] = {}  # term -> (loss, candidates) of the last step
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
         idx, cidx = batches(step)
@@ -83,15 +92,22 @@ def train(
         loss = pcclip_difference_loss(
             data.first[idx].to(device), data.second[idx].to(device), f_t, temperature=hyper.temperature, kind=kind
         )
+        last["difference"] = (loss.item(), len(idx))
         if hyper.caption_weight > 0 and cidx is not None and data.caption_images is not None:
             f_c = sharded_features(encode, [data.captions[i] for i in cidx])
-            loss = loss + hyper.caption_weight * clip_contrastive_loss(data.caption_images[cidx].to(device), f_c, scale)
+            caption = clip_contrastive_loss(data.caption_images[cidx].to(device), f_c, scale)
+            last["caption"] = (caption.item(), len(cidx))
+            loss = loss + hyper.caption_weight * caption
         return loss, f"loss {loss.item():.3f}"
 
     state, history = finetune_text_tower(
         base, step_loss, steps=hyper.steps, lr=hyper.lr, seed=seed, device=device, label="pcclip",
         checkpoint=checkpoint, checkpoint_every=checkpoint_every, stop_after=stop_after, amp=amp,
     )  # fmt: skip
+    if log is not None and last:
+        terms = [f"{term} {loss_with_chance(value, n)}" for term, (value, n) in last.items()
+                 if term == "caption" or kind_of(hyper) == "contrastive"]  # fmt: skip
+        log("pcclip: last step's contrastive losses: " + ", ".join(terms))
     if hyper.ensemble_weight < 1.0:
         base_state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
         state = weight_ensemble(base_state, state, hyper.ensemble_weight)

@@ -91,7 +91,7 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
         ctx.bundle.model, pcclip.DifferenceData(g1, g2, pairs.texts, g_cap, cap_texts), batches, hyper,
         tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, seed=ctx.seed, device=ctx.device,
         checkpoint=ctx.checkpoint("pcclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
-        amp=lambda: autocast(ctx.device, ctx.precision),
+        amp=lambda: autocast(ctx.device, ctx.precision), log=ctx.log,
     )  # fmt: skip
     return state
 
