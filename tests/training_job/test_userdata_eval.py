@@ -17,7 +17,7 @@ from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.cli import app
 from training.datasets.fashion_mnist import LABELS, read_idx
-from training.derive import publish_derived
+from training.derive import DerivedParts, publish_derived
 from training.recipe import model_config
 
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
@@ -45,8 +45,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"a": "t-shirt", "b": "shirt", "text": "The first image shows short sleeves, while the second long ones."},
         {"a": "coat", "b": "planet", "text": "A label the data does not have: never used."},
     ]
-    publish_derived(store, "fm@plain", files={"comparatives.json": json.dumps(library).encode()},
-                    aliases=["with-library"])  # fmt: skip
+    publish_derived(
+        store,
+        "fm@plain",
+        DerivedParts(files={"comparatives.json": json.dumps(library).encode()}),
+        aliases=["with-library"],
+    )
     return root
 
 

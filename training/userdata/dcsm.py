@@ -178,14 +178,21 @@ def run_dcsm(
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a DCSM scorer (None when
     ``stop_after`` ended the run early)."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state, config, table = train_user_dcsm(ctx, cfg)
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files=dcsm_files(state, config, table),
-        components={"dcsm": dcsm_component(config)},
-        training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"DCSM on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files=dcsm_files(state, config, table),
+            components={"dcsm": dcsm_component(config)},
+            training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"DCSM on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

@@ -101,16 +101,29 @@ def run_pcclip(
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a ``pcclip`` text encoder (None when
     ``stop_after`` ended the run early: resume it to publish)."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state = train_user_pcclip(ctx, cfg)
     if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
         return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     components = {"default_text_encoder": "pcclip"} if cfg.make_default else {}
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
-        text_encoders={"pcclip": "text_pcclip.safetensors"}, components=components,
-        training={"method": "pcclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
+            text_encoders={"pcclip": "text_pcclip.safetensors"},
+            components=components,
+            training={
+                "method": "pcclip",
+                "seed": ctx.seed,
+                "device": ctx.device,
+                "precision": ctx.precision,
+                **run_settings(cfg),
+            },
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

@@ -76,15 +76,27 @@ def run_semclip(
     ctx: RunContext, cfg: SemClipRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a ``semclip`` text encoder."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state = train_user_semclip(ctx, cfg)
     if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
         return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files={"text_semclip.safetensors": text_variant_file(ctx, state)},
-        text_encoders={"semclip": "text_semclip.safetensors"},
-        training={"method": "semclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"SemCLIP on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files={"text_semclip.safetensors": text_variant_file(ctx, state)},
+            text_encoders={"semclip": "text_semclip.safetensors"},
+            training={
+                "method": "semclip",
+                "seed": ctx.seed,
+                "device": ctx.device,
+                "precision": ctx.precision,
+                **run_settings(cfg),
+            },
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"SemCLIP on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

@@ -63,14 +63,22 @@ def run_yukino(
     ctx: RunContext, cfg: YukinoRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a YUKINO inverter."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     head = train_user_yukino(ctx, cfg)
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     files, component = head.to_files()
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files=files, components={"yukino": component},
-        training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"YUKINO on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files=files,
+            components={"yukino": component},
+            training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"YUKINO on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )
