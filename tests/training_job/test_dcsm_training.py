@@ -92,7 +92,8 @@ def test_training_resumes_from_its_checkpoint(model, trained) -> None:
 def test_dense_metrics_keys_and_ranges(model, trained) -> None:
     (state, config, table), _, _ = trained
     head = DCSMHead.from_bytes(dcsm_files(state, config, table)["dcsm.safetensors"], config)
-    metrics = dense_metrics(model, head, seed=0, n=6)
+    pre = PreprocessConfig()  # what a from-scratch model is published with
+    metrics = dense_metrics(model, head, seed=0, n=6, mean=pre.mean, std=pre.std)
     for method in ("dcsm", "cosine"):
         for prefix in ("", "heldout.", "pil."):
             for kind in ("binding", "spatial_lr", "spatial_ab", "spatial", "negation"):
@@ -100,7 +101,7 @@ def test_dense_metrics_keys_and_ranges(model, trained) -> None:
     for key in ("dense.localisation.colour", "dense.localisation.shape", "readout.spatial", "readout.binding"):
         assert 0.0 <= metrics[key] <= 1.0
     assert 0.0 < metrics["dense.localisation.chance"] < 0.3
-    assert not any(k.startswith("dcsm.") for k in dense_metrics(model, None, seed=0, n=4))
+    assert not any(k.startswith("dcsm.") for k in dense_metrics(model, None, seed=0, n=4, mean=pre.mean, std=pre.std))
 
 
 def test_localisation_finds_patches_that_carry_the_words_features(model, monkeypatch) -> None:
