@@ -48,7 +48,7 @@ def publish_versions(root: Path, arch: str, count: int) -> list[str]:
     import open_clip
     import torch
 
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
     refs = []
     for seed in range(count):
@@ -57,11 +57,8 @@ def publish_versions(root: Path, arch: str, count: int) -> list[str]:
         manifest = publish_bundle(
             ModelStore(root),
             NAME,
-            model,
-            {"open_clip_name": arch},  # type: ignore[arg-type]
+            TrainedModel(model, {"open_clip_name": arch}, fp16=True, notes=f"random {arch} for benchmarks"),
             aliases=["production"] if seed == 0 else [],
-            fp16=True,
-            notes=f"random {arch} for benchmarks",
         )
         refs.append(f"{NAME}@{manifest.version}")
         del model

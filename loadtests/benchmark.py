@@ -57,18 +57,15 @@ def publish_random_arch(root: Path, arch: str) -> str:
     import open_clip
     import torch
 
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
     torch.manual_seed(0)
     model = open_clip.create_model(arch, pretrained=None)
     manifest = publish_bundle(
         ModelStore(root),
         "bench",
-        model,
-        {"open_clip_name": arch},  # type: ignore[arg-type]
+        TrainedModel(model, {"open_clip_name": arch}, fp16=True, notes=f"random {arch} for benchmarks"),
         aliases=["production"],
-        fp16=True,
-        notes=f"random {arch} for benchmarks",
     )
     return f"bench@{manifest.version}"
 

@@ -87,7 +87,7 @@ def publish_tiny(
     import torch
 
     from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
     from model_store import ModelStore
 
     config = json.loads(SMOKE_CONFIG.read_text())
@@ -101,15 +101,17 @@ def publish_tiny(
     manifest = publish_bundle(
         ModelStore(root),
         name,
-        model,
-        config,
-        text_variants={"pcclip": variant},
-        default_text_encoder="base",
-        comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
+        TrainedModel(
+            model,
+            config,
+            text_variants={"pcclip": variant},
+            default_text_encoder="base",
+            comparatives=TINY_COMPARATIVES if comparatives is None else comparatives,
+            fp16=False,
+            training={"seed": seed},
+            metrics={"smoke.random": 0.5},
+        ),
         aliases=list(aliases),
-        fp16=False,
-        training={"seed": seed},
-        metrics={"smoke.random": 0.5},
     )
     return manifest.version
 

@@ -32,7 +32,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 bash scripts/install.sh dev
-# Static checks first: lint and format (ruff), types (mypy on the core, the store and the service),
+# Static checks first: lint and format (ruff), types (mypy on the core, the store, the service and training),
 # import layers (import-linter contracts in pyproject.toml). Any failure stops the run.
 PATHS=(clipcore service training model_store loadtests tests clients scripts deploy)
 .venv/bin/ruff check "${PATHS[@]}"

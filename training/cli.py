@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore
 from model_store.errors import StoreError
@@ -129,7 +129,8 @@ def base_cmd(
         device=device,
         bf16=device == "cpu" or device.startswith("cuda"),
     )
-    train_base(cfg, out, log=console.print)
+    # Normalised as build-default publishes the default model (DefaultRecipe.preprocess).
+    train_base(cfg, out, preprocess=DefaultRecipe().preprocess, log=console.print)
 
 
 @app.command("build-default")
@@ -149,9 +150,12 @@ def build_default(
     promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
     eval_seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
     smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Train every stage from scratch (base CLIP, PC-CLIP, SemCLIP, YUKINO, DCSM), evaluate on held-out
     data, publish a version with its figures; point aliases at it only when --promote names them."""
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     np.random.seed(seed)
     recipe = DefaultRecipe(
@@ -244,11 +248,15 @@ def pcclip_sweep(
     fine_size_fraction: Annotated[float, typer.Option(help="Share of pairs of the same size class.")] = 0.5,
     caption_weight: Annotated[float, typer.Option(help="Weight of the image-caption loss.")] = 0.3,
     device: DeviceOpt = "cpu",
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
+    if threads:
+        torch.set_num_threads(threads)
     arch = model_config(config)
     base = build_model(arch)
     base.load_state_dict(torch.load(run_dir / "base" / "model.pt", map_location="cpu"))
+    preprocess = DefaultRecipe().preprocess  # what build-default publishes base/model.pt with
     rows = []
     for loss in losses.split(","):
         for temperature in map(float, temperatures.split(",")):
@@ -260,10 +268,12 @@ def pcclip_sweep(
                 fine_size_fraction=fine_size_fraction,
                 caption_weight=caption_weight,
             )
-            state = train_pcclip(base, cfg, log=lambda _: None)
+            state = train_pcclip(base, cfg, log=lambda _: None, preprocess=preprocess)
             with tempfile.TemporaryDirectory() as tmp:
                 scratch = ModelStore(tmp)
-                publish_bundle(scratch, "sweep", base, arch, text_variants={"pcclip": state})
+                publish_bundle(
+                    scratch, "sweep", TrainedModel(base, arch, text_variants={"pcclip": state}, preprocess=preprocess)
+                )
                 bundle = ModelBundle.load(scratch, "sweep@v1", device=device)
                 ev = Evaluator(bundle, EvalConfig(n_pairs=300, n_zeroshot=300))
                 ranks = ev.rank_accuracy(ev.rank_pairs(1000, 300), generator_images, ["pcclip"])["pcclip"]
@@ -318,10 +328,12 @@ def init_random(
         manifest = publish_bundle(
             ModelStore(store, validator=validate_version),
             name,
-            build_model(model_config(config)),
-            model_config(config),
+            TrainedModel(
+                build_model(model_config(config)),
+                model_config(config),
+                notes="random weights: for speed and plumbing tests only",
+            ),
             aliases=alias if alias is not None else ["production"],
-            notes="random weights: for speed and plumbing tests only",
         )
     except StoreError as exc:  # e.g. the evaluation gate refused to move an evaluated alias to random weights
         console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)

@@ -24,7 +24,7 @@ from open_clip.model import CLIP
 
 from clipcore.methods.token_spans import find_word_spans
 from clipcore.models.dense import DCSMHead, DenseEncoder
-from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, fit_square
+from clipcore.models.preprocess import fit_square
 from training.alignment import patch_masks
 from training.world.captions import full_caption
 from training.world.hard_negatives import KINDS, HardNegative, sample_hard_negative
@@ -189,8 +189,9 @@ def dense_metrics(
     seed: int,
     n: int = 300,
     context_length: int | None = None,
-    mean: Sequence[float] = OPENAI_MEAN,
-    std: Sequence[float] = OPENAI_STD,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
     device: str = "cpu",
 ) -> dict[str, float]:
     """Flat metrics of one evaluation seed; ``n`` items per kind and image source.

@@ -9,6 +9,8 @@ The base version's files are streamed from the store (verified first), so nothin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from model_store import Manifest, ModelStore
@@ -18,37 +20,40 @@ from model_store.manifest import ANNEX_FILES
 _INHERITED = ("architecture", "hooks", "tokenizer", "context_length", "embed_dim", "image_size", "preprocess")
 
 
+@dataclass
+class DerivedParts:
+    """What a method trained on a base version adds to it: files (added or replaced), manifest
+    components merged into the base's, text encoders added to the base's, metrics updating the
+    base's, and what the manifest records of the run."""
+
+    files: Mapping[str, bytes | Path] = field(default_factory=dict)
+    components: Mapping[str, Any] = field(default_factory=dict)
+    text_encoders: Mapping[str, str] = field(default_factory=dict)
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    training: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    notes: str = ""
+
+
 def publish_derived(
-    store: ModelStore,
-    base_ref: str,
-    *,
-    name: str | None = None,
-    files: Mapping[str, bytes] = {},
-    components: Mapping[str, Any] = {},
-    text_encoders: Mapping[str, str] = {},
-    metrics: Mapping[str, float] = {},
-    training: Mapping[str, Any] = {},
-    data: Mapping[str, Any] = {},
-    notes: str = "",
-    aliases: Sequence[str] = (),
+    store: ModelStore, base_ref: str, parts: DerivedParts, *, name: str | None = None, aliases: Sequence[str] = ()
 ) -> Manifest:
-    """A new version of ``name`` (default: the base's name) = the base's files and components,
-    with ``files`` added or replaced, ``components`` merged in and ``text_encoders`` added to the
-    base's text encoders. Metrics start from the base's and are updated by ``metrics``."""
+    """A new version of ``name`` (default: the base's name) = the base's files and components with
+    ``parts`` added (see ``DerivedParts``)."""
     base_name, base_version = store.resolve(base_ref)
     base, directory = store.load_verified(base_name, base_version)
     sources: dict[str, Any] = {filename: directory / filename for filename in base.files if filename not in ANNEX_FILES}
-    sources.update(files)
+    sources.update(parts.files)
     merged = dict(base.components)
-    merged.update(components)
-    if text_encoders:
-        merged["text_encoders"] = {**base.components.get("text_encoders", {}), **text_encoders}
+    merged.update(parts.components)
+    if parts.text_encoders:
+        merged["text_encoders"] = {**base.components.get("text_encoders", {}), **parts.text_encoders}
     fields = {key: getattr(base, key) for key in _INHERITED}
     fields |= {
         "components": merged,
-        "metrics": {**base.metrics, **metrics},
-        "training": {"base": f"{base_name}@{base_version}", **training},
-        "data": {**base.data, **data},
-        "notes": notes or f"derived from {base_name}@{base_version}",
+        "metrics": {**base.metrics, **parts.metrics},
+        "training": {"base": f"{base_name}@{base_version}", **parts.training},
+        "data": {**base.data, **parts.data},
+        "notes": parts.notes or f"derived from {base_name}@{base_version}",
     }
     return store.publish(name or base_name, sources, fields, aliases=aliases)

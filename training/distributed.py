@@ -25,13 +25,14 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
-S = TypeVar("S", bound=Sequence)  # a list, a tuple or an array: sliced as it is
+S = TypeVar("S", bound="Sequence[Any] | np.ndarray")  # a list, a tuple or an array: sliced as it is
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
 from clipcore.models.importing import ModelImportError, load_planned_model, plan_import
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from clipcore.models.validate import validate_version
 from model_store import ModelStore, StoreError
 from model_store.digest import sha256_stream
@@ -40,7 +40,7 @@ def _floats(text: str | None, option: str) -> list[float] | None:
 
 
 def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
-    """``publish_bundle`` arguments that carry a Hugging Face tokenizer into the version."""
+    """``TrainedModel`` fields that carry a Hugging Face tokenizer into the version."""
     if not files:
         return {}
     return {
@@ -141,18 +141,17 @@ def import_cmd(
         with plan.checkpoint.open("rb") as checkpoint:
             source = {**plan.source, "sha256": sha256_stream(checkpoint)[0]}
         with torch.no_grad():
-            manifest = publish_bundle(
-                ModelStore(store, validator=validate_version),
-                name,
+            trained = TrainedModel(
                 model,  # type: ignore[arg-type]
                 plan.architecture,
                 fp16=fp16,
-                aliases=alias or (),
-                version=version,
                 preprocess=plan.preprocess,
                 training={"imported_from": source},
                 notes=notes,
                 **tokenizer_fields(plan.tokenizer_files),
+            )
+            manifest = publish_bundle(
+                ModelStore(store, validator=validate_version), name, trained, aliases=alias or (), version=version
             )
     except (ModelImportError, StoreError) as exc:
         _fail(str(exc))

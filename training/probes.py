@@ -9,6 +9,7 @@ import torch
 from open_clip.model import CLIP
 
 from clipcore.methods.zero_shot import class_embeddings, zero_shot_logits
+from clipcore.models.preprocess import PreprocessConfig
 from training.encode import Tokenize, encode_images, encode_texts
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
@@ -43,10 +44,17 @@ def attribute_classifier(model: CLIP, tokenize: Tokenize, attribute: str, device
 
 
 def zero_shot_accuracy(
-    model: CLIP, tokenize: Tokenize, probes: ProbeSet, image_emb: torch.Tensor | None = None, device: str = "cpu"
+    model: CLIP,
+    tokenize: Tokenize,
+    probes: ProbeSet,
+    preprocess: PreprocessConfig,
+    image_emb: torch.Tensor | None = None,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Per-attribute zero-shot accuracy; size is scored on small vs large objects only."""
-    emb = (image_emb if image_emb is not None else encode_images(model, probes.images, device=device)).numpy()
+    if image_emb is None:
+        image_emb = encode_images(model, preprocess, probes.images, device=device)
+    emb = image_emb.numpy()
     result = {}
     for attribute, (labels, _) in ATTRIBUTE_PROMPTS.items():
         truth = [getattr(s.objects[0], attribute) for s in probes.scenes]

@@ -13,7 +13,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ import torch
 from open_clip.model import CLIP
 
 from clipcore.models.bundle import ModelBundle
-from clipcore.models.publish import publish_bundle
+from clipcore.models.preprocess import PreprocessConfig
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.evaluation import EvalConfig, evaluate
 from training.train_base import BaseTrainConfig, train_base
@@ -38,7 +39,7 @@ CONFIG_ALIASES = {"fashion-tiny": "vit-tiny-32"}
 Log = Callable[[str], None]
 
 # Smoke builds (CI): a scorer that trains in seconds.
-_SMOKE_DCSM = {"samples": 256, "epochs": 1, "batch_size": 64, "val_samples": 32}
+_SMOKE_DCSM: dict[str, Any] = {"samples": 256, "epochs": 1, "batch_size": 64, "val_samples": 32}
 SMOKE_EVAL = EvalConfig(
     seeds=(0, 1), n_zeroshot=60, n_pairs=40, n_compositional=40, n_pil=20, n_calibration=60, n_semclip=40, n_yukino=16
 )
@@ -61,6 +62,9 @@ class DefaultRecipe:
     device: str = "cpu"
     eval: EvalConfig = field(default_factory=EvalConfig)
     aliases: list[str] = field(default_factory=list)
+    # The preprocessing the version is published with (its manifest's): every stage encodes its
+    # images with it, as serving will.
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
     def smoke(self) -> DefaultRecipe:
         """The tiny configuration CI builds in a minute: few steps, a small evaluation."""
@@ -71,6 +75,7 @@ class DefaultRecipe:
             align_start=2 * steps // 3, pcclip_steps=min(self.pcclip_steps, 20),
             semclip_steps=min(self.semclip_steps, 20), yukino_steps=min(self.yukino_steps, 20), seed=self.seed,
             device=self.device, eval=EvalConfig(**{**asdict(SMOKE_EVAL), "seeds": seeds}), aliases=self.aliases,
+            preprocess=self.preprocess,
         )  # fmt: skip
 
 
@@ -117,7 +122,7 @@ def _cached_stage(path: Path, config: dict, train: Callable[[], Any], log: Log =
 
 
 def _semclip_variants(
-    model: CLIP, steps: int, seed: int, device: str, run_dir: Path, log: Log = print
+    model: CLIP, preprocess: PreprocessConfig, steps: int, seed: int, device: str, run_dir: Path, log: Log = print
 ) -> dict[str, dict]:
     """SemCLIP and its paraphrase-only / negation-only ablations, sharing one triplet dataset."""
     small = steps <= 50
@@ -135,15 +140,22 @@ def _semclip_variants(
 
         def train(cfg: SemClipConfig = cfg, variant: str = variant) -> dict:
             nonlocal data
-            data = data or triplet_dataset(cfg, model)
-            return train_semclip(model, cfg, data=data, out_dir=run_dir / variant, log=log)
+            data = data or triplet_dataset(cfg, model, preprocess)
+            return train_semclip(model, cfg, data=data, out_dir=run_dir / variant, log=log, preprocess=preprocess)
 
         states[variant] = _cached_stage(run_dir / f"{variant}.pt", asdict(cfg), train, log)
     return states
 
 
 def _yukino(
-    model: CLIP, sem_states: dict[str, dict], steps: int, seed: int, device: str, run_dir: Path, log: Log = print
+    model: CLIP,
+    preprocess: PreprocessConfig,
+    sem_states: dict[str, dict],
+    steps: int,
+    seed: int,
+    device: str,
+    run_dir: Path,
+    log: Log = print,
 ) -> tuple[dict[str, torch.Tensor], dict[str, bytes], dict]:
     """YUKINO's text variant (from SemCLIP's) and the inverter over it: the variant's state, the
     inverter's files and its manifest component."""
@@ -167,13 +179,14 @@ def _yukino(
 
     def train_text() -> dict[str, torch.Tensor]:
         start = with_state(model, sem_states[text_cfg.start])
-        return train_yukino_text(model, start, text_cfg, out_dir=run_dir, log=log)
+        return train_yukino_text(model, start, text_cfg, out_dir=run_dir, log=log, preprocess=preprocess)
 
     text_state = _cached_stage(run_dir / "yukino_text.pt", asdict(text_cfg), train_text, log)
 
     def train() -> tuple[dict[str, bytes], dict]:
         text_model = with_state(model, text_state)
-        return train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=log).to_files()
+        head = train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=log, preprocess=preprocess)
+        return head.to_files()
 
     config = {**asdict(cfg), "oti": asdict(oti_cfg), "text": asdict(text_cfg)}
     files, component = _cached_stage(run_dir / "yukino.pt", config, train, log)
@@ -203,7 +216,7 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         base_cfg.warmup_steps = max(1, steps // 5)
         base_cfg.batch_size = 32
     t0 = time.time()
-    model = train_base(base_cfg, run_dir / "base", log=log)
+    model = train_base(base_cfg, run_dir / "base", preprocess=r.preprocess, log=log)
     base_seconds = time.time() - t0
     pc_cfg = PCClipConfig(
         steps=pcclip_steps,
@@ -218,21 +231,21 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         pc_state = torch.load(pc_path, weights_only=False)["state"]  # a rerun resumes after this stage
         log(f"pcclip: reusing {pc_path}")
     else:
-        pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=log)
+        pc_state = train_pcclip(model.cpu(), pc_cfg, run_dir, log=log, preprocess=r.preprocess)
         torch.save({"config": vars(pc_cfg), "state": pc_state}, pc_path)
     pc_seconds = time.time() - t0
     t0 = time.time()
-    sem_states = _semclip_variants(model.cpu(), semclip_steps, seed, device, run_dir, log)
+    sem_states = _semclip_variants(model.cpu(), r.preprocess, semclip_steps, seed, device, run_dir, log)
     sem_seconds = time.time() - t0
     t0 = time.time()
     yukino_text, yukino_files, yukino_component = _yukino(
-        model.cpu(), sem_states, yukino_steps, seed, device, run_dir, log
+        model.cpu(), r.preprocess, sem_states, yukino_steps, seed, device, run_dir, log
     )
     yukino_seconds = time.time() - t0
     dcsm_cfg = DCSMTrainConfig(seed=seed, device=device, **(_SMOKE_DCSM if steps <= 50 else {}))
     t0 = time.time()
     dcsm_files, dcsm_component = train_dcsm_files(
-        model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm", log=log
+        model.cpu(), model.context_length, dcsm_cfg, run_dir / "dcsm", log=log, preprocess=r.preprocess
     )
     dcsm_seconds = time.time() - t0
     training = {
@@ -255,7 +268,9 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         "pcclip_pairs": pc_cfg.pairs,
         "base_scenes_seen": steps * base_cfg.batch_size,
     }
-    kwargs = dict(
+    trained = TrainedModel(
+        model.cpu(),
+        arch,
         text_variants={"pcclip": pc_state, **sem_states, YukinoConfig.text_encoder: yukino_text},
         default_text_encoder="pcclip",
         comparatives=comparatives_library(),
@@ -263,27 +278,24 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         data=data,
         extra_files={**dcsm_files, **yukino_files},
         components={"dcsm": dcsm_component, "yukino": yukino_component},
+        preprocess=r.preprocess,
     )
     with tempfile.TemporaryDirectory() as tmp:
         # Evaluate exactly what will be served: the stored (fp16) weights, loaded back.
         scratch = ModelStore(tmp)
-        publish_bundle(scratch, name, model.cpu(), arch, **kwargs)  # type: ignore[arg-type]
+        publish_bundle(scratch, name, trained)
         report = evaluate(ModelBundle.load(scratch, f"{name}@v1", device=device), r.eval, log=log)
     (run_dir / "eval.json").write_text(json.dumps(report, indent=2))
     # Undefined figures (e.g. an empty subset) stay in eval.json as NaN; the manifest holds numbers.
     flat = {k: v for k, v in report["metrics"].items() if not k.endswith(".stderr") and math.isfinite(v)}
     # eval.json travels with the version so the store's evaluation gate sees it when --promote moves an alias.
-    kwargs["extra_files"] = {**dcsm_files, **yukino_files, "eval.json": json.dumps(report, indent=2).encode()}
-    manifest = publish_bundle(
-        store,
-        name,
-        model.cpu(),
-        arch,
+    trained = replace(
+        trained,
+        extra_files={**dcsm_files, **yukino_files, "eval.json": json.dumps(report, indent=2).encode()},
         metrics=flat,
-        aliases=r.aliases,
         notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.",
-        **kwargs,
-    )  # type: ignore[arg-type]
+    )
+    manifest = publish_bundle(store, name, trained, aliases=r.aliases)
     report["model"] = manifest.ref
     store.write_annex(name, manifest.version, "eval.json", json.dumps(report, indent=2).encode())
     return report

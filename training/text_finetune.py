@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from open_clip.model import CLIP
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.clip_model import is_trainable_text_param
 from training.distributed import average_gradients, is_main
+from training.progress import StepProgress
+from training.schedule import lr_at
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
 StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
@@ -93,19 +93,10 @@ def finetune_text_tower(
         checkpoint.with_suffix(".tmp").replace(checkpoint)
 
     end = steps if stop_after is None else min(steps, stop_after)
-    columns = [
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, disable=not is_main()) as bar:
-        task = bar.add_task(label, total=steps, completed=start, info="")
+    with StepProgress(label, total=steps, completed=start, enabled=is_main()) as bar:
         for step in range(start, end):
             for g in opt.param_groups:
-                g["lr"] = g["base_lr"] * min(1.0, (step + 1) / 20) * 0.5 * (1 + np.cos(np.pi * step / steps))
+                g["lr"] = lr_at(step, lr=g["base_lr"], steps=steps, warmup_steps=20, warmup="overlap")
             with amp():
                 loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)
@@ -113,7 +104,7 @@ def finetune_text_tower(
             average_gradients([*params, *extra])  # across torchrun ranks; a no-op in one process
             torch.nn.utils.clip_grad_norm_(params, 1.0)  # the tower only: the head's steps are its own
             opt.step()
-            bar.update(task, advance=1, info=info)
+            bar.update(info=info)
             if (step + 1) % 100 == 0:
                 history.append({"step": step + 1, "loss": loss.item()})
             if (step + 1) % checkpoint_every == 0 or step + 1 == end:

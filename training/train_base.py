@@ -10,7 +10,6 @@ Data is generated on the fly: step ``s`` always sees the same scenes for a given
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,16 +17,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from open_clip.model import CLIP
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from clipcore.methods.losses import clip_contrastive_loss, filip_loss, mask_alignment_loss
-from clipcore.models.clip_model import build_model, image_features, is_text_param, text_features
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.methods.losses import mask_alignment_loss
+from clipcore.models.clip_model import build_model
+from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
+from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
 from training.probes import probe_set, zero_shot_accuracy
+from training.progress import StepProgress, loss_with_chance
+from training.schedule import lr_at
 from training.world.captions import random_caption
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
@@ -64,53 +64,20 @@ class BaseTrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def word_token_mask(tokens: torch.Tensor) -> torch.Tensor:
-    """True at word tokens: after the start token, before the end token (the argmax)."""
-    pos = torch.arange(tokens.shape[1], device=tokens.device)[None]
-    return (pos > 0) & (pos < tokens.argmax(dim=-1, keepdim=True))
-
-
-def image_size(model_config: dict[str, Any]) -> int:
-    """The square input size of a config's image tower (open_clip's default 224 when unset)."""
-    size = model_config.get("vision_cfg", {}).get("image_size", 224)
-    return int(size[0] if isinstance(size, list | tuple) else size)
-
-
-def make_batch(cfg: BaseTrainConfig, step: int, tokenize: Tokenize) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
+def make_batch(
+    cfg: BaseTrainConfig, step: int, tokenize: Tokenize, preprocess: PreprocessConfig
+) -> tuple[list[Scene], torch.Tensor, torch.Tensor]:
     base = step * cfg.batch_size
     scenes = [sample_scene(Split.TRAIN, cfg.seed, base + i, p_two=cfg.p_two_objects) for i in range(cfg.batch_size)]
     rng = np.random.default_rng([cfg.seed, step, 7])
-    images = normalize_uint8(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
+    images = preprocess.normalize(render_batch(scenes, image_size(cfg.model_config), seed=int(rng.integers(2**31))))
     captions = [random_caption(s, rng) for s in scenes]
     return scenes, images, tokenize(captions)
 
 
-def param_groups(model: CLIP, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        is_matrix = p.ndim >= 2 and "embedding" not in name
-        (decay if is_matrix else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def set_text_trainable(model: CLIP, trainable: bool) -> None:
-    for name, p in model.named_parameters():
-        if is_text_param(name):
-            p.requires_grad_(trainable)
-
-
-def lr_at(cfg: BaseTrainConfig, step: int) -> float:
-    horizon = cfg.schedule_steps or cfg.steps
-    if cfg.phase2_start is not None and step >= cfg.phase2_start:
-        return cfg.lr * cfg.phase2_lr_frac
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa: ANN001
-    """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log."""
+def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessConfig, log=print) -> CLIP:  # noqa: ANN001
+    """Train (or resume from ``out_dir/checkpoint.pt``); writes ``model.pt`` and a log. ``preprocess``:
+    the configuration the model is published with (its images are normalised as it will be served)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model_config).to(cfg.device)
@@ -128,37 +95,24 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
     probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes, image_size(cfg.model_config))
     autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
     t0 = time.time()
-    columns = [
-        TextColumn("[bold]base"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("train", total=cfg.steps, completed=start, info="")
+    contrastive = float("nan")
+    with StepProgress("base", total=cfg.steps, completed=start) as bar:
         for step in range(start, cfg.steps):
             model.train()
             set_text_trainable(model, step >= cfg.text_freeze_steps)
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
-            scenes, images, tokens = make_batch(cfg, step, tokenize)
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.schedule_steps or cfg.steps, warmup_steps=cfg.warmup_steps,
+                                phase2_start=cfg.phase2_start, phase2_lr_frac=cfg.phase2_lr_frac)  # fmt: skip
+            scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
             images, tokens = images.to(cfg.device), tokens.to(cfg.device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start
             use_align = cfg.align_weight > 0 and step >= cfg.align_start
             with autocast:
-                img_pooled, img_tok = image_features(model, images, dense=use_filip or use_align)
-                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip or use_align)
-                scale = model.logit_scale.exp().clamp(max=100)
-                loss = clip_contrastive_loss(
-                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                loss, contrastive, img_tok, txt_tok = image_text_loss(
+                    model, images, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip or use_align
                 )
-                if use_filip:
-                    loss = loss + cfg.filip_weight * filip_loss(
-                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
-                    )
                 if use_align:
+                    assert img_tok is not None and txt_tok is not None
                     rows, cols, targets = align_targets(scenes, tokens.cpu())
                     loss = loss + cfg.align_weight * mask_alignment_loss(
                         img_tok[:, 1:].float(),
@@ -175,17 +129,19 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, log=print) -> CLIP:  # noqa:
             done = step + 1
             info = f"loss {loss.item():.3f}"
             if done % cfg.eval_every == 0 or done == cfg.steps:
-                acc = zero_shot_accuracy(model, tokenize, probes, device=cfg.device)
+                acc = zero_shot_accuracy(model, tokenize, probes, preprocess, device=cfg.device)
                 history.append({"step": done, "loss": loss.item(), "seconds": time.time() - t0, **acc})
                 log(json.dumps(history[-1]))
             if history:
                 h = history[-1]
                 info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"
-            bar.update(task, completed=done, info=info)
+            bar.update(info=info)
             if done % cfg.checkpoint_every == 0 or done == cfg.steps:
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "history": history}
                 torch.save(state, ckpt_path.with_suffix(".tmp"))
                 ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+    if start < cfg.steps:
+        log(f"base: final image-text contrastive loss {loss_with_chance(contrastive, cfg.batch_size)}")
     torch.save(model.state_dict(), out_dir / "model.pt")
     (out_dir / "history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))
     return model

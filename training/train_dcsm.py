@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 from open_clip.model import CLIP
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.methods.dcsm import (
     DEFAULT_SCORER_CONFIG,
@@ -30,7 +29,10 @@ from clipcore.methods.dcsm import (
     prepare_maps,
 )
 from clipcore.methods.losses import dcsm_batch_loss
-from clipcore.models.dense import DenseEncoder, dcsm_state_bytes
+from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
+from clipcore.models.preprocess import PreprocessConfig
+from training.progress import StepProgress
+from training.schedule import lr_at
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
@@ -64,8 +66,9 @@ class DCSMTrainConfig:
 
 
 @dataclass
-class FeatureCache:
-    """Interleaved anchors: row 2i is item i's image/caption, row 2i+1 its hard negative."""
+class DenseItems:
+    """The shapes world's DCSM items as dense features in memory (not the on-disk frozen-feature
+    cache, ``training.feature_cache``): row 2i is item i's image/caption, row 2i+1 its hard negative."""
 
     images: torch.Tensor  # (2N, 1+P, D) fp16
     texts: torch.Tensor  # (U, L, D) fp16, distinct captions
@@ -79,41 +82,29 @@ class FeatureCache:
         return self.images[anchors].float(), self.texts[t].float(), self.valid[t], self.rows[t]
 
 
-def _progress(name: str) -> Progress:
-    return Progress(
-        TextColumn(f"[bold]{name}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-
-
 def build_cache(
     encoder: DenseEncoder, items: Sequence[HardNegative], render_seed: int, batch: int = 512, name: str = "features"
-) -> FeatureCache:
+) -> DenseItems:
     scenes = [s for it in items for s in (it.scene, it.negative_scene)]
     captions = [c for it in items for c in (it.positive, it.negative)]
     distinct = list(dict.fromkeys(captions))
     where = {c: i for i, c in enumerate(distinct)}
     img_chunks, txt_chunks, valid_chunks, row_chunks = [], [], [], []
     rng = np.random.default_rng(render_seed)
-    with _progress(name) as bar:
-        task = bar.add_task(name, total=len(scenes) + len(distinct), info="")
+    with StepProgress(name, total=len(scenes) + len(distinct)) as bar:
         for i in range(0, len(scenes), batch):
             arrays = render_batch(
                 scenes[i : i + batch], encoder.model.visual.image_size[0], seed=int(rng.integers(2**31))
             )
             img_chunks.append(encoder.image_tokens(arrays).half())
-            bar.update(task, advance=len(arrays), info="images")
+            bar.update(len(arrays), info="images")
         for i in range(0, len(distinct), batch):
             tok, valid, rows = encoder.text_tokens(distinct[i : i + batch])
             txt_chunks.append(tok.half())
             valid_chunks.append(valid)
             row_chunks.append(rows)
-            bar.update(task, advance=len(tok), info="captions")
-    return FeatureCache(
+            bar.update(len(tok), info="captions")
+    return DenseItems(
         torch.cat(img_chunks),
         torch.cat(txt_chunks),
         torch.cat(valid_chunks),
@@ -124,9 +115,7 @@ def build_cache(
 
 
 @torch.no_grad()
-def two_way_accuracy(
-    scorer: DCSMScorer, cache: FeatureCache, table: torch.Tensor, chunk: int = 1024
-) -> dict[str, float]:
+def two_way_accuracy(scorer: DCSMScorer, cache: DenseItems, table: torch.Tensor, chunk: int = 1024) -> dict[str, float]:
     """Per kind: share of items whose image scores its caption above the hard negative."""
     scorer.eval()
     n = len(cache.kinds)
@@ -159,9 +148,16 @@ def scorer_config(cfg: DCSMTrainConfig, n_positions: int) -> dict[str, Any]:
 
 
 def train_dcsm(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+    model: CLIP,
+    context_length: int,
+    cfg: DCSMTrainConfig,
+    out_dir: Path | None = None,
+    log: Log = print,
+    *,
+    preprocess: PreprocessConfig,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     """Train a scorer on ``model``'s frozen dense features: (scorer_state, scorer_config, table).
+    ``preprocess``: the base version's.
 
     With ``out_dir`` the scorer is checkpointed after every epoch (and resumed from there:
     the feature cache is rebuilt deterministically) and the history is written as JSON.
@@ -170,18 +166,20 @@ def train_dcsm(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _train(model, context_length, cfg, out_dir, log)
+        return _train(model, context_length, cfg, out_dir, log, preprocess)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None, log: Log
+    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None, log: Log, preprocess: PreprocessConfig
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     torch.manual_seed(cfg.seed)
     model = model.to(cfg.device).eval()
     length = int(cfg.scorer.get("length", DEFAULT_SCORER_CONFIG["length"]))
-    encoder = DenseEncoder(model, context_length, cfg.functional_groups, length, device=cfg.device)
+    encoder = DenseEncoder(
+        model, context_length, cfg.functional_groups, length, preprocess.mean, preprocess.std, device=cfg.device
+    )
     t0, c0 = time.time(), time.process_time()
     train = build_cache(
         encoder,
@@ -221,8 +219,7 @@ def _train(
             log(f"dcsm: resumed after epoch {start_epoch}")
     gen = torch.Generator().manual_seed(cfg.seed)
     t1, c1 = time.time(), time.process_time()
-    with _progress("dcsm") as bar:
-        task = bar.add_task("dcsm", total=total, completed=start_epoch * steps_per_epoch, info="")
+    with StepProgress("dcsm", total=total, completed=start_epoch * steps_per_epoch) as bar:
         for epoch in range(start_epoch, cfg.epochs):
             gen.manual_seed(cfg.seed * 1000 + epoch)  # a resumed epoch sees the same batches
             order = torch.randperm(cfg.samples, generator=gen)
@@ -230,9 +227,8 @@ def _train(
             losses, accs = [], []
             for s in range(steps_per_epoch):
                 step = epoch * steps_per_epoch + s
-                lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / total))
                 for g in opt.param_groups:
-                    g["lr"] = lr
+                    g["lr"] = lr_at(step, lr=cfg.lr, steps=total, warmup_steps=cfg.warmup_steps, warmup="overlap")
                 items = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
                 anchors = torch.stack([2 * items, 2 * items + 1], dim=1).reshape(-1)
                 img, txt, valid, rows = (x.to(cfg.device) for x in train.batch(anchors))
@@ -243,7 +239,7 @@ def _train(
                 opt.step()
                 losses.append(loss.item())
                 accs.append(acc.item())
-                bar.update(task, advance=1, info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
+                bar.update(info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
             val_acc = two_way_accuracy(scorer.cpu(), val, table)
             scorer.to(cfg.device)
             history.append(
@@ -294,23 +290,16 @@ def _train(
     return state, config, table
 
 
-def dcsm_files(
-    scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
-) -> dict[str, bytes]:
-    """Files of the DCSM component of a model version: weights + table (the config lives in the
-    manifest's component entry, ``dcsm_component``)."""
-    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table)}
-
-
-def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The manifest entry: ``components["dcsm"] = dcsm_component(config)``."""
-    return {"weights": "dcsm.safetensors", "config": dict(config)}
-
-
 def train_dcsm_files(
-    model: CLIP, context_length: int, cfg: DCSMTrainConfig, out_dir: Path | None = None, log: Log = print
+    model: CLIP,
+    context_length: int,
+    cfg: DCSMTrainConfig,
+    out_dir: Path | None = None,
+    log: Log = print,
+    *,
+    preprocess: PreprocessConfig,
 ) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Train and package: ``(files, component)`` for ``publish_bundle(extra_files=files,
+    """Train and package: ``(files, component)`` for ``TrainedModel(extra_files=files,
     components={"dcsm": component})``."""
-    state, config, table = train_dcsm(model, context_length, cfg, out_dir, log)
+    state, config, table = train_dcsm(model, context_length, cfg, out_dir, log, preprocess=preprocess)
     return dcsm_files(state, config, table), dcsm_component(config)

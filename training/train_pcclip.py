@@ -1,8 +1,6 @@
-"""PC-CLIP: finetune the text tower so f(T12) aligns with g(I1) - g(I2).
-
-The image tower is frozen, so every image embedding is computed once up front. Besides the
-difference loss, the ordinary image-caption loss is kept (image side frozen) so zero-shot
-accuracy does not drift. The loop itself is ``training.text_finetune``.
+"""PC-CLIP on the shapes world: rendered pairs that differ in one attribute, their difference
+texts and each pair's first image's caption, embedded once by the frozen image tower; the method
+itself (losses and loop) is ``training.methods.pcclip``.
 """
 
 from __future__ import annotations
@@ -17,11 +15,9 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
-from clipcore.models.clip_model import normalize, text_features
-from training.distributed import sharded_features
+from clipcore.models.preprocess import PreprocessConfig
 from training.encode import Tokenize, encode_images
-from training.text_finetune import finetune_text_tower
+from training.methods import pcclip
 from training.world.captions import random_caption
 from training.world.differences import sample_difference_pair
 from training.world.render import render_batch
@@ -43,7 +39,7 @@ class PCClipConfig:
     device: str = "cpu"
 
 
-def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
+def difference_dataset(cfg: PCClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
     """Image embeddings of every pair (computed once) plus texts and attributes."""
     pairs = [
         sample_difference_pair(Split.TRAIN, cfg.seed, i, p_fine_size=cfg.fine_size_fraction) for i in range(cfg.pairs)
@@ -51,42 +47,38 @@ def difference_dataset(cfg: PCClipConfig, model: CLIP) -> dict:
     rng = np.random.default_rng([cfg.seed, 5])
     firsts = render_batch([p.first for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
     seconds = render_batch([p.second for p in pairs], model.visual.image_size[0], seed=int(rng.integers(2**31)))
-    g1 = encode_images(model, firsts, device=cfg.device)
-    g2 = encode_images(model, seconds, device=cfg.device)
+    g1 = encode_images(model, preprocess, firsts, device=cfg.device)
+    g2 = encode_images(model, preprocess, seconds, device=cfg.device)
     captions = [random_caption(p.first, rng) for p in pairs]
     attrs = [p.attribute for p in pairs]
     return {"g1": g1, "g2": g2, "texts": [p.text for p in pairs], "captions": captions, "attributes": attrs}
 
 
-def train_pcclip(base: CLIP, cfg: PCClipConfig, out_dir: Path | None = None, log=print) -> dict[str, torch.Tensor]:  # noqa: ANN001
-    """Returns the finetuned model's state dict (text tower changed, image tower untouched)."""
-    tokenize = Tokenize(base.context_length)
+def train_pcclip(
+    base: CLIP,
+    cfg: PCClipConfig,
+    out_dir: Path | None = None,
+    log=print,
+    *,
+    preprocess: PreprocessConfig,  # noqa: ANN001
+) -> dict[str, torch.Tensor]:
+    """Returns the finetuned model's state dict (text tower changed, image tower untouched).
+    ``preprocess``: the base version's (its manifest's, or what a new base is published with)."""
     t0 = time.time()
-    data = difference_dataset(cfg, base.to(cfg.device))
+    data = difference_dataset(cfg, base.to(cfg.device), preprocess)
     log(f"pcclip: {cfg.pairs} pairs embedded in {time.time() - t0:.1f}s")
-    scale = float(base.logit_scale.exp().clamp(max=100).item())
     rng = np.random.default_rng([cfg.seed, 9])
 
-    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
+    def batches(step: int) -> tuple[np.ndarray, np.ndarray]:
         idx = rng.choice(cfg.pairs, size=cfg.batch_size, replace=False)
+        return idx, idx  # the caption term reads each pair's first image and its caption
 
-        def encode(texts: list[str]) -> torch.Tensor:
-            return normalize(text_features(model, tokenize(texts).to(cfg.device))[0].float())
-
-        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
-        f_t = sharded_features(encode, [data["texts"][i] for i in idx])
-        g1, g2 = data["g1"][idx].to(cfg.device), data["g2"][idx].to(cfg.device)
-        loss = pcclip_difference_loss(g1, g2, f_t, temperature=cfg.temperature, kind=cfg.loss)  # type: ignore[arg-type]
-        if cfg.caption_weight > 0:
-            f_c = sharded_features(encode, [data["captions"][i] for i in idx])
-            loss = loss + cfg.caption_weight * clip_contrastive_loss(g1, f_c, scale)
-        return loss, f"loss {loss.item():.3f}"
-
-    state, history = finetune_text_tower(
-        base, step_loss, steps=cfg.steps, lr=cfg.lr, seed=cfg.seed, device=cfg.device, label="pcclip"
-    )
-    if cfg.ensemble_weight < 1.0:
-        state = weight_ensemble(base.state_dict(), state, cfg.ensemble_weight)
+    hyper = pcclip.Hyper(steps=cfg.steps, lr=cfg.lr, temperature=cfg.temperature, loss=cfg.loss,
+                         caption_weight=cfg.caption_weight, ensemble_weight=cfg.ensemble_weight)  # fmt: skip
+    features = pcclip.DifferenceData(data["g1"], data["g2"], data["texts"], data["g1"], data["captions"])
+    scale = float(base.logit_scale.exp().clamp(max=100).item())
+    state, history = pcclip.train(base, features, batches, hyper, tokenize=Tokenize(base.context_length), scale=scale,
+                                  seed=cfg.seed, device=cfg.device, log=log)  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "pcclip_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))

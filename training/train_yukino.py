@@ -36,11 +36,12 @@ import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP
 
-from clipcore.methods.losses import clip_contrastive_loss, yukino_matching_loss, yukino_oti_loss
-from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for
-from clipcore.models.preprocess import normalize_uint8
-from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
-from training.encode import Tokenize, encode_images, encode_texts
+from clipcore.methods.losses import clip_contrastive_loss, yukino_oti_loss
+from clipcore.models.clip_model import normalize, text_features, tokenizer_for
+from clipcore.models.preprocess import PreprocessConfig
+from clipcore.models.yukino import YukinoHead, prompt_features
+from training.encode import Tokenize, encode_image_tokens, encode_images, encode_texts
+from training.methods import yukino
 from training.text_finetune import finetune_text_tower
 from training.world.hard_negatives import hard_negative_set
 from training.world.render import render_batch
@@ -80,14 +81,18 @@ def train_yukino_text(
     cfg: YukinoTextConfig,
     out_dir: Path | None = None,
     log=print,  # noqa: ANN001
+    *,
+    preprocess: PreprocessConfig,
 ) -> dict[str, torch.Tensor]:
-    """The text variant YUKINO matches in (see the module docstring); returns its state dict."""
+    """The text variant YUKINO matches in (see the module docstring); returns its state dict.
+    ``preprocess``: the base version's."""
     t0 = time.time()
     items = hard_negative_set(Split.TRAIN, cfg.seed + 700, cfg.items)
     scenes = [h.scene for h in items] + [h.negative_scene for h in items]
     captions = [h.positive for h in items] + [h.negative for h in items]
     images = encode_images(
         base.to(cfg.device).eval(),
+        preprocess,
         render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 29),
         device=cfg.device,
     )
@@ -141,17 +146,6 @@ def concept_embeddings(model: CLIP) -> torch.Tensor:
     return model.token_embedding.weight[ids].detach()
 
 
-@torch.no_grad()
-def image_tokens(model: CLIP, images: np.ndarray, device: str = "cpu", batch_size: int = 256) -> torch.Tensor:
-    """(N, S, S, 3) uint8 -> (N, 1+P, D) normalised class + patch tokens (the inverter's input)."""
-    out = []
-    for i in range(0, len(images), batch_size):
-        _, tokens = image_features(model, normalize_uint8(images[i : i + batch_size]).to(device), dense=True)
-        assert tokens is not None
-        out.append(normalize(tokens.float()).cpu())
-    return torch.cat(out)
-
-
 def oti(text_model: CLIP, targets: torch.Tensor, cfg: OTIConfig, device: str = "cpu") -> torch.Tensor:
     """Pseudo-tokens ``(N, W)`` for ``(N, D)`` normalised image embeddings, optimised per image."""
     concepts = concept_embeddings(text_model).to(device)
@@ -183,6 +177,8 @@ def train_inverter(
     oti_cfg: OTIConfig | None = None,
     out_dir: Path | None = None,
     log=print,  # noqa: ANN001
+    *,
+    preprocess: PreprocessConfig,
 ) -> YukinoHead:
     torch.manual_seed(cfg.seed)
     t0 = time.time()
@@ -191,7 +187,7 @@ def train_inverter(
     captions = [h.positive for h in items] + [h.negative for h in items]
     base = base.to(cfg.device).eval()
     pixels = render_batch(scenes, base.visual.image_size[0], seed=cfg.seed + 23)
-    tokens = image_tokens(base, pixels, cfg.device)
+    tokens = encode_image_tokens(base, preprocess, pixels, device=cfg.device)
     text_model = text_model.to(cfg.device).eval()
     for p in text_model.parameters():
         p.requires_grad_(False)
@@ -201,47 +197,28 @@ def train_inverter(
     n_oti = min(cfg.oti_items, len(scenes))
     teacher = oti(text_model, tokens[:n_oti, 0], oti_cfg or OTIConfig(), cfg.device)
     log(f"yukino: OTI tokens of {n_oti} images in {time.time() - t0:.1f}s")
-    inverter = Inverter(tokens[0].numel(), text_model.token_embedding.weight.shape[1], cfg.width).to(cfg.device)
-    opt = torch.optim.AdamW(inverter.parameters(), lr=cfg.lr, weight_decay=0.01)
     rng = np.random.default_rng([cfg.seed, 61])
-    history = []
-    for step in range(cfg.steps):
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
+
+    def rows(step: int) -> torch.Tensor:
         chosen = torch.from_numpy(rng.choice(len(items), size=cfg.batch_items, replace=False))
-        idx = torch.cat([chosen, chosen + len(items)])  # both images and both captions of every item
-        v = inverter(tokens[idx].to(cfg.device))
-        yes, no = prompt_features(text_model, v, text_model.context_length)
-        loss = yukino_matching_loss(yes, no, cap[idx].to(cfg.device), cfg.scale)
-        taught = idx < n_oti
-        if cfg.distill_weight > 0 and taught.any():
-            distill = 1 - F.cosine_similarity(v[taught], teacher[idx[taught]].to(cfg.device), dim=-1).mean()
-            loss = loss + cfg.distill_weight * distill
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if (step + 1) % 100 == 0:
-            history.append({"step": step + 1, "loss": loss.item()})
-        if (step + 1) % 500 == 0:
-            log(f"yukino inverter step {step + 1}: loss {loss.item():.3f}")
-    inverter = inverter.cpu().eval()
-    config = {
-        "in_dim": tokens[0].numel(),
-        "token_dim": inverter.net[-1].out_features,
-        "width": cfg.width,
-        "scale": cfg.scale,
-    }
+        return torch.cat([chosen, chosen + len(items)])  # both images and both captions of every item
+
+    hyper = yukino.Hyper(steps=cfg.steps, lr=cfg.lr, width=cfg.width, scale=cfg.scale,
+                         distill_weight=cfg.distill_weight)  # fmt: skip
+    head, history = yukino.train_inverter(
+        text_model, cfg.text_encoder, yukino.InverterData(tokens, cap, teacher), rows, hyper, seed=cfg.seed,
+        device=cfg.device, log_every=500, log=log,
+    )  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "yukino_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}))
-    return YukinoHead(inverter, cfg.text_encoder, config)
+    return head
 
 
 __all__ = [
     "OTIConfig",
     "YukinoConfig",
     "YukinoTextConfig",
-    "image_tokens",
     "oti",
     "train_inverter",
     "train_yukino_text",

@@ -31,8 +31,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from clipcore.backends.base import BackendError
 from clipcore.models.bundle import ModelBundle
-from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.encoding import encode_pixels
 
 
 def has_int8_engine() -> bool:
@@ -123,10 +122,7 @@ class Int8TorchTowers:
             raise BackendError(f"the image tower of {bundle.ref} has no linear layer to run in int8")
 
     def encode_images(self, images: np.ndarray) -> np.ndarray:
-        x = normalize_uint8(images, self.bundle.mean, self.bundle.std)
-        with torch.no_grad():
-            features = image_features(self.model, x)[0]
-        return normalize(features).numpy()
+        return encode_pixels(self.model, self.bundle.preprocess_config, images)[0].numpy()
 
     def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray:
         return self.bundle.encode_tokens(torch.as_tensor(tokens), variant)

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from clipcore.models.bundle import ModelBundle
-from clipcore.models.clip_model import image_features, normalize, text_features
-from clipcore.models.preprocess import normalize_uint8
+from clipcore.models.clip_model import normalize, text_features
+from clipcore.models.encoding import encode_pixels
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,11 +37,10 @@ class TorchTowers:
     def encode_images(self, images: np.ndarray) -> np.ndarray:
         if self.dtype is None:
             return self.bundle.encode_images(images)
-        x = normalize_uint8(images, self.bundle.mean, self.bundle.std).to(self.bundle.device)
-        with self._autocast():
-            features = image_features(self.bundle.model, x)[0]
-        # Normalised in fp32: a norm taken in bf16 can be off by a few tenths of a percent, scaling every score.
-        return normalize(features.float()).cpu().numpy()
+        amp = torch.autocast(torch.device(self.bundle.device).type, dtype=self.dtype)
+        pooled, _ = encode_pixels(self.bundle.model, self.bundle.preprocess_config, images,
+                                  device=self.bundle.device, amp=amp)  # fmt: skip
+        return pooled.cpu().numpy()
 
     def encode_tokens(self, tokens: torch.Tensor | np.ndarray, variant: str | None = None) -> np.ndarray:
         tokens = torch.as_tensor(tokens)

@@ -24,15 +24,15 @@ from safetensors.torch import load_file
 from clipcore.models.clip_model import (
     architecture_config,
     family,
-    image_features,
     load_architecture,
     normalize,
     text_features,
     tokenizer_for,
 )
 from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
+from clipcore.models.encoding import encode_pixels
 from clipcore.models.hf_tokenizer import HfTextTokenizer, hf_tokenizer_dir
-from clipcore.models.preprocess import PreprocessConfig, fit_square, normalize_uint8
+from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
 from model_store import Manifest, ModelStore
@@ -203,8 +203,7 @@ class ModelBundle:
         return self.text_models[name]
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        cfg = self.preprocess_config
-        return fit_square(image, self.image_size, cfg.interpolation, cfg.resize_mode)
+        return self.preprocess_config.fit(image, self.image_size)
 
     def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
         """Token ids, trimmed to the batch's longest text (whether a text was cut: ``text_truncated``).
@@ -254,8 +253,7 @@ class ModelBundle:
     @torch.no_grad()
     def encode_images(self, images: np.ndarray) -> np.ndarray:
         """(N, S, S, 3) uint8 preprocessed images -> (N, D) L2-normalised float32."""
-        x = normalize_uint8(images, self.mean, self.std).to(self.device)
-        return normalize(image_features(self.model, x)[0]).float().cpu().numpy()
+        return encode_pixels(self.model, self.preprocess_config, images, device=self.device)[0].cpu().numpy()
 
     @torch.no_grad()
     def encode_tokens(self, tokens: torch.Tensor, encoder: str | None = None) -> np.ndarray:
@@ -273,10 +271,9 @@ class ModelBundle:
         "a photo of no $" features with its inverted pseudo-token, in YUKINO's text encoder."""
         if self.yukino is None:
             raise ValueError(f"{self.ref} has no YUKINO component")
-        x = normalize_uint8(images, self.mean, self.std).to(self.device)
-        _, tokens = image_features(self.model, x, dense=True)
+        _, tokens = encode_pixels(self.model, self.preprocess_config, images, device=self.device, dense=True)
         assert tokens is not None
-        pseudo = self.yukino.inverter(normalize(tokens.float()))
+        pseudo = self.yukino.inverter(tokens)
         yes, no = prompt_features(self.text_model(self.yukino.text_encoder), pseudo, self.context_length)
         return torch.stack([yes, no], dim=1).cpu().numpy()
 

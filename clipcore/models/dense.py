@@ -35,8 +35,9 @@ from clipcore.methods.dcsm import (
     prepare_maps,
 )
 from clipcore.methods.token_spans import find_word_spans
-from clipcore.models.clip_model import image_features, normalize, text_features, tokenizer_for, trimmed
-from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, normalize_uint8
+from clipcore.models.clip_model import normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.encoding import encode_pixels
+from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
 
 TABLE_KEY = "functional_table"
 SCORER_PREFIX = "scorer."
@@ -159,11 +160,11 @@ class DenseEncoder:
         if runner is not None:
             pooled_np, tok_np = runner.dense_image_features(images)
             return torch.from_numpy(pooled_np), torch.from_numpy(tok_np)
-        x = normalize_uint8(images, self.mean, self.std).to(self.device)
-        pooled, tok = image_features(self.model, x, dense=True)
+        preprocess = PreprocessConfig(mean=self.mean, std=self.std)
+        pooled, tok = encode_pixels(self.model, preprocess, images, device=self.device, dense=True)
         if tok is None:
             raise ValueError("this image tower does not expose patch tokens")
-        return normalize(pooled.float()).cpu(), normalize(tok.float()).cpu()
+        return pooled.cpu(), tok.cpu()
 
     def image_tokens(self, images: np.ndarray, runner: DenseRunner | None = None) -> torch.Tensor:
         return self.image_features(images, runner)[1]
@@ -229,3 +230,16 @@ def dcsm_state_bytes(scorer_state: Mapping[str, torch.Tensor], table: torch.Tens
     out = {SCORER_PREFIX + k: v.detach().cpu().float().contiguous() for k, v in scorer_state.items()}
     out[TABLE_KEY] = table.detach().cpu().float().contiguous()
     return save(out)
+
+
+def dcsm_files(
+    scorer_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], table: torch.Tensor
+) -> dict[str, bytes]:
+    """Files of the DCSM component of a model version: weights + table (the config lives in the
+    manifest's component entry, ``dcsm_component``)."""
+    return {"dcsm.safetensors": dcsm_state_bytes(scorer_state, table)}
+
+
+def dcsm_component(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest entry: ``components["dcsm"] = dcsm_component(config)``."""
+    return {"weights": "dcsm.safetensors", "config": dict(config)}

@@ -47,6 +47,14 @@ class PreprocessConfig:
             resize_mode=str(preprocess.get("resize_mode", default.resize_mode)),
         )
 
+    def fit(self, image: Image.Image, size: int) -> np.ndarray:
+        """(size, size, 3) uint8: ``image`` resized and cropped or padded as this version says."""
+        return fit_square(image, size, self.interpolation, self.resize_mode)
+
+    def normalize(self, batch: np.ndarray) -> torch.Tensor:
+        """(N, H, W, 3) uint8 -> (N, 3, H, W) float32, normalised with this version's mean and std."""
+        return normalize_uint8(batch, self.mean, self.std)
+
     def to_manifest(self) -> dict[str, Any]:
         return {"mean": list(self.mean), "std": list(self.std), "interpolation": self.interpolation,
                 "resize_mode": self.resize_mode}  # fmt: skip
@@ -132,10 +140,9 @@ def upright(image: Image.Image) -> Image.Image:
     return apply_orientation(image, exif_orientation(image))
 
 
-def normalize_uint8(
-    batch: np.ndarray, mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD
-) -> torch.Tensor:
-    """(N, H, W, 3) uint8 -> (N, 3, H, W) float32 normalised tensor."""
+def normalize_uint8(batch: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """(N, H, W, 3) uint8 -> (N, 3, H, W) float32 normalised tensor. ``mean`` and ``std`` are a
+    version's (``PreprocessConfig.normalize``): no default, so no caller picks them by omission."""
     # Cached arrays are read-only; torch needs a writable buffer (copied only when it is not).
     x = torch.from_numpy(np.require(batch, requirements=["C", "W"])).permute(0, 3, 1, 2).float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,59 +33,68 @@ def text_delta(base: CLIP, variant: Mapping[str, torch.Tensor]) -> dict[str, tor
     return {k: v for k, v in variant.items() if is_text_param(k) and not torch.equal(v, base_state[k])}
 
 
+@dataclass
+class TrainedModel:
+    """What a training run (or an import) hands to the store: the model, its architecture, and
+    everything published with it. Text-encoder variants are full state dicts (stored as deltas)."""
+
+    model: CLIP
+    architecture: dict[str, Any]
+    text_variants: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
+    default_text_encoder: str = "base"
+    comparatives: Sequence[Mapping[str, Any]] | None = None
+    extra_files: Mapping[str, bytes] = field(default_factory=dict)  # e.g. a DCSM scorer, eval.json
+    components: Mapping[str, Any] = field(default_factory=dict)  # merged into the manifest's
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    training: Mapping[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    notes: str = ""
+    fp16: bool = True  # weights stored as float16
+    # The manifest's preprocessing: the model was trained (or is served) on images normalised with it.
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    tokenizer: str = "open_clip:bpe"
+
+
 def publish_bundle(
     store: ModelStore,
     name: str,
-    model: CLIP,
-    architecture: dict[str, Any],
+    trained: TrainedModel,
     *,
-    text_variants: Mapping[str, Mapping[str, torch.Tensor]] = {},
-    default_text_encoder: str = "base",
-    comparatives: Sequence[Mapping[str, Any]] | None = None,
-    extra_files: Mapping[str, bytes] = {},
-    components: Mapping[str, Any] = {},
-    metrics: Mapping[str, float] = {},
-    training: Mapping[str, Any] = {},
-    data: Mapping[str, Any] = {},
-    notes: str = "",
     aliases: Sequence[str] = (),
-    fp16: bool = True,
     version: str | None = None,
-    preprocess: PreprocessConfig | None = None,
-    tokenizer: str = "open_clip:bpe",
 ) -> Manifest:
-    """Publish a model (+ text-encoder variants, comparatives, extra files) as a new version.
+    """Publish a trained model (+ text-encoder variants, comparatives, extra files) as a new version.
 
     Image size and embedding width come from the architecture's open_clip config (so a named
-    architecture such as ``ViT-B-32-256`` records its own 256 px); ``preprocess`` defaults to
-    OpenAI CLIP's values."""
-    files: dict[str, bytes] = {"model.safetensors": tensor_bytes(model.state_dict(), fp16)}
+    architecture such as ``ViT-B-32-256`` records its own 256 px)."""
+    t = trained
+    files: dict[str, bytes] = {"model.safetensors": tensor_bytes(t.model.state_dict(), t.fp16)}
     text_files = {}
-    for variant, state in text_variants.items():
+    for variant, state in t.text_variants.items():
         text_files[variant] = f"text_{variant}.safetensors"
-        files[text_files[variant]] = tensor_bytes(text_delta(model, state), fp16)
-    if comparatives is not None:
-        files["comparatives.json"] = json.dumps(list(comparatives), indent=2).encode()
-    files.update(extra_files)
-    config = architecture_config(architecture)
+        files[text_files[variant]] = tensor_bytes(text_delta(t.model, state), t.fp16)
+    if t.comparatives is not None:
+        files["comparatives.json"] = json.dumps(list(t.comparatives), indent=2).encode()
+    files.update(t.extra_files)
+    config = architecture_config(t.architecture)
     fields = {
-        "architecture": architecture,
-        "hooks": list(architecture.get("hooks", [])),
-        "tokenizer": tokenizer,
-        "context_length": int(model.context_length),
+        "architecture": t.architecture,
+        "hooks": list(t.architecture.get("hooks", [])),
+        "tokenizer": t.tokenizer,
+        "context_length": int(t.model.context_length),
         "embed_dim": int(config["embed_dim"]),
         "image_size": config_image_size(config),
-        "preprocess": (preprocess or PreprocessConfig()).to_manifest(),
+        "preprocess": t.preprocess.to_manifest(),
         "components": {
             "weights": "model.safetensors",
-            "weights_dtype": "float16" if fp16 else "float32",
+            "weights_dtype": "float16" if t.fp16 else "float32",
             "text_encoders": text_files,
-            "default_text_encoder": default_text_encoder,
-            **components,
+            "default_text_encoder": t.default_text_encoder,
+            **t.components,
         },
-        "metrics": dict(metrics),
-        "training": dict(training),
-        "data": dict(data),
-        "notes": notes,
+        "metrics": dict(t.metrics),
+        "training": dict(t.training),
+        "data": dict(t.data),
+        "notes": t.notes,
     }
     return store.publish(name, files, fields, version=version, aliases=aliases)

@@ -23,9 +23,9 @@ def publish_dense(
 
     from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
     from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.dense import dcsm_component, dcsm_files
+    from clipcore.models.publish import TrainedModel, publish_bundle
     from model_store import ModelStore
-    from training.train_dcsm import dcsm_component, dcsm_files
 
     config = json.loads(SMOKE_CONFIG.read_text())
     torch.manual_seed(seed)
@@ -45,12 +45,8 @@ def publish_dense(
     manifest = publish_bundle(
         ModelStore(root),
         name,
-        model,
-        config,
-        extra_files=files,
-        components={"dcsm": dcsm_component(cfg)},
+        TrainedModel(model, config, extra_files=files, components={"dcsm": dcsm_component(cfg)}, fp16=False),
         aliases=list(aliases),
-        fp16=False,
     )
     return manifest.version
 

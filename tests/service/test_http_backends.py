@@ -132,7 +132,7 @@ def _publish_bf16_unsafe(root: Path) -> str:
     """A version whose embeddings cancel two large equal offsets: exact in fp32, while bf16 rounds
     each offset (to a multiple of 4 at 1000) before they cancel, so its embeddings drift."""
     from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
     config = json.loads((REPO / "training/configs/shapes-smoke.json").read_text())
     torch.manual_seed(33)
@@ -141,7 +141,9 @@ def _publish_bf16_unsafe(root: Path) -> str:
         for norm, proj in ((model.ln_final, model.text_projection), (model.visual.ln_post, model.visual.proj)):
             norm.bias[:2] = 1000.0
             proj[1] = -proj[0]
-    return publish_bundle(ModelStore(root), "gated", model, config, aliases=["production"], fp16=False).version
+    return publish_bundle(
+        ModelStore(root), "gated", TrainedModel(model, config, fp16=False), aliases=["production"]
+    ).version
 
 
 def test_version_failing_bf16_parity_is_refused(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:

@@ -197,7 +197,7 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
     import torch
 
     from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
     publish_model(tmp_path, "warm", seed=15)
     with serve_app(store=str(tmp_path), model="warm@production", watch_interval_s=0.2) as running:
@@ -205,7 +205,7 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
         broken = build_model(config)
         with torch.no_grad():
             broken.text_projection.fill_(float("nan"))  # checksums fine, embeddings NaN
-        publish_bundle(ModelStore(tmp_path), "warm", broken, config, aliases=["production"], fp16=False)
+        publish_bundle(ModelStore(tmp_path), "warm", TrainedModel(broken, config, fp16=False), aliases=["production"])
         deadline = time.monotonic() + 30
         while metric_value(running.url, "clip_model_swaps_total", result="refused") < 1:
             assert time.monotonic() < deadline, "a version that fails warm-up was swapped in"

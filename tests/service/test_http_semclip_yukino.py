@@ -29,7 +29,7 @@ def publish_semclip_yukino(root: Path) -> str:
     import torch
 
     from clipcore.models.clip_model import build_model
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
     from clipcore.models.yukino import Inverter, YukinoHead
     from model_store import ModelStore
 
@@ -51,13 +51,15 @@ def publish_semclip_yukino(root: Path) -> str:
     manifest = publish_bundle(
         ModelStore(root),
         "sy",
-        model,
-        config,
-        text_variants={"semclip": semclip},
-        extra_files=files,
-        components={"yukino": component},
+        TrainedModel(
+            model,
+            config,
+            text_variants={"semclip": semclip},
+            extra_files=files,
+            components={"yukino": component},
+            fp16=False,
+        ),
         aliases=["production"],
-        fp16=False,
     )
     return manifest.version
 

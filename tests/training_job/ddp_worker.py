@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from clipcore.models.clip_model import build_model
+from clipcore.models.preprocess import PreprocessConfig
 from training import distributed
 from training.recipe import model_config
 from training.train_pcclip import PCClipConfig, train_pcclip
@@ -32,10 +33,11 @@ def main(out: Path) -> None:
 
         return log
 
+    pre = PreprocessConfig()  # what a from-scratch base is published with
     pc = train_pcclip(base, PCClipConfig(pairs=96, steps=100, batch_size=16, seed=0, device=device),
-                      out_dir=out / f"pc-{world.rank}", log=capture("pcclip"))  # fmt: skip
+                      out_dir=out / f"pc-{world.rank}", log=capture("pcclip"), preprocess=pre)  # fmt: skip
     sem = train_semclip(base, SemClipConfig(scenes=64, steps=100, batch_size=16, seed=0, device=device),
-                        out_dir=out / f"sem-{world.rank}", log=capture("semclip"))  # fmt: skip
+                        out_dir=out / f"sem-{world.rank}", log=capture("semclip"), preprocess=pre)  # fmt: skip
     if world.main:
         for name in ("pc", "sem"):
             history = json.loads(

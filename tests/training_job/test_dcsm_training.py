@@ -12,9 +12,10 @@ from safetensors.torch import load
 
 from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 from clipcore.models.clip_model import build_model
-from clipcore.models.dense import DCSMHead
+from clipcore.models.dense import DCSMHead, dcsm_component, dcsm_files
+from clipcore.models.preprocess import PreprocessConfig
 from training.dense_eval import dense_metrics
-from training.train_dcsm import DCSMTrainConfig, dcsm_component, dcsm_files, train_dcsm
+from training.train_dcsm import DCSMTrainConfig, train_dcsm
 
 SMOKE = Path(__file__).resolve().parents[2] / "training" / "configs" / "shapes-smoke.json"
 
@@ -43,7 +44,7 @@ def tiny_config(**kw) -> DCSMTrainConfig:
 def trained(model, tmp_path_factory):
     out = tmp_path_factory.mktemp("dcsm")
     t0 = time.time()
-    result = train_dcsm(model, 32, tiny_config(), out_dir=out, log=lambda _: None)
+    result = train_dcsm(model, 32, tiny_config(), out_dir=out, log=lambda _: None, preprocess=PreprocessConfig())
     return result, out, time.time() - t0
 
 
@@ -83,7 +84,7 @@ def test_head_loads_from_a_version_directory(trained, tmp_path: Path) -> None:
 def test_training_resumes_from_its_checkpoint(model, trained) -> None:
     (state, _, _), out, _ = trained
     logs: list[str] = []
-    again, _, _ = train_dcsm(model, 32, tiny_config(), out_dir=out, log=logs.append)
+    again, _, _ = train_dcsm(model, 32, tiny_config(), out_dir=out, log=logs.append, preprocess=PreprocessConfig())
     assert any("resumed after epoch 2" in line for line in logs)
     assert all(torch.equal(state[k], again[k]) for k in state)
 
@@ -91,7 +92,8 @@ def test_training_resumes_from_its_checkpoint(model, trained) -> None:
 def test_dense_metrics_keys_and_ranges(model, trained) -> None:
     (state, config, table), _, _ = trained
     head = DCSMHead.from_bytes(dcsm_files(state, config, table)["dcsm.safetensors"], config)
-    metrics = dense_metrics(model, head, seed=0, n=6)
+    pre = PreprocessConfig()  # what a from-scratch model is published with
+    metrics = dense_metrics(model, head, seed=0, n=6, mean=pre.mean, std=pre.std)
     for method in ("dcsm", "cosine"):
         for prefix in ("", "heldout.", "pil."):
             for kind in ("binding", "spatial_lr", "spatial_ab", "spatial", "negation"):
@@ -99,7 +101,7 @@ def test_dense_metrics_keys_and_ranges(model, trained) -> None:
     for key in ("dense.localisation.colour", "dense.localisation.shape", "readout.spatial", "readout.binding"):
         assert 0.0 <= metrics[key] <= 1.0
     assert 0.0 < metrics["dense.localisation.chance"] < 0.3
-    assert not any(k.startswith("dcsm.") for k in dense_metrics(model, None, seed=0, n=4))
+    assert not any(k.startswith("dcsm.") for k in dense_metrics(model, None, seed=0, n=4, mean=pre.mean, std=pre.std))
 
 
 def test_localisation_finds_patches_that_carry_the_words_features(model, monkeypatch) -> None:

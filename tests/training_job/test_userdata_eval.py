@@ -13,11 +13,11 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from clipcore.models.clip_model import build_model
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.cli import app
 from training.datasets.fashion_mnist import LABELS, read_idx
-from training.derive import publish_derived
+from training.derive import DerivedParts, publish_derived
 from training.recipe import model_config
 
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
@@ -38,15 +38,19 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("store")
     store = ModelStore(root)
     torch.manual_seed(0)
-    publish_bundle(store, "fm", build_model(model_config("shapes-smoke")), model_config("shapes-smoke"),
-                   aliases=["plain"])  # fmt: skip
+    config = model_config("shapes-smoke")
+    publish_bundle(store, "fm", TrainedModel(build_model(config), config), aliases=["plain"])
     library = [
         {"a": "shirt", "b": "t-shirt", "text": "The first image shows long sleeves, while the second short ones."},
         {"a": "t-shirt", "b": "shirt", "text": "The first image shows short sleeves, while the second long ones."},
         {"a": "coat", "b": "planet", "text": "A label the data does not have: never used."},
     ]
-    publish_derived(store, "fm@plain", files={"comparatives.json": json.dumps(library).encode()},
-                    aliases=["with-library"])  # fmt: skip
+    publish_derived(
+        store,
+        "fm@plain",
+        DerivedParts(files={"comparatives.json": json.dumps(library).encode()}),
+        aliases=["with-library"],
+    )
     return root
 
 

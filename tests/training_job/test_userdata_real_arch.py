@@ -12,7 +12,7 @@ import torch
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import build_model
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 from training.recipe import model_config
 from training.userdata.context import RunContext
@@ -28,7 +28,7 @@ def test_vit_b_32_runs_pcclip_and_dcsm_on_user_data(tmp_path: Path) -> None:
     config = model_config("ViT-B-32")
     torch.manual_seed(0)
     store = ModelStore(tmp_path / "store")
-    publish_bundle(store, "vitb32", build_model(config), config, aliases=["production"])
+    publish_bundle(store, "vitb32", TrainedModel(build_model(config), config), aliases=["production"])
     data = write_user_dataset(tmp_path / "data", per_label=3, scenes=4, size=160)  # resized to 224 on the way in
 
     def ctx(model: str) -> RunContext:

@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import fit_square, normalize_uint8
+from clipcore.models.preprocess import fit_square
 from model_store import ModelStore
 from training.cli import app
-from training.derive import publish_derived
+from training.derive import DerivedParts, publish_derived
+from training.feature_cache import tower_key
 from training.userdata.context import RunContext
 from training.userdata.demo_data import write_user_dataset
-from training.userdata.feature_cache import tower_key
 from training.userdata.pcclip import PCClipRun, run_pcclip
 from training.userdata.semclip import SemClipRun, run_semclip
 from training.userdata.yukino import YukinoRun, run_yukino
@@ -82,7 +82,7 @@ def test_features_are_computed_once_per_image_tower_and_reused(user_data: Path, 
     pixels = np.stack([fit_square(Image.open(r.path), first.bundle.image_size) for r in refs])  # type: ignore[arg-type]
     np.testing.assert_allclose(pooled, first.bundle.encode_images(pixels), atol=1e-5)
     with torch.no_grad():
-        _, tokens = image_features(first.bundle.model, normalize_uint8(pixels[:5]), dense=True)
+        _, tokens = image_features(first.bundle.model, first.bundle.preprocess_config.normalize(pixels[:5]), dense=True)
     np.testing.assert_allclose(dense, normalize(tokens).numpy(), atol=2e-3)  # stored as float16
 
     second = context(store, user_data, tmp_path, "again")  # another run, another process's view
@@ -92,7 +92,7 @@ def test_features_are_computed_once_per_image_tower_and_reused(user_data: Path, 
     assert isinstance(second.cache.store("pooled")._chunk(0), np.memmap)
 
     # A version derived from it keeps its image tower, hence its cache; another tower does not.
-    derived = publish_derived(ModelStore(store), "tiny@production", files={"comparatives.json": b"[]"})
+    derived = publish_derived(ModelStore(store), "tiny@production", DerivedParts(files={"comparatives.json": b"[]"}))
     assert tower_key(derived) == tower_key(first.bundle.manifest) == first.cache.key
     third = context(store, user_data, tmp_path, "derived", model=derived.ref)
     third.features("pooled", refs)
@@ -123,8 +123,10 @@ def test_semclip_and_yukino_publish_versions_that_keep_the_base(user_data: Path,
     assert semclip is not None
     bundle = ModelBundle.load(ModelStore(store), "tiny@staging")
     assert set(bundle.text_models) == {"base", "pcclip", "semclip"}  # the base's pcclip kept
-    yukino = run_yukino(context(store, user_data, tmp_path, "y", model=semclip.ref),
-                        YukinoRun(steps=3, batch_size=8, width=32, text_encoder="semclip"))  # fmt: skip
+    yukino = run_yukino(
+        context(store, user_data, tmp_path, "y", model=semclip.ref),
+        YukinoRun(steps=3, batch_size=8, width=32, text_encoder="semclip"),
+    )
     assert yukino is not None
     loaded = ModelBundle.load(ModelStore(store), yukino.ref)
     assert loaded.yukino is not None and loaded.yukino.text_encoder == "semclip"

@@ -13,6 +13,7 @@ import torch
 from tiny_families import family_configs
 
 from clipcore.models.clip_model import build_model, is_trainable_text_param
+from clipcore.models.preprocess import PreprocessConfig
 from training.train_pcclip import PCClipConfig, train_pcclip
 from training.train_semclip import SemClipConfig, train_semclip
 
@@ -28,9 +29,11 @@ def _one_thread() -> None:
 def _finetune(method: str, base: torch.nn.Module) -> dict[str, torch.Tensor]:
     quiet = lambda *_: None  # noqa: E731
     if method == "pcclip":
-        return train_pcclip(base, PCClipConfig(pairs=16, steps=3, batch_size=8, lr=1e-2), log=quiet)  # type: ignore[arg-type]
+        return train_pcclip(
+            base, PCClipConfig(pairs=16, steps=3, batch_size=8, lr=1e-2), log=quiet, preprocess=PreprocessConfig()
+        )  # type: ignore[arg-type]
     cfg = SemClipConfig(scenes=16, steps=3, batch_size=8, lr=1e-2)
-    return train_semclip(base, cfg, log=quiet)  # type: ignore[arg-type]
+    return train_semclip(base, cfg, log=quiet, preprocess=PreprocessConfig())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("method", ["pcclip", "semclip"])

@@ -242,9 +242,9 @@ def test_pretrained_tag_is_found_in_a_hugging_face_cache(tmp_path: Path) -> None
 
 # ----------------------------------------------------------------------------- the load check
 def _publish_tiny(store: ModelStore, name: str = "m", **fields: Any) -> str:
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
-    manifest = publish_bundle(store, name, _model(TINY_CLIP), TINY_CLIP, fp16=False)  # type: ignore[arg-type]
+    manifest = publish_bundle(store, name, TrainedModel(_model(TINY_CLIP), TINY_CLIP, fp16=False))  # type: ignore[arg-type]
     return manifest.version
 
 
@@ -374,12 +374,12 @@ def test_text_finetunes_know_each_family_text_tower() -> None:
 
 
 def test_text_variant_of_a_custom_text_model_round_trips(tmp_path: Path) -> None:
-    from clipcore.models.publish import publish_bundle
+    from clipcore.models.publish import TrainedModel, publish_bundle
 
     model = _model(TINY_SIGLIP)
     variant = {k: v + 0.01 if is_trainable_text_param(k) else v for k, v in model.state_dict().items()}
     store = ModelStore(tmp_path / "store", validator=validate_version)
-    publish_bundle(store, "s", model, TINY_SIGLIP, text_variants={"pcclip": variant}, fp16=False)  # type: ignore[arg-type]
+    publish_bundle(store, "s", TrainedModel(model, TINY_SIGLIP, text_variants={"pcclip": variant}, fp16=False))  # type: ignore[arg-type]
     bundle = ModelBundle.load(store, "s@v1")
     base, tuned = bundle.encode_texts(["a cat"], "base"), bundle.encode_texts(["a cat"], "pcclip")
     assert not np.allclose(base, tuned) and bundle.text_models["pcclip"].visual is bundle.model.visual

@@ -19,7 +19,9 @@ class PairRankEval(EvalBase):
         rng = np.random.default_rng([seed, 21])
         sets: dict[str, tuple[list[Scene], list[Scene], list[str]]] = {}
         for attribute in ("size", "size_same_class", "colour", "shape"):
-            firsts, seconds, texts = [], [], []
+            firsts: list[Scene] = []
+            seconds: list[Scene] = []
+            texts: list[str] = []
             while len(texts) < n:
                 if attribute == "size":
                     a, b = make_object(rng, Split.TEST, size="large"), make_object(rng, Split.TEST, size="small")

@@ -60,7 +60,7 @@ class LLMGenerator:
 
 
 def confused_label_pairs(
-    y_true: Sequence[int], y_pred: Sequence[int], labels: Sequence[str], k: int
+    y_true: Sequence[int] | np.ndarray, y_pred: Sequence[int] | np.ndarray, labels: Sequence[str], k: int
 ) -> list[tuple[str, str, int]]:
     pairs = confused_pairs(np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64), len(labels), k)
     return [(labels[a], labels[b], count) for a, b, count in pairs]

@@ -20,20 +20,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from clipcore.methods.losses import clip_contrastive_loss, filip_loss
-from clipcore.models.clip_model import build_model, image_features, text_features
-from clipcore.models.preprocess import normalize_uint8
-from clipcore.models.publish import publish_bundle
+from clipcore.models.clip_model import build_model
+from clipcore.models.preprocess import PreprocessConfig
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import Manifest, ModelStore
 from training.datasets.dataset import Dataset
-from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.encode import Tokenize
-from training.generate.differences import article
-from training.train_base import image_size, param_groups, set_text_trainable, word_token_mask
-from training.userdata.context import Images, autocast, items_of, progress, seed_everything
+from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
+from training.progress import StepProgress, loss_with_chance
+from training.schedule import lr_at
+from training.userdata.context import Images, autocast, captioned_images, seed_everything
 from training.userdata.publishing import data_summary, run_settings
 
 Log = Callable[[str], None]
@@ -54,14 +52,7 @@ class BaseRun:
 
 
 def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
-    refs, texts = [], []
-    for item in items_of(dataset, "caption") + items_of(dataset, "negatives") + items_of(dataset, "label"):
-        record = item.record
-        if isinstance(record, CaptionRecord | NegativesRecord):
-            texts.append(record.caption)
-        elif isinstance(record, LabelRecord):
-            texts.append(f"a photo of {article(record.label)} {record.label}.")
-        refs.append(item.images[0])
+    refs, texts = captioned_images(dataset)
     if len(refs) < 2:
         raise ValueError("base training needs at least two captioned or labelled images (docs/data.md)")
     return refs, texts
@@ -75,22 +66,15 @@ def pixel_map(images: Images, digests: list[str], run_dir: Path, log: Log) -> np
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
         return np.load(path, mmap_mode="r")
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(len(digests), images.size, images.size, 3))
-    with progress("decode images") as bar:
-        task = bar.add_task("decode", total=len(digests), info=f"{images.size} px")
+    with StepProgress("decode images", total=len(digests)) as bar:
+        bar.info = f"{images.size} px"
         for i in range(0, len(digests), 256):
             out[i : i + 256] = images.pixels(digests[i : i + 256])
-            bar.update(task, advance=len(digests[i : i + 256]))
+            bar.update(len(digests[i : i + 256]))
     out.flush()
     stamp.write_text(json.dumps({"key": key, "images": len(digests)}))
     log(f"base: {len(digests)} images decoded to {path}")
     return np.load(path, mmap_mode="r")
-
-
-def lr_at(cfg: BaseRun, step: int) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress_ = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * 0.5 * (1 + np.cos(np.pi * progress_))
 
 
 def train_user_base(
@@ -102,13 +86,15 @@ def train_user_base(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "bf16",
+    preprocess: PreprocessConfig,
     log: Log = print,
 ) -> torch.nn.Module:
-    """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model."""
+    """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model. ``preprocess``:
+    what the version is published with (images are read and normalised as it will be served)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     model = build_model(model_config).to(device)
-    images = Images(image_size(model_config))
+    images = Images(image_size(model_config), preprocess)
     refs, texts = captioned(dataset)
     pixels = pixel_map(images, images.digests(refs), run_dir, log)
     tokenize = Tokenize(model.context_length)
@@ -123,41 +109,36 @@ def train_user_base(
     n, batch = len(refs), min(cfg.batch_size, len(refs))
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     t0 = time.time()
-    with progress("base") as bar:
-        task = bar.add_task("base", total=cfg.steps, completed=start, info="")
+    contrastive = float("nan")
+    with StepProgress("base", total=cfg.steps, completed=start) as bar:
         for step in range(start, end):
             rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
             torch.manual_seed(int(rng.integers(2**31)))
             model.train()
             set_text_trainable(model, step >= cfg.text_freeze_steps)
             for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, step)
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps)
             idx = np.sort(rng.choice(n, size=batch, replace=False))
-            x = normalize_uint8(pixels[idx]).to(device)
+            x = preprocess.normalize(pixels[idx]).to(device)
             tokens = tokenize([texts[i] for i in idx]).to(device)
             use_filip = cfg.filip_weight > 0 and step >= cfg.text_freeze_steps
             with autocast(device, precision):
-                img_pooled, img_tok = image_features(model, x, dense=use_filip)
-                txt_pooled, txt_tok = text_features(model, tokens, dense=use_filip)
-                scale = model.logit_scale.exp().clamp(max=100)
-                loss = clip_contrastive_loss(
-                    F.normalize(img_pooled.float(), dim=-1), F.normalize(txt_pooled.float(), dim=-1), scale
+                loss, contrastive, _, _ = image_text_loss(
+                    model, x, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip
                 )
-                if use_filip and img_tok is not None and txt_tok is not None:
-                    loss = loss + cfg.filip_weight * filip_loss(
-                        img_tok.float(), txt_tok.float(), word_token_mask(tokens), scale
-                    )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             history.append({"step": step + 1, "loss": loss.item(), "seconds": time.time() - t0})
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f}")
+            bar.update(info=f"loss {loss.item():.3f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
                 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                          "history": history}  # fmt: skip
                 torch.save(state, ckpt.with_suffix(".tmp"))
                 ckpt.with_suffix(".tmp").replace(ckpt)
+    if start < end:
+        log(f"base: image-text contrastive loss at step {end} {loss_with_chance(contrastive, batch)}")
     return model.eval()
 
 
@@ -173,14 +154,19 @@ def run_user_base(
     device: str = "cpu",
     precision: str = "bf16",
     aliases: tuple[str, ...] = (),
+    preprocess: PreprocessConfig | None = None,
     log: Log = print,
 ) -> Manifest | None:
-    """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early)."""
-    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision, log=log)
+    """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early),
+    with ``preprocess`` in its manifest (OpenAI CLIP's values when None, as ``TrainedModel``)."""
+    preprocess = preprocess or PreprocessConfig()
+    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision,
+                            preprocess=preprocess, log=log)  # fmt: skip
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
-    return publish_bundle(
-        store, name, model.cpu(), model_config, aliases=list(aliases),
+    trained = TrainedModel(
+        model.cpu(), model_config, preprocess=preprocess, data=data_summary(dataset, "user"),
         training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
-        data=data_summary(dataset, "user"), notes="CLIP trained from scratch on user data",
+        notes="CLIP trained from scratch on user data",
     )  # fmt: skip
+    return publish_bundle(store, name, trained, aliases=list(aliases))

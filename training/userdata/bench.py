@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from clipcore.models.clip_model import build_model
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
+from training.from_scratch import image_size
 from training.recipe import model_config
-from training.train_base import image_size
 from training.userdata.context import RunContext
 from training.userdata.dcsm import DCSMRun, train_user_dcsm
 from training.userdata.demo_data import write_user_dataset
@@ -55,7 +55,9 @@ def main() -> None:
         root = Path(tmp)
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        publish_bundle(ModelStore(root / "store"), "bench", build_model(config), config, aliases=["production"])
+        publish_bundle(
+            ModelStore(root / "store"), "bench", TrainedModel(build_model(config), config), aliases=["production"]
+        )
         rows.append(("publish random weights", f"{time.perf_counter() - t0:.1f} s"))
         data = write_user_dataset(root / "data", per_label=args.images // 4, scenes=0, size=image_size(config))
         ctx = RunContext.open(ModelStore(root / "store"), "bench@production", data, run_dir=root / "run",

@@ -110,7 +110,7 @@ def run_comparatives(
     ctx: RunContext, cfg: ComparativesRun, *, llm_cache: Path, name: str | None = None, aliases: tuple[str, ...] = ()
 ) -> tuple[Manifest, list[dict[str, str]]]:
     """Find the confused pairs, generate their texts, publish a version holding the library."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     labels, y_true, y_pred, probs = calibration_predictions(ctx, cfg.split)
     accuracy = float((y_true == y_pred).mean())
@@ -126,11 +126,21 @@ def run_comparatives(
     full = merged_library(list(ctx.bundle.comparatives), library)
     settings = {k: v for k, v in asdict(cfg).items() if k != "llm_key_env"}
     manifest = publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files={"comparatives.json": json.dumps(full, indent=2).encode()},
-        training={"method": "comparatives", "seed": ctx.seed, **settings,
-                  "confused_pairs": [[a, b, n] for a, b, n in pairs],
-                  "calibration": {"images": len(y_true), "zeroshot_accuracy": accuracy}},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases,
-        notes=f"comparatives library for {len(labels)} user labels from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files={"comparatives.json": json.dumps(full, indent=2).encode()},
+            training={
+                "method": "comparatives",
+                "seed": ctx.seed,
+                **settings,
+                "confused_pairs": [[a, b, n] for a, b, n in pairs],
+                "calibration": {"images": len(y_true), "zeroshot_accuracy": accuracy},
+            },
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"comparatives library for {len(labels)} user labels from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )
     return manifest, library

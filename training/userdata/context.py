@@ -1,5 +1,5 @@
 """What every training run on a user's data shares: the validated dataset, the base version, the
-device and precision, the seed, and the frozen image features (``feature_cache``).
+device and precision, the seed, and the frozen image features (``training.feature_cache``).
 
 ``RunContext.open`` validates the data first (every problem with its file and line, and no
 training when there is one), then loads the base version from the store.
@@ -19,16 +19,18 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from PIL import Image
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clipcore.models.bundle import ModelBundle
-from clipcore.models.clip_model import image_features, normalize
-from clipcore.models.preprocess import fit_square, normalize_uint8, upright
+from clipcore.models.encoding import encode_pixels
+from clipcore.models.preprocess import PreprocessConfig, upright
 from model_store import ModelStore
 from training import distributed
 from training.datasets.dataset import Dataset, load_dataset, require_valid
+from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef, Item
-from training.userdata.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
+from training.feature_cache import DTYPES, FeatureCache, Kind, default_cache_dir
+from training.generate.differences import article
+from training.progress import StepProgress
 
 Log = Callable[[str], None]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -68,17 +70,6 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[A
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
 
 
-def progress(label: str) -> Progress:
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-
-
 def load_valid_dataset(data: Path, labels: Path | None = None) -> Dataset:
     """The dataset, or ``InvalidDataset`` listing every problem (file and line): nothing trains on bad data."""
     return require_valid(load_dataset(data, labels))
@@ -89,6 +80,7 @@ class Images:
     """The distinct images of a dataset by content digest, decoded and resized on demand."""
 
     size: int
+    preprocess: PreprocessConfig  # the version's (its manifest's): resize, crop, interpolation
     refs: dict[str, ImageRef] = field(default_factory=dict)
     _digest_of: dict[int, str] = field(default_factory=dict, repr=False)
 
@@ -104,11 +96,11 @@ class Images:
         return [self.digest(r) for r in refs]
 
     def pixels(self, digests: Sequence[str]) -> np.ndarray:
-        """(N, S, S, 3) uint8, preprocessed as the service does (``fit_square``)."""
+        """(N, S, S, 3) uint8, preprocessed as the service does (``PreprocessConfig.fit``)."""
         out = np.zeros((len(digests), self.size, self.size, 3), dtype=np.uint8)
         for i, digest in enumerate(digests):
             with Image.open(io.BytesIO(self.refs[digest].read())) as img:
-                out[i] = fit_square(upright(img), self.size)
+                out[i] = self.preprocess.fit(upright(img), self.size)
         return out
 
 
@@ -152,19 +144,18 @@ class RunContext:
         cache = FeatureCache.for_version(cache_dir or default_cache_dir(), bundle.manifest, resolved)
         run_dir.mkdir(parents=True, exist_ok=True)
         log(f"{bundle.ref}: {len(dataset.items)} records ({dataset.counts()}), device {device}, {resolved}")
-        return cls(store, bundle, dataset, cache, Images(bundle.image_size), run_dir, device, resolved, seed, log)
+        images = Images(bundle.image_size, bundle.preprocess_config)
+        return cls(store, bundle, dataset, cache, images, run_dir, device, resolved, seed, log)
 
     # ------------------------------------------------------------------ frozen image features
-    @torch.no_grad()
     def _encode(self, kind: Kind, pixels: np.ndarray) -> np.ndarray:
-        x = normalize_uint8(pixels, self.bundle.mean, self.bundle.std).to(self.device)
-        with autocast(self.device, self.precision):
-            pooled, tokens = image_features(self.bundle.model, x, dense=kind == "dense")
+        pooled, tokens = encode_pixels(self.bundle.model, self.bundle.preprocess_config, pixels, device=self.device,
+                                       dense=kind == "dense", amp=autocast(self.device, self.precision))  # fmt: skip
         if kind == "dense":
             if tokens is None:
                 raise ValueError(f"{self.bundle.ref}'s image tower gives no patch tokens (DCSM needs a ViT)")
-            return normalize(tokens.float()).cpu().numpy()
-        return normalize(pooled.float()).cpu().numpy()
+            return tokens.cpu().numpy()
+        return pooled.cpu().numpy()
 
     def features(self, kind: Kind, refs: Sequence[ImageRef], batch_size: int = 64) -> np.ndarray:
         """Features of ``refs`` (in order), computing only those not in the cache."""
@@ -174,15 +165,15 @@ class RunContext:
         if todo and distributed.world().size > 1:
             return self._features_across_ranks(kind, digests, todo, batch_size)
         if todo:
-            with progress(f"{kind} image features") as bar:
-                task = bar.add_task(kind, total=len(todo), info=f"{len(digests) - len(todo)} cached")
+            with StepProgress(f"{kind} image features", total=len(todo)) as bar:
+                bar.info = f"{len(digests) - len(todo)} cached"
                 self.cache.ensure(
                     kind,
                     todo,
                     self.images.pixels,
                     lambda px: self._encode(kind, px),
                     batch_size,
-                    progress=lambda n: bar.update(task, advance=n),
+                    progress=lambda n: bar.update(n),
                 )
         self.log(f"{kind} features: {len(set(digests))} images, {len(todo)} computed, the rest from {store.directory}")
         return store.get(digests)
@@ -223,6 +214,21 @@ def items_of(dataset: Dataset, kind: str, split: str | None = "train") -> list[I
         return items
     chosen = {id(i) for i in dataset.split(split)}  # type: ignore[arg-type]
     return [i for i in items if id(i) in chosen]
+
+
+def captioned_images(dataset: Dataset, split: str | None = "train") -> tuple[list[ImageRef], list[str]]:
+    """(image, caption) of a split, what every method that reads captions trains on: ``caption``
+    and ``negatives`` records' captions as written, then labelled images as "a photo of a {label}."."""
+    refs, texts = [], []
+    for item in items_of(dataset, "caption", split) + items_of(dataset, "negatives", split):
+        assert isinstance(item.record, CaptionRecord | NegativesRecord)
+        refs.append(item.images[0])
+        texts.append(item.record.caption)
+    for item in items_of(dataset, "label", split):
+        assert isinstance(item.record, LabelRecord)
+        refs.append(item.images[0])
+        texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
+    return refs, texts
 
 
 @contextlib.contextmanager

@@ -22,14 +22,15 @@ import torch
 
 from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
 from clipcore.methods.losses import dcsm_caption_negatives_loss
-from clipcore.models.dense import DenseEncoder
+from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
-from training.train_dcsm import dcsm_component, dcsm_files
-from training.userdata.context import RunContext, items_of, progress
+from training.progress import StepProgress
+from training.schedule import lr_at
+from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary, run_settings
 
 
@@ -109,14 +110,13 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     texts = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
     where = {t: i for i, t in enumerate(texts)}
     tok_parts, valid_parts, row_parts = [], [], []
-    with progress("dcsm texts") as bar:
-        task = bar.add_task("texts", total=len(texts), info="")
+    with StepProgress("dcsm texts", total=len(texts)) as bar:
         for i in range(0, len(texts), 128):
             tok, valid, rows = encoder.text_tokens(texts[i : i + 128])
             tok_parts.append(tok.half())
             valid_parts.append(valid)
             row_parts.append(rows)
-            bar.update(task, advance=len(tok))
+            bar.update(len(tok))
     txt, txt_valid, txt_rows = torch.cat(tok_parts), torch.cat(valid_parts), torch.cat(row_parts)
     caption_row = torch.tensor([where[c] for c in data.captions])
     negative_rows = [[where[n] for n in ns] for ns in data.negatives]
@@ -138,8 +138,7 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     k = min(cfg.k_random, batch - 1)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     scorer.train()
-    with progress("dcsm") as bar:
-        task = bar.add_task("dcsm", total=cfg.steps, completed=start, info="")
+    with StepProgress("dcsm", total=cfg.steps, completed=start) as bar:
         for step in range(start, end):
             rng = np.random.default_rng([ctx.seed, step, 13])  # from the step: resumable
             torch.manual_seed(int(rng.integers(2**31)))  # dropout masks too
@@ -152,9 +151,8 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
                 cand[j] += [int(caption_row[idx[o]]) for o in others[j]]
             cand_t = torch.tensor(cand)
             image_cand = torch.cat([torch.arange(batch)[:, None], torch.from_numpy(others).long()], dim=1)
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps, warmup="overlap")
             loss, acc = dcsm_caption_negatives_loss(
                 scorer, images[idx].float().to(ctx.device), txt[cand_t].float().to(ctx.device),
                 txt_valid[cand_t].to(ctx.device), txt_rows[cand_t].to(ctx.device), image_cand.to(ctx.device),
@@ -165,11 +163,11 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
             torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
             opt.step()
             history.append({"step": step + 1, "loss": loss.item(), "fit": acc.item()})
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
+            bar.update(info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                         "history": history, "config": config}  # fmt: skip
-                torch.save(state, path.with_suffix(".tmp"))
+                checkpoint_state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                    "history": history, "config": config}  # fmt: skip
+                torch.save(checkpoint_state, path.with_suffix(".tmp"))
                 path.with_suffix(".tmp").replace(path)
     state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
     return state, config, table
@@ -180,14 +178,21 @@ def run_dcsm(
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a DCSM scorer (None when
     ``stop_after`` ended the run early)."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state, config, table = train_user_dcsm(ctx, cfg)
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files=dcsm_files(state, config, table),
-        components={"dcsm": dcsm_component(config)},
-        training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"DCSM on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files=dcsm_files(state, config, table),
+            components={"dcsm": dcsm_component(config)},
+            training={"method": "dcsm", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"DCSM on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

@@ -1,4 +1,4 @@
-"""PC-CLIP on a user's data: finetune the text tower so f(T12) aligns with g(I1) - g(I2).
+"""PC-CLIP on a user's data (the method: ``training.methods.pcclip``).
 
 Pairs come from the user's ``pair`` records and, where the dataset has labelled images, from
 generated difference texts (``training.generate.differences``: "The first image shows a coat,
@@ -13,18 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from open_clip.model import CLIP
 
-from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_loss, weight_ensemble
-from clipcore.models.clip_model import normalize, text_features
 from model_store import Manifest
-from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
+from training.datasets.records import PairRecord
 from training.datasets.source import ImageRef
-from training.distributed import is_main, sharded_features
+from training.distributed import is_main
 from training.encode import Tokenize
-from training.generate.differences import article, pairs_from_labels
-from training.text_finetune import finetune_text_tower
-from training.userdata.context import RunContext, autocast, items_of
+from training.generate.differences import pairs_from_labels
+from training.methods import pcclip
+from training.userdata.context import RunContext, autocast, captioned_images, items_of
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -71,64 +68,31 @@ def difference_pairs(ctx: RunContext, cfg: PCClipRun) -> PairData:
     return data
 
 
-def caption_pairs(ctx: RunContext) -> tuple[list[ImageRef], list[str]]:
-    """(image, caption) of the training split: captions as written, labels as "a photo of a {label}"."""
-    refs, texts = [], []
-    for item in items_of(ctx.dataset, "caption") + items_of(ctx.dataset, "negatives"):
-        assert isinstance(item.record, CaptionRecord | NegativesRecord)
-        refs.append(item.images[0])
-        texts.append(item.record.caption)
-    for item in items_of(ctx.dataset, "label"):
-        assert isinstance(item.record, LabelRecord)
-        refs.append(item.images[0])
-        texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
-    return refs, texts
-
-
 def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor]:
     """The finetuned model's state dict (text tower changed, image tower untouched)."""
     pairs = difference_pairs(ctx, cfg)
     ctx.log(f"pcclip: {len(pairs.texts)} pairs ({pairs.generated} with generated difference texts)")
     g1 = torch.from_numpy(ctx.features("pooled", pairs.first))
     g2 = torch.from_numpy(ctx.features("pooled", pairs.second))
-    cap_refs, cap_texts = caption_pairs(ctx)
+    cap_refs, cap_texts = captioned_images(ctx.dataset)
     g_cap = torch.from_numpy(ctx.features("pooled", cap_refs)) if cap_refs else None
-    base = ctx.bundle.model
-    tokenize = Tokenize(base.context_length)
-    scale = ctx.bundle.logit_scale
     n, batch = len(pairs.texts), min(cfg.batch_size, len(pairs.texts))
-    device = ctx.device
+    captions = cfg.caption_weight > 0 and g_cap is not None and len(cap_texts) >= 2
 
-    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
+    def batches(step: int) -> tuple[np.ndarray, np.ndarray | None]:
         rng = np.random.default_rng([ctx.seed, step, 11])  # from the step: a resumed run sees the same batches
         idx = rng.choice(n, size=batch, replace=False)
+        cidx = rng.choice(len(cap_texts), size=min(batch, len(cap_texts)), replace=False) if captions else None
+        return idx, cidx
 
-        def encode(texts: list[str]) -> torch.Tensor:
-            return normalize(text_features(model, tokenize(texts).to(device))[0].float())
-
-        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
-        f_t = sharded_features(encode, [pairs.texts[i] for i in idx])
-        loss = pcclip_difference_loss(
-            g1[idx].to(device),
-            g2[idx].to(device),
-            f_t,
-            temperature=cfg.temperature,
-            kind=cfg.loss,  # type: ignore[arg-type]
-        )
-        if cfg.caption_weight > 0 and g_cap is not None and len(cap_texts) >= 2:
-            cidx = rng.choice(len(cap_texts), size=min(batch, len(cap_texts)), replace=False)
-            f_c = sharded_features(encode, [cap_texts[i] for i in cidx])
-            loss = loss + cfg.caption_weight * clip_contrastive_loss(g_cap[cidx].to(device), f_c, scale)
-        return loss, f"loss {loss.item():.3f}"
-
-    state, _ = finetune_text_tower(
-        base, step_loss, steps=cfg.steps, lr=cfg.lr, seed=ctx.seed, device=device, label="pcclip",
+    hyper = pcclip.Hyper(steps=cfg.steps, lr=cfg.lr, temperature=cfg.temperature, loss=cfg.loss,
+                         caption_weight=cfg.caption_weight, ensemble_weight=cfg.ensemble_weight)  # fmt: skip
+    state, _ = pcclip.train(
+        ctx.bundle.model, pcclip.DifferenceData(g1, g2, pairs.texts, g_cap, cap_texts), batches, hyper,
+        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, seed=ctx.seed, device=ctx.device,
         checkpoint=ctx.checkpoint("pcclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
-        amp=lambda: autocast(device, ctx.precision),
+        amp=lambda: autocast(ctx.device, ctx.precision), log=ctx.log,
     )  # fmt: skip
-    if cfg.ensemble_weight < 1.0:
-        base_state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
-        state = weight_ensemble(base_state, state, cfg.ensemble_weight)
     return state
 
 
@@ -137,16 +101,29 @@ def run_pcclip(
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a ``pcclip`` text encoder (None when
     ``stop_after`` ended the run early: resume it to publish)."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state = train_user_pcclip(ctx, cfg)
     if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
         return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     components = {"default_text_encoder": "pcclip"} if cfg.make_default else {}
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
-        text_encoders={"pcclip": "text_pcclip.safetensors"}, components=components,
-        training={"method": "pcclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files={"text_pcclip.safetensors": text_variant_file(ctx, state)},
+            text_encoders={"pcclip": "text_pcclip.safetensors"},
+            components=components,
+            training={
+                "method": "pcclip",
+                "seed": ctx.seed,
+                "device": ctx.device,
+                "precision": ctx.precision,
+                **run_settings(cfg),
+            },
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"PC-CLIP on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

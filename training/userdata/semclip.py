@@ -1,4 +1,4 @@
-"""SemCLIP on a user's data: paraphrases pulled together, negations pushed apart, in a projection.
+"""SemCLIP on a user's data (the method: ``training.methods.semclip``).
 
 Every caption of the training split (``caption`` and ``negatives`` records, "a photo of a
 {label}" for labelled images) gets a paraphrase by template and a negation: by rule
@@ -13,18 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from open_clip.model import CLIP
 
-from clipcore.methods.losses import semclip_loss
-from clipcore.methods.semclip import projection_directions
-from clipcore.models.clip_model import embed_width, normalize, text_features
 from model_store import Manifest
-from training.distributed import is_main, sharded_features
+from training.distributed import is_main
 from training.encode import Tokenize
 from training.generate.negatives import paraphrase, toggle_negation
-from training.text_finetune import finetune_text_tower
-from training.userdata.context import RunContext, autocast
-from training.userdata.pcclip import caption_pairs
+from training.methods import semclip
+from training.userdata.context import RunContext, autocast, captioned_images
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -40,8 +35,8 @@ class SemClipRun:
 
 
 def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str]]:
-    """(caption index into ``caption_pairs``, original, paraphrase, negation) of every caption that negates."""
-    _, captions = caption_pairs(ctx)
+    """(caption index into ``captioned_images``, original, paraphrase, negation) of every caption that negates."""
+    _, captions = captioned_images(ctx.dataset)
     rng = random.Random(ctx.seed)
     keep, orig, para, neg = [], [], [], []
     for i, caption in enumerate(captions):
@@ -58,30 +53,19 @@ def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str
 
 
 def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tensor]:
-    refs, _ = caption_pairs(ctx)
+    refs, _ = captioned_images(ctx.dataset)
     keep, orig, para, neg = triplets(ctx)
     ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
     images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))
-    base = ctx.bundle.model
-    tokenize = Tokenize(base.context_length)
-    dim = embed_width(base)
-    directions = torch.from_numpy(projection_directions(dim, cfg.directions, ctx.seed)).to(ctx.device)
-    scale = ctx.bundle.logit_scale
     batch = min(cfg.batch_size, len(keep))
 
-    def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
-        idx = np.random.default_rng([ctx.seed, step, 31]).choice(len(keep), size=batch, replace=False)
+    def rows(step: int) -> np.ndarray:  # from the step: a resumed run sees the same batches
+        return np.random.default_rng([ctx.seed, step, 31]).choice(len(keep), size=batch, replace=False)
 
-        def encode(texts: list[str]) -> torch.Tensor:
-            return normalize(text_features(model, tokenize(texts).to(ctx.device))[0].float())
-
-        # Under torchrun each rank encodes its slice of the batch; the loss sees all of it.
-        t, tp, tn = (sharded_features(encode, [texts[i] for i in idx]) for texts in (orig, para, neg))
-        loss, parts = semclip_loss(images[idx].to(ctx.device), t, tp, tn, directions, scale, cfg.weights, True, True)
-        return loss, " ".join(f"{k} {v:.3f}" for k, v in parts.items())
-
-    state, _ = finetune_text_tower(
-        base, step_loss, steps=cfg.steps, lr=cfg.lr, seed=ctx.seed, device=ctx.device, label="semclip",
+    hyper = semclip.Hyper(steps=cfg.steps, lr=cfg.lr, weights=cfg.weights, directions=cfg.directions)
+    state, _ = semclip.train(
+        ctx.bundle.model, semclip.TripletData(images, orig, para, neg), rows, hyper,
+        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, seed=ctx.seed, device=ctx.device,
         checkpoint=ctx.checkpoint("semclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
         amp=lambda: autocast(ctx.device, ctx.precision),
     )  # fmt: skip
@@ -92,15 +76,27 @@ def run_semclip(
     ctx: RunContext, cfg: SemClipRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a ``semclip`` text encoder."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     state = train_user_semclip(ctx, cfg)
     if (cfg.stop_after is not None and cfg.stop_after < cfg.steps) or not is_main():
         return None  # stopped early, or a torchrun rank other than 0 (rank 0 publishes)
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files={"text_semclip.safetensors": text_variant_file(ctx, state)},
-        text_encoders={"semclip": "text_semclip.safetensors"},
-        training={"method": "semclip", "seed": ctx.seed, "device": ctx.device, "precision": ctx.precision,
-                  **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"SemCLIP on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files={"text_semclip.safetensors": text_variant_file(ctx, state)},
+            text_encoders={"semclip": "text_semclip.safetensors"},
+            training={
+                "method": "semclip",
+                "seed": ctx.seed,
+                "device": ctx.device,
+                "precision": ctx.precision,
+                **run_settings(cfg),
+            },
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"SemCLIP on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

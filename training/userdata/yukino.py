@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clipcore.methods.losses import yukino_matching_loss
-from clipcore.models.yukino import Inverter, YukinoHead, prompt_features
+from clipcore.models.yukino import YukinoHead
 from model_store import Manifest
 from training.encode import Tokenize, encode_texts
-from training.userdata.context import RunContext, progress
-from training.userdata.pcclip import caption_pairs
+from training.methods import yukino
+from training.userdata.context import RunContext, captioned_images
 from training.userdata.publishing import data_summary, run_settings
 
 
@@ -38,7 +37,7 @@ class YukinoRun:
 
 
 def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
-    refs, captions = caption_pairs(ctx)
+    refs, captions = captioned_images(ctx.dataset)
     if len(refs) < 2:
         raise ValueError("YUKINO needs at least two captioned or labelled images (docs/data.md)")
     encoder = cfg.text_encoder or ctx.bundle.default_text_encoder
@@ -46,53 +45,40 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
     for p in text_model.parameters():
         p.requires_grad_(False)
     tokens = torch.from_numpy(ctx.features("dense", refs))  # (N, 1+P, D) float16
-    cap = encode_texts(text_model, Tokenize(text_model.context_length), captions, device=ctx.device)
-    torch.manual_seed(ctx.seed)
-    token_dim = int(text_model.token_embedding.weight.shape[1])
-    inverter = Inverter(tokens[0].numel(), token_dim, cfg.width).to(ctx.device)
-    opt = torch.optim.AdamW(inverter.parameters(), lr=cfg.lr, weight_decay=0.01)
-    start = 0
-    path = ctx.checkpoint("yukino")
-    if path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        inverter.load_state_dict(saved["inverter"])
-        opt.load_state_dict(saved["optimizer"])
-        start = int(saved["step"])
+    cap = encode_texts(text_model, Tokenize.for_bundle(ctx.bundle), captions, device=ctx.device)
     n, batch = len(refs), min(cfg.batch_size, len(refs))
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    with progress("yukino") as bar:
-        task = bar.add_task("yukino", total=cfg.steps, completed=start, info="")
-        for step in range(start, end):
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * 0.5 * (1 + np.cos(np.pi * step / cfg.steps))
-            idx = torch.from_numpy(np.random.default_rng([ctx.seed, step, 61]).choice(n, size=batch, replace=False))
-            v = inverter(tokens[idx].float().to(ctx.device))
-            yes, no = prompt_features(text_model, v, text_model.context_length)
-            loss = yukino_matching_loss(yes, no, cap[idx].to(ctx.device), cfg.scale)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            bar.update(task, advance=1, info=f"loss {loss.item():.3f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                state = {"inverter": inverter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}
-                torch.save(state, path.with_suffix(".tmp"))
-                path.with_suffix(".tmp").replace(path)
-    config = {"in_dim": tokens[0].numel(), "token_dim": token_dim, "width": cfg.width, "scale": cfg.scale}
-    return YukinoHead(inverter.cpu().eval(), encoder, config)
+
+    def rows(step: int) -> torch.Tensor:  # from the step: a resumed run sees the same batches
+        return torch.from_numpy(np.random.default_rng([ctx.seed, step, 61]).choice(n, size=batch, replace=False))
+
+    hyper = yukino.Hyper(steps=cfg.steps, lr=cfg.lr, width=cfg.width, scale=cfg.scale)
+    head, _ = yukino.train_inverter(
+        text_model, encoder, yukino.InverterData(tokens, cap), rows, hyper, seed=ctx.seed, device=ctx.device,
+        checkpoint=ctx.checkpoint("yukino"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
+    )  # fmt: skip
+    return head
 
 
 def run_yukino(
     ctx: RunContext, cfg: YukinoRun, *, name: str | None = None, aliases: tuple[str, ...] = ()
 ) -> Manifest | None:
     """Train and publish a version with the base's parts and a YUKINO inverter."""
-    from training.derive import publish_derived
+    from training.derive import DerivedParts, publish_derived
 
     head = train_user_yukino(ctx, cfg)
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     files, component = head.to_files()
     return publish_derived(
-        ctx.store, ctx.bundle.ref, name=name, files=files, components={"yukino": component},
-        training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
-        data=data_summary(ctx.dataset, "user"), aliases=aliases, notes=f"YUKINO on user data from {ctx.bundle.ref}",
-    )  # fmt: skip
+        ctx.store,
+        ctx.bundle.ref,
+        DerivedParts(
+            files=files,
+            components={"yukino": component},
+            training={"method": "yukino", "seed": ctx.seed, "device": ctx.device, **run_settings(cfg)},
+            data=data_summary(ctx.dataset, "user"),
+            notes=f"YUKINO on user data from {ctx.bundle.ref}",
+        ),
+        name=name,
+        aliases=aliases,
+    )

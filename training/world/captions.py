@@ -57,6 +57,7 @@ def full_caption(scene: Scene) -> str:
     if len(scene.objects) == 1:
         return "a photo of " + with_article(noun_phrase(scene.objects[0])) + "."
     a, b = scene.objects
+    assert scene.relation is not None  # two objects always have one
     return (
         f"a photo of {with_article(noun_phrase(a))} {RELATION_PHRASES[scene.relation]} {with_article(noun_phrase(b))}."
     )

@@ -11,7 +11,7 @@ import torch
 
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import ConvStem, build_model, image_features, text_features, tokenizer_for, trimmed
-from clipcore.models.publish import publish_bundle
+from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
 
 CONFIG = json.loads((Path(__file__).parents[3] / "training/configs/shapes-smoke.json").read_text())
@@ -56,12 +56,8 @@ def test_publish_and_load_bundle_with_a_text_variant(tmp_path: Path, model) -> N
     manifest = publish_bundle(
         store,
         "tiny",
-        model,
-        CONFIG,
-        text_variants={"pcclip": variant},
-        default_text_encoder="pcclip",
+        TrainedModel(model, CONFIG, text_variants={"pcclip": variant}, default_text_encoder="pcclip", fp16=False),
         aliases=["production"],
-        fp16=False,
     )
     assert set(manifest.files) == {"model.safetensors", "text_pcclip.safetensors"}
     bundle = ModelBundle.load(store, "tiny@production")
