@@ -26,6 +26,9 @@ def tune_cmd(
     device: Annotated[str, typer.Option(help="The servers' device: cpu, cuda or cuda:N.")] = "cpu",
     seconds: Annotated[float, typer.Option(help="Timing per candidate (more on a retry after a deferral).")] = 3.0,
     attempts: Annotated[int, typer.Option(help="Timings before giving up when the rounds cannot settle it.")] = 3,
+    fail: Annotated[
+        bool, typer.Option(help="Exit 1 when nothing is written (--no-fail: 0, so a Job's next step still runs).")
+    ] = True,
 ) -> None:
     """Decide `auto` once for this node's CPU kind: time the candidates here (run it on a quiet node,
     or as the clip-tune Job) and write the decision and the winner's exported graphs into the store,
@@ -38,7 +41,7 @@ def tune_cmd(
                     seconds=seconds, attempts=attempts)  # fmt: skip
     except TuneError as exc:
         Console(stderr=True, soft_wrap=True, highlight=False).print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(1 if fail else 0) from None
     d, written = done.decision, done.written
     figures = f"{d.margin or 1.0:.2f}x torch fp32, spread {d.spread or 0.0:.2f} over {d.rounds} rounds"
     console.print(f"tuned {done.ref} on {escape(str(written.meta['tuned_on']))}: {d.backend} {d.precision} ({figures})")

@@ -26,6 +26,10 @@ environment (``KERNEL_ENV``): a restart (or a retry) with the same key builds th
 operators, never read back); on another CPU kind the key differs and the candidates are measured
 there. A winner that no longer
 builds sends the selection back to measuring.
+
+Before any of this, a server reads the decision ``clip-train tune`` shared in the model store for
+its CPU kind and settings, if there is one (``clipcore.backends.shared``): then nothing is
+exported or timed here, and the decision says ``shared`` instead of ``local``.
 """
 
 from __future__ import annotations

@@ -137,6 +137,11 @@ def test_the_command_line_tunes_and_says_what_it_shared(
     assert (
         "tuned tiny@v1 on " in result.output and f"shared as {shared.shared_key('cpu', 1, 'auto')[0]}" in result.output
     )
-    # bf16 runs on torch only: nothing to compare, nothing written.
+    # bf16 runs on torch only: nothing to compare, nothing written; --no-fail exits 0 all the same
+    # (the training Job's promote still runs).
     with pytest.raises(TuneError, match="nothing to tune"):
         tune(ModelStore(tmp_path / "store"), "tiny@production", threads=1, precision="bf16")
+    args = ["tune", "tiny@production", "--store", str(tmp_path / "store"), "--threads", "1", "--precision", "bf16"]
+    assert CliRunner().invoke(app, args).exit_code == 1
+    result = CliRunner().invoke(app, [*args, "--no-fail"])
+    assert result.exit_code == 0 and "nothing to tune" in result.output
