@@ -1,6 +1,7 @@
 """Versioned, checksummed model registry used by the service, training and the CLI."""
 
 from model_store.aliases import AliasEntry, AliasEvent, AliasTable, Canary, Shadow
+from model_store.artifacts import ArtifactSet
 from model_store.backends import LocalBackend, StorageBackend
 from model_store.errors import (
     ChecksumMismatch,
@@ -25,6 +26,7 @@ from model_store.store import ModelStore
 
 __all__ = [
     "ANNEX_FILES",
+    "ArtifactSet",
     "DEFAULT_ALIAS",
     "AliasEntry",
     "AliasEvent",

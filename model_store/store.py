@@ -6,6 +6,7 @@ Layout under the root (keys are the same on any backend)::
     <name>/versions/<version>/eval.json       # annex: may be replaced after publish
     <name>/aliases.json                       # alias -> version (+ canary, shadow), rollback stack, log
     <name>/gate.json                          # optional: the evaluation gate's policy
+    <name>/artifacts/<version>/...            # files derived from a version (see ``artifacts``)
     <name>/.lock                              # writers of <name> serialise on it
     <name>/.staging-<random>/                 # publish in progress, invisible to readers
 
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 
 from model_store.alias_moves import AliasMoves
 from model_store.aliases import ALIASES_FILE
+from model_store.artifacts import ARTIFACTS_DIR, VersionArtifacts
 from model_store.backends import StorageBackend
 from model_store.backends.base import TRASH_PREFIX
 from model_store.errors import (
@@ -71,12 +73,13 @@ STAGING_PREFIX = ".staging-"
 STAGING_GRACE_S = 3600.0
 
 
-class ModelStore(AliasMoves):
+class ModelStore(AliasMoves, VersionArtifacts):
     """Registry of model versions on a ``StorageBackend``, or at a location (a path or ``s3://``).
 
     ``validator`` (optional) proves a version loads and runs before ``publish`` commits it and
     before ``promote`` (or ``canary``, ``shadow``) points an alias at it; the store itself only
-    knows files and manifests.
+    knows files and manifests. Files derived from a version elsewhere (exported graphs, a measured
+    decision) are kept beside it as artifact sets (``VersionArtifacts``).
     """
 
     def __init__(
@@ -324,7 +327,7 @@ class ModelStore(AliasMoves):
         seconds (an hour by default); younger ones may belong to a publish still running and are
         left alone (0 removes them all). Also cleared: what an interrupted delete or commit left
         (trash folders, and version folders without a manifest, which no reader sees); commits
-        hold the lock gc holds.
+        hold the lock gc holds. The artifacts of a removed version (or of none left) go with it.
         """
         if keep_latest < 0:
             raise StoreError("keep_latest must be >= 0")
@@ -346,6 +349,12 @@ class ModelStore(AliasMoves):
                     removed.append(f"{VERSIONS_DIR}/{entry}")
                     if not dry_run:
                         self.backend.delete_tree(self._vkey(name, entry))
+            remaining = {v for v in versions if v not in removed}
+            for entry in self.backend.list_dir(f"{name}/{ARTIFACTS_DIR}"):
+                if entry not in remaining:
+                    removed.append(f"{ARTIFACTS_DIR}/{entry}")
+                    if not dry_run:
+                        self.backend.delete_tree(f"{name}/{ARTIFACTS_DIR}/{entry}")
             for entry in self.backend.list_dir(name):
                 stale = entry.startswith(STAGING_PREFIX) and self._stale(f"{name}/{entry}", staging_grace_s)
                 if stale or entry.startswith(TRASH_PREFIX):

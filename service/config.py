@@ -171,7 +171,10 @@ class Settings(BaseSettings):
         "kept only if at least 10% faster than torch fp32. CPU candidates: torch fp32, torch bf16 (only on "
         "CPUs with AVX-512 BF16), torch int8, ONNX Runtime fp32 and int8; CUDA: torch fp32, fp16, fp16 with the "
         "image tower replayed from CUDA graphs, ONNX Runtime fp32. The decision is kept in `onnx_cache_dir`, "
-        "keyed by version, settings and the CPU's instruction sets (see docs/benchmarks.md for what wins where).",
+        "keyed by version, settings and the CPU's instruction sets (see docs/benchmarks.md for what wins where). "
+        "A decision `clip-train tune` shared in the store for this CPU kind and these settings is used first, "
+        "with its graphs: nothing is exported or timed "
+        '(docs/operations.md, "Shared auto decisions").',
     )
     torch_threads: int = Field(
         default=0,

@@ -35,6 +35,7 @@ from training.recipe import DefaultRecipe, build_default_version, model_config
 from training.report import print_report
 from training.train_base import BaseTrainConfig, train_base
 from training.train_pcclip import PCClipConfig, train_pcclip
+from training.tune_command import tune_cmd
 from training.userdata.cli import register as register_userdata_commands
 from training.world.render import render_batch
 from training.world.scene import Split, sample_scene
@@ -45,6 +46,7 @@ app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 app.command("import")(import_cmd)
+app.command("tune")(tune_cmd)
 register_userdata_commands(app)
 
 

@@ -38,6 +38,10 @@ environment (``KERNEL_ENV``): a restart (or a retry) with the same key builds th
 operators, never read back); on another CPU kind the key differs and the candidates are measured
 there. A winner that no longer
 builds sends the selection back to measuring.
+
+Before any of this, a server reads the decision ``clip-train tune`` shared in the model store for
+its CPU kind and settings, if there is one (``clipcore.backends.shared``): then nothing is
+exported or timed here, and the decision says ``shared`` instead of ``local``.
 """
 
 from __future__ import annotations
@@ -278,7 +282,7 @@ def fastest_towers(
         try:
             towers, described = build(*remembered[0])
             towers.auto = replace(remembered[1], outcome="remembered")
-            return towers, f"{described}; auto: remembered in {path}"
+            return towers, f"{described}; auto: remembered in {path}; decision: local"
         except BackendError as exc:
             log.warning("auto: %s %s no longer builds for %s (%s); measuring again",
                         *remembered[0], bundle.ref, exc)  # fmt: skip
@@ -322,10 +326,11 @@ def fastest_towers(
     if decision.outcome == "deferred":
         log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again at the next load",
                     bundle.ref, summary, decision.reason, decision.backend, decision.precision)  # fmt: skip
-        return towers, f"{described}; auto: {summary}; deferred: {decision.reason}"
-    log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s)", bundle.ref, summary,
-             decision.backend, decision.precision, decision.margin, decision.spread, decision.rounds, path)  # fmt: skip
-    return towers, f"{described}; auto: {summary}"
+        return towers, f"{described}; auto: {summary}; deferred: {decision.reason}; decision: local"
+    log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s); decision: local",
+             bundle.ref, summary, decision.backend, decision.precision, decision.margin, decision.spread,
+             decision.rounds, path)  # fmt: skip
+    return towers, f"{described}; auto: {summary}; decision: local"
 
 
 def _measured(trial: Trial, figures: list[dict[str, float]]) -> Trial:

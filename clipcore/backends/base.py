@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 import numpy as np
@@ -40,11 +41,13 @@ class AutoDecision:
 
     ``outcome``: ``chosen`` (measured now and kept), ``remembered`` (read from the kept decision),
     ``deferred`` (the measurement could not tell the candidates apart from its noise: the safe default
-    serves and nothing is kept, so the next load measures again). ``margin``: the serving candidate's
-    images/s over the reference's, the median of the per-round ratios (for ``deferred``: the unclear
-    comparison's); ``spread``: their interquartile range / median, the noise the margin had to beat."""
+    serves and nothing is kept, so the next load measures again), ``shared`` (read from the model
+    store, where ``clip-train tune`` wrote it for this CPU kind: ``tuned_on`` names the machine it
+    was measured on). ``margin``: the serving candidate's images/s over the reference's, the median
+    of the per-round ratios (for ``deferred``: the unclear comparison's); ``spread``: their
+    interquartile range / median, the noise the margin had to beat."""
 
-    outcome: Literal["chosen", "remembered", "deferred"]
+    outcome: Literal["chosen", "remembered", "deferred", "shared"]
     backend: str
     precision: str
     margin: float | None = None
@@ -53,6 +56,15 @@ class AutoDecision:
     seconds: float = 0.0
     reason: str | None = None
     at: float = 0.0
+    tuned_on: str | None = None
+
+    @property
+    def provenance(self) -> str:
+        """``shared (tuned on <machine> at <UTC time>)`` for a decision read from the store, else ``local``."""
+        if self.outcome != "shared":
+            return "local"
+        when = datetime.fromtimestamp(self.at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"shared (tuned on {self.tuned_on or 'an unnamed machine'} at {when})"
 
 
 class ServingTowers:

@@ -1,6 +1,7 @@
 """Which towers encode a version's batches: torch (fp32, bf16, fp16, int8) or ONNX Runtime (fp32, int8),
 or with ``precision="auto"`` the fastest of them that passes the gate here, with ``backend="auto"``
-the fastest runtime of the set precision (``clipcore.backends.auto``)."""
+the fastest runtime of the set precision (``clipcore.backends.auto``), or what ``clip-train tune``
+measured for this CPU kind when the version's store holds it (``clipcore.backends.shared``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from clipcore.backends.cuda_graphs import GraphedTorchTowers
 from clipcore.backends.onnx import ensure_towers
 from clipcore.backends.onnx_export import ImagePrecision, export_dir_for
 from clipcore.backends.parity import require_parity
+from clipcore.backends.shared import adopt_shared
 from clipcore.backends.torch_int8 import Int8TorchTowers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers
 from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
 
 
 def select_towers(
@@ -28,12 +31,17 @@ def select_towers(
     onnx_cache_root: Path,
     threads: int | None,
     max_batch: int = 64,
+    store: ModelStore | None = None,
+    seconds: float = 1.0,
 ) -> tuple[ServingTowers, str]:
     """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
     ``backend``: every backend is a candidate. ``backend="auto"``: every runtime of ``precision`` is.
     ``backend="torch-graphs"`` (a candidate of ``auto`` on CUDA): fp16 with the image tower replayed
-    from CUDA graphs, one per batch bucket up to ``max_batch`` (the batcher's largest image batch)."""
+    from CUDA graphs, one per batch bucket up to ``max_batch`` (the batcher's largest image batch).
+    With ``store`` (the version's), a decision ``clip-train tune`` shared there for this CPU kind
+    and these settings is used, with its exported graphs, instead of timing here; ``seconds``: how
+    long each candidate is timed when it is timed here."""
     if backend == "auto" and precision != "auto":
         runtimes = candidates(device, precision)
         if len(runtimes) <= 1:  # one runtime of this precision here (bf16 and fp16 are torch's): nothing to time
@@ -44,8 +52,13 @@ def select_towers(
             return select_towers(bundle, backend=candidate_backend, precision=candidate_precision, device=device,
                                  onnx_cache_root=onnx_cache_root, threads=threads, max_batch=max_batch)  # fmt: skip
 
+        if store is not None:
+            shared = adopt_shared(store, bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
+                                  precision=precision, max_batch=max_batch)  # fmt: skip
+            if shared is not None:
+                return shared
         return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
-                              precision=precision, max_batch=max_batch)  # fmt: skip
+                              precision=precision, seconds=seconds, max_batch=max_batch)  # fmt: skip
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.

@@ -372,9 +372,14 @@ class EmbedResponse(BaseModel):
 class AutoInfo(BaseModel):
     """How ``precision=auto`` / ``backend=auto`` picked the serving version's backend."""
 
-    outcome: Literal["chosen", "remembered", "deferred"] = Field(
+    outcome: Literal["chosen", "remembered", "deferred", "shared"] = Field(
         description="chosen: measured at this load and kept; remembered: read from the kept decision; deferred: the "
-        "measurement's noise could not settle it, the reference serves and the next load measures again"
+        "measurement's noise could not settle it, the reference serves and the next load measures again; shared: "
+        "read from the model store, where `clip-train tune` measured it for this CPU kind (nothing timed here)"
+    )
+    decision: str = Field(
+        default="local",
+        description="`shared (tuned on <machine> at <UTC time>)` for a decision read from the store, else `local`",
     )
     backend: str
     precision: str
@@ -386,6 +391,7 @@ class AutoInfo(BaseModel):
     seconds: float = Field(description="time the rounds took")
     reason: str | None = Field(default=None, description="deferred: why")
     at: float = Field(description="when it was decided (Unix time)")
+    tuned_on: str | None = Field(default=None, description="shared: the machine `clip-train tune` measured on")
 
 
 class VersionInfo(BaseModel):

@@ -34,6 +34,7 @@ from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
+from model_store import ModelStore
 from service.config import Settings
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.metrics import ServiceMetrics
@@ -125,9 +126,13 @@ class ModelRuntime:
             raise ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=1) from None
 
 
-def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[ServingTowers, str]:
+def serving_towers(
+    bundle: ModelBundle, settings: Settings, device: str, store: ModelStore | None = None
+) -> tuple[ServingTowers, str]:
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
-    description for the log. Raises ``BackendError`` for a version that fails the gate."""
+    description for the log. Raises ``BackendError`` for a version that fails the gate. With
+    ``store`` (the version's), ``auto`` uses a decision ``clip-train tune`` shared there for this
+    CPU kind before timing anything here."""
     return select_towers(
         bundle,
         backend=settings.backend,
@@ -136,6 +141,7 @@ def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tupl
         onnx_cache_root=settings.onnx_cache_root(),
         threads=settings.torch_threads or None,
         max_batch=settings.batching.max_batch_images,
+        store=store,
     )
 
 

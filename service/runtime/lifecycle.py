@@ -540,7 +540,7 @@ class ModelManager:
             if self.settings.warmup:
                 warm_up(bundle)
             # Not skipped with warmup=False: the parity gate decides whether the version may serve.
-            towers, backend = serving_towers(bundle, self.settings, self.device)
+            towers, backend = serving_towers(bundle, self.settings, self.device, self.store)
             return bundle, towers, backend
 
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)

@@ -151,7 +151,8 @@ class ServiceMetrics:
         self.backend_auto_decisions_total = Counter(
             "clip_backend_auto_decisions_total",
             "precision=auto / backend=auto decisions by outcome: chosen (measured and kept), remembered (read back), "
-            "deferred (the rounds' noise could not settle it: the reference serves, measured again at the next load).",
+            "deferred (the rounds' noise could not settle it: the reference serves, measured again at the next load), "
+            "shared (read from the model store, where `clip-train tune` measured it for this CPU kind).",
             ["outcome"],
             registry=r,
         )

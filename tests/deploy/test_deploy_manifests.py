@@ -136,11 +136,18 @@ def test_jobs_mount_store_read_write(overlay: tuple[str, list[Obj]]) -> None:
     train = one(objs, "Job", "clip-train")
     assert train["spec"]["suspend"] is True, "applying the manifests must not start a training run"
     spec = pod_spec(train)
-    (trainer,) = spec["initContainers"]
+    trainer, tuner = spec["initContainers"]
     (promoter,) = spec["containers"]
     assert trainer["args"][:3] == ["build-default", "--store", "/models"]
     assert promoter["command"] == ["model-store"] and "promote" in promoter["args"]
-    for container in (trainer, promoter):
+    # The new version is tuned before the promote (pods load it at the alias move), with the pods'
+    # thread count, and a tune that cannot decide does not hold the promote.
+    assert tuner["args"][:4] == ["tune", "default@staging", "--store", "/models"]
+    assert (
+        tuner["args"][tuner["args"].index("--threads") + 1] == "$(CLIP_TORCH_THREADS)" and "--no-fail" in tuner["args"]
+    )
+    assert tuner["resources"]["limits"]["cpu"] == tuner["resources"]["requests"]["cpu"]
+    for container in (trainer, tuner, promoter):
         assert not mount(container, "/models").get("readOnly", False)
     assert "readOnly" not in volume(spec, "models")["persistentVolumeClaim"]
     cron = one(objs, "CronJob", "clip-train-nightly")
@@ -182,8 +189,9 @@ def test_gpu_overlay_requests_gpus_and_cpu_does_not(overlay: tuple[str, list[Obj
         else:
             assert set(limits) == {None} and "nodeSelector" not in spec
     assert config(objs)["CLIP_DEVICE"] == ("cuda" if name == "gpu" else "cpu")
-    trainer = pod_spec(one(objs, "Job", "clip-train"))["initContainers"][0]
-    assert trainer["args"][trainer["args"].index("--device") + 1] == ("cuda" if name == "gpu" else "cpu")
+    trainer, tuner = pod_spec(one(objs, "Job", "clip-train"))["initContainers"]
+    for step in (trainer, tuner):  # the tune times where the pods of that overlay serve
+        assert step["args"][step["args"].index("--device") + 1] == ("cuda" if name == "gpu" else "cpu")
     for obj in workloads(objs):
         for c in all_containers(pod_spec(obj)):
             if c["name"] != "redis":
@@ -278,16 +286,17 @@ def test_s3_overlay_shares_the_store_through_the_bucket() -> None:
     (server,) = api["containers"]
     assert "--store" not in server["args"], "the service reads CLIP_STORE from the ConfigMap"
     assert {"configMapRef": {"name": "clip-config"}} in server["envFrom"]
-    (trainer,), (promoter,) = train["initContainers"], train["containers"]
+    (trainer, tuner), (promoter,) = train["initContainers"], train["containers"]
     (nightly,), (seeder,) = cron["containers"], seed["containers"]
     store_args = {
         "train": trainer["args"][trainer["args"].index("--store") + 1],
+        "tune": tuner["args"][tuner["args"].index("--store") + 1],
         "promote": promoter["args"][promoter["args"].index("--store") + 1],
         "nightly": nightly["args"][nightly["args"].index("--store") + 1],
         "seed": seeder["args"][seeder["args"].index("--target") + 1],
     }
     assert set(store_args.values()) == {"$(CLIP_STORE)"}, store_args
-    for spec, containers in ((api, [server]), (train, [trainer, promoter]), (cron, [nightly]), (seed, [seeder])):
+    for spec, containers in ((api, [server]), (train, [trainer, tuner, promoter]), (cron, [nightly]), (seed, [seeder])):
         assert not any("persistentVolumeClaim" in v for v in spec["volumes"]), "no shared volume"
         for container in containers:
             where = container["name"]

@@ -102,7 +102,7 @@ def describe(
                 components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
                 metrics=dict(manifest.metrics),
                 eval=_eval_annex(store, name, version),
-                auto=AutoInfo(**asdict(autos[ref])) if (ref := f"{name}@{version}") in autos else None,
+                auto=_auto_info(autos.get(f"{name}@{version}")),
             )
         )
     # What a request naming just this model gets: the first entry of that name.
@@ -124,6 +124,10 @@ def served_models(served: list[EntryStatus]) -> list[ServedModel]:
         )
         for entry in served
     ]
+
+
+def _auto_info(decision: AutoDecision | None) -> AutoInfo | None:
+    return None if decision is None else AutoInfo(**asdict(decision), decision=decision.provenance)
 
 
 def _autos(services: ServicesDep) -> dict[str, AutoDecision]:
