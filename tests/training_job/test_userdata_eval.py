@@ -98,8 +98,9 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
     assert set(section["skipped"]) >= {"pcclip", "dcsm", "yukino"} and "comparative" not in section["skipped"]
     # The printed table: prose names with the key beside each, chance, the confused classes named.
     out = result.output
-    assert "| zero-shot accuracy, 10 classes (text encoder base) | `zeroshot.acc` | " in out
-    assert "| zero-shot on the 2 confused classes: shirt, t-shirt (text encoder base), with comparative prompting " \
+    assert "| zero-shot accuracy, 10 classes (default text encoder) | `zeroshot.acc` | " in out
+    assert "zero-shot figures use the default text encoder: base" in out
+    assert "| zero-shot on the 2 confused classes: shirt, t-shirt (default text encoder), with comparative prompting " \
            "| `zeroshot_comparative.confused_acc` | " in out  # fmt: skip
     assert "| caption over its negation, cosine, text encoder base | `hard_negatives.cosine.negation` | " in out
     assert "| pair ranking, label difference texts, text encoder base | `rank_pair.label.base` | " in out
@@ -218,6 +219,7 @@ def test_compare_puts_another_versions_figures_beside(
     out = " ".join(result.output.split())
     assert f"{theirs}: figures on cmp2 read from its eval.json" in out
     assert f"| key | `{theirs}` | `{ours}` | change | chance |" in result.output
+    assert f"zero-shot figures use the default text encoder: base ({ours}), base ({theirs})" in out
 
     report = json.loads((tmp_path / "eval.json").read_text())
     compare = report["datasets"]["cmp2"]["compare"]

@@ -42,13 +42,15 @@ def compared_figures(
     if theirs is not None and all(theirs.get(f) == section.get(f) for f in ("split", "records")):
         metrics = relative(stored["metrics"], f"data.{name}.")  # type: ignore[index]
         log(f"{resolved}: figures on {name} read from its eval.json")
-        return {"ref": resolved, "metrics": metrics, "source": "its eval.json", "seeds": theirs.get("seeds")}
+        encoder = theirs.get("details", {}).get("zeroshot", {}).get("encoder")
+        return {"ref": resolved, "metrics": metrics, "source": "its eval.json", "seeds": theirs.get("seeds"),
+                "default_text_encoder": encoder}  # fmt: skip
     why = "has no figures on" if theirs is None else "was evaluated on other data than"
     log(f"{resolved} {why} {name}: evaluating it now with the same settings (not written into it)")
     bundle = ModelBundle.load(store, resolved, device=device)
     metrics, their_section = evaluate_user_data(bundle, data, cfg, name, log=log)
     return {"ref": resolved, "metrics": relative(metrics, f"data.{name}."), "source": "evaluated now",
-            "seeds": their_section["seeds"]}  # fmt: skip
+            "seeds": their_section["seeds"], "default_text_encoder": bundle.default_text_encoder}  # fmt: skip
 
 
 def evaluate_on_data(

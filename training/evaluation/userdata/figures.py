@@ -69,7 +69,7 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
     n_labels = len(zs.get("labels", []))
     chance_zs = 1 / n_labels if n_labels else None
     if parts[0] in ("zeroshot", "zeroshot_comparative") and len(parts) == 2:
-        enc = f" (text encoder {zs['encoder']})" if zs.get("encoder") else ""
+        enc = " (default text encoder)"
         comparative = parts[0] == "zeroshot_comparative"
         with_cmp = ", with comparative prompting" if comparative else ""
         needs = "comparatives" if comparative else None
@@ -178,17 +178,31 @@ def table_lines(metrics: Mapping[str, float], section: Mapping[str, Any], prefix
     ours = relative(metrics, prefix)
     seeds = ", ".join(str(s) for s in section.get("seeds", []))
     head = f"figure (mean ± stderr over seeds {seeds})"
+    encoders = default_encoders(section, ref)
+    lines = [f"zero-shot figures use the default text encoder: {encoders}", ""] if encoders else []
     if compare:
         base = compare["metrics"]
-        lines = [f"| {head} | key | `{compare['ref']}` | `{ref}` | change | chance |", "|---|---|---|---|---|---|"]
+        lines += [f"| {head} | key | `{compare['ref']}` | `{ref}` | change | chance |", "|---|---|---|---|---|---|"]
         for f in figures(metrics, section, prefix):
             lines.append(f"| {f.name} | `{f.key}` | {cell(base, f.key)} | {cell(ours, f.key)} | "
                          f"{delta(base, ours, f.key)} | {chance(f)} |")  # fmt: skip
         return lines
-    lines = [f"| {head} | key | `{ref}` | chance |", "|---|---|---|---|"]
+    lines += [f"| {head} | key | `{ref}` | chance |", "|---|---|---|---|"]
     for f in figures(metrics, section, prefix):
         lines.append(f"| {f.name} | `{f.key}` | {cell(ours, f.key)} | {chance(f)} |")
     return lines
+
+
+def default_encoders(section: Mapping[str, Any], ref: str) -> str:
+    """``pcclip`` or, after a comparison, ``pcclip (fashion@v4), base (fashion@v1)``: the text
+    encoder the zero-shot figures of each version were read with ("" without zero-shot figures)."""
+    ours = section.get("details", {}).get("zeroshot", {}).get("encoder")
+    if ours is None:
+        return ""
+    compare = section.get("compare")
+    if not compare or compare.get("default_text_encoder") is None:
+        return str(ours)
+    return f"{ours} ({ref}), {compare['default_text_encoder']} ({compare['ref']})"
 
 
 def chance(f: Figure) -> str:

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.evaluation.userdata.figures import cell, chance, confused_lines, delta, figures, relative
+from training.evaluation.userdata.figures import (
+    cell,
+    chance,
+    confused_lines,
+    default_encoders,
+    delta,
+    figures,
+    relative,
+)
 
 REPORT_FILE = "report.html"
 
@@ -169,6 +177,9 @@ def render_report(report: Mapping[str, Any], png_dir: Path | None = None) -> str
         if compare:
             parts.append(f"<p>Beside the figures of {html.escape(compare['ref'])} on the same data "
                          f"({html.escape(compare['source'])}); change = this version minus it.</p>")  # fmt: skip
+        encoders = default_encoders(section, str(report.get("model", "?")))
+        if encoders:
+            parts.append(f"<p>Zero-shot figures use the default text encoder: {html.escape(encoders)}.</p>")
         parts.append(_table(metrics, section, prefix, str(report.get("model", "?"))))
         confused = confused_lines(section)
         if confused:
