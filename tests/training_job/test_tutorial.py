@@ -122,5 +122,11 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     assert "eval.json" in annex and "report.html" in annex
     assert any("published fashion-llm@v1" in out for out in outputs), "the LLM library was not published"
     assert (tmp_path / "reports").is_dir()
+    # Step 6 compares the result with the base: both versions' columns, the change, chance levels, and only
+    # figures of components some version has (PC-CLIP and DCSM, no SemCLIP).
+    compared = next(out for out in outputs if f"| `fashion@v1` | `{name}@{version}` | change | chance |" in out)
+    for key in ("zeroshot.acc", "rank_pair.label.pcclip", "hard_negatives.dcsm.negation", "negation.pcclip"):
+        assert f"| `{key}` |" in compared, key
+    assert "semclip." not in compared and "most confused pairs" in compared
     promoted = store.alias_log("fashion", "production")["production"][-1]
     assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record
