@@ -117,6 +117,11 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
     assert (tmp_path / "fmnist-confusion.png").read_bytes()[:4] == b"\x89PNG"
     assert report["report"] == "report.html"
 
+    # show-eval prints the stored table again, without computing.
+    shown = runner.invoke(app, ["show-eval", "fm@with-library", "--store", str(root)])
+    assert shown.exit_code == 0, shown.output
+    assert "| zero-shot accuracy, 10 classes (default text encoder) | `zeroshot.acc` | " in shown.output
+
     # A second dataset is added beside the first; the first one's figures stay.
     again = runner.invoke(app, [*args[:9], "second", "--seeds", "1", "--n-captions", "5"])
     assert again.exit_code == 0, again.output
