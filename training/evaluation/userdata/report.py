@@ -87,7 +87,7 @@ def bars_png(title: str, bars: Sequence[Bar], refs: Sequence[str]) -> bytes:
     chance_drawn = False
     for i, b in enumerate(bars):
         if b.chance is not None:
-            ax.hlines(b.chance, i - 0.45, i + 0.45, colors="#c44e52", linestyles="--", linewidth=1.2,
+            ax.hlines(b.chance, i - 0.45, i + 0.45, colors="#c44e52", linestyles="--", linewidth=1.2, zorder=3,
                       label="_nolegend_" if chance_drawn else "chance")  # fmt: skip
             chance_drawn = True
     ax.set_xticks(range(len(bars)), [b.label for b in bars], rotation=30, ha="right", fontsize=8)
