@@ -196,12 +196,17 @@ def evaluate_cmd(
     n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000,
     n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300,
     threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
+    compare: Annotated[
+        str | None,
+        typer.Option(help="With --data: name@version whose figures on the same data are shown beside, with changes."),
+    ] = None,
 ) -> None:
     """Evaluate a stored version on held-out data; print a markdown table, write eval.json.
 
     With --data: on your own labelled images and captions (zero-shot with and without the
     version's comparatives, pair ranking, DCSM, SemCLIP, YUKINO where the version has them),
-    written under data.<name>. in eval.json with an HTML report (report.html) beside it."""
+    written under data.<name>. in eval.json with an HTML report (report.html) beside it; the table
+    names each figure in words with its key and chance level, and --compare adds a column."""
     if threads:
         torch.set_num_threads(threads)
     model_store = ModelStore(store)
@@ -212,13 +217,15 @@ def evaluate_cmd(
                              n_pairs=n_pairs, n_captions=n_captions)  # fmt: skip
         try:
             report, name = evaluate_on_data(model_store, ref, data, cfg, name=dataset_name, device=device, write=write,
-                                      out=out, log=console.print)  # fmt: skip
+                                      out=out, compare=compare, log=console.print)  # fmt: skip
         except (InvalidDataset, ValueError, StoreError) as exc:  # bad data, or no such model / version
             console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
             raise typer.Exit(1) from None
         for line in summary_lines(report, name):
             console.print(line, markup=False)
         return
+    if compare is not None:
+        raise typer.BadParameter("--compare needs --data (the built-in world's figures: model-store gate)")
     bundle = ModelBundle.load(model_store, ref, device=device)
     report = evaluate(bundle, EvalConfig(seeds=tuple(range(seeds))), log=console.print)
     if write:

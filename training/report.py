@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from training.evaluation.userdata.command import summary_lines
+
+DATA_PREFIX = "data."  # figures of a user's dataset: data.<dataset>.<figure>
+
 
 def _cell(metrics: Mapping[str, float], key: str) -> str:
     if key not in metrics:
@@ -41,8 +45,17 @@ def sweep_table(sweep: list[Mapping[str, object]]) -> str:
 
 def print_report(report: dict, print_: Callable[..., None]) -> None:
     """The evaluation report as markdown through ``print_`` (a rich console's ``print``: it takes
-    ``markup=False``): the metric tables, the comparative sweep, text geometry."""
-    metrics = report["metrics"]
+    ``markup=False``): the metric tables, the comparative sweep, text geometry; then the table of
+    each dataset of the user's own it was evaluated on (``clip-train evaluate --data``)."""
+    if "seeds" in report:  # the built-in world's evaluation
+        _print_world(report, print_)
+    for name in report.get("datasets", {}):
+        for line in summary_lines(report, name):
+            print_(line, markup=False)
+
+
+def _print_world(report: dict, print_: Callable[..., None]) -> None:
+    metrics = {k: v for k, v in report["metrics"].items() if not k.startswith(DATA_PREFIX)}
     encoders = sorted({k.split(".")[0] for k in metrics if ".zeroshot." in k}, key=lambda e: (e != "base", e))
     print_(f"\n## Evaluation of {report['model']} (mean ± stderr over seeds {report['seeds']})\n")
     matching = {k: v for k, v in metrics.items() if k.split(".")[1] in ("winoground", "swap")}

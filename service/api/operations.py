@@ -150,7 +150,7 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
     results = _results(probs, cosine, req.labels, req.top_k)
     info = ComparativeInfo(
         applied=bool(comps),
-        pairs=[(a, b) for a, b, _ in comps],
+        pairs=list(dict.fromkeys((a, b) for a, b, _ in comps)),  # one entry per pair, however many texts
         alpha=req.alpha,
         source=source,  # type: ignore[arg-type]
         images_gated=gated,

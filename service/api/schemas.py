@@ -223,7 +223,10 @@ class ClassifyResult(BaseModel):
 
 class ComparativeInfo(BaseModel):
     applied: bool
-    pairs: list[tuple[str, str]]
+    pairs: list[tuple[str, str]] = Field(
+        description="the (a, b) label pairs of the comparatives applied, each listed once however many texts it "
+        "has, in the order first given; a pair with texts in both orders is listed in both"
+    )
     alpha: float
     source: Literal["request", "library", "none"]
     images_gated: list[bool] | None = Field(

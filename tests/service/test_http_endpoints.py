@@ -108,6 +108,43 @@ def test_comparative_from_request_library_and_none(client: httpx.Client, make_im
     assert none["comparative"]["applied"] is False and none["comparative"]["source"] == "none"
 
 
+def test_comparative_pairs_are_listed_once_however_many_texts(client: httpx.Client, make_image: Any) -> None:
+    """A pair with several texts (one per template or generated answer) is one entry of ``pairs``; its
+    reverse order, which corrects the other class, is another; every text is still applied."""
+    images = [make_image("circle", "red")]
+    labels = ["red circle", "blue circle", "green square"]
+    texts = ["the first is red, while the second is blue.", "a red one, while a blue one.", "red, while blue."]
+    comps = [{"a": "red circle", "b": "blue circle", "text": t} for t in texts]
+    comps.insert(1, {"a": "blue circle", "b": "red circle", "text": "the first is blue, while the second is red."})
+    body = {"images": images, "labels": labels, "comparatives": comps, "alpha": 0.5}
+    both = client.post("/classify", params={"comparative": "true"}, json=body).json()
+    assert both["comparative"]["pairs"] == [["red circle", "blue circle"], ["blue circle", "red circle"]]
+    first_text_only = client.post(
+        "/classify", params={"comparative": "true"}, json={**body, "comparatives": comps[:2]}
+    ).json()
+    assert first_text_only["comparative"]["pairs"] == both["comparative"]["pairs"]
+    assert first_text_only["results"] != both["results"], "the other texts of the pair must still count"
+
+
+def test_a_library_with_several_texts_per_pair_lists_each_pair_once(
+    tmp_path: Any, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
+    library = [
+        {"a": "red circle", "b": "blue circle", "text": f"the first is red, while the second is blue ({i})."}
+        for i in range(4)
+    ] + [{"a": "green square", "b": "red circle", "text": "the first has corners, while the second is round."}]
+    publish_model(tmp_path, "lib", comparatives=library)
+    with serve_app(store=str(tmp_path), model="lib@production") as running:
+        answer = httpx.post(
+            f"{running.url}/classify",
+            params={"comparative": "true"},
+            json={"images": [make_image("circle", "red")], "labels": ["red circle", "blue circle", "green square"]},
+            timeout=30,
+        ).json()
+    assert answer["comparative"]["source"] == "library"
+    assert answer["comparative"]["pairs"] == [["red circle", "blue circle"], ["green square", "red circle"]]
+
+
 def test_comparative_gating(client: httpx.Client, make_image: Any) -> None:
     images = [make_image("circle", "red"), make_image("circle", "blue")]
     body = {"images": images, "labels": ["red circle", "blue circle", "green square"]}

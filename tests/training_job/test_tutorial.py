@@ -137,5 +137,17 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     mine, mine_version = store.resolve("mine@staging")
     assert store.manifest(mine, mine_version).training["method"] == "comparatives"
     assert "eval.json" in store.annex_files(mine, mine_version)
+    # Step 6 compares the result with the base: both versions' columns, the change, chance levels, and only
+    # figures of components some version has (PC-CLIP and DCSM, no SemCLIP).
+    compared = next(out for out in outputs if f"| `fashion@v1` | `{name}@{version}` | change | chance |" in out)
+    for key in ("zeroshot.acc", "rank_pair.label.pcclip", "hard_negatives.dcsm.negation", "negation.pcclip"):
+        assert f"| `{key}` |" in compared, key
+    assert "semclip." not in compared and "most confused pairs" in compared
+    # fashion@v4 keeps fashion@v1's base encoder and image tower: its base and cosine rows are v1's (docs say so).
+    for key in ("rank_pair.label.base", "rank_pair.attribute.base", "hard_negatives.cosine.all",
+                "hard_negatives.cosine.negation", "winoground.group.cosine"):  # fmt: skip
+        row = next(line for line in compared.splitlines() if f"| `{key}` |" in line)
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert cells[2] == cells[3] and cells[4] == "+0.000", row
     promoted = store.alias_log("fashion", "production")["production"][-1]
     assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record

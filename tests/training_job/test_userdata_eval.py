@@ -3,8 +3,10 @@ HTML report written into the version; what the version lacks is skipped and said
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,11 +79,16 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
     report = json.loads(store.file_path(name, version, "eval.json").read_text())
     m = report["metrics"]
     for key in ("zeroshot.acc", "zeroshot_comparative.acc", "zeroshot.confused_acc", "rank_pair.label.base",
-                "hard_negatives.cosine.all", "hard_negatives.cosine.label",
-                "semclip.orig_over_neg.base", "winoground.group.cosine"):  # fmt: skip
+                "hard_negatives.cosine.all", "hard_negatives.cosine.label", "hard_negatives.cosine.negation",
+                "winoground.group.cosine"):  # fmt: skip
         assert 0.0 <= m[f"data.fmnist.{key}"] <= 1.0, key
         assert f"data.fmnist.{key}.stderr" in m
+    # Only the components the version has: a base encoder, no SemCLIP, PC-CLIP, DCSM or YUKINO.
+    assert not [k for k in m if k.startswith(("data.fmnist.semclip", "data.fmnist.negation"))]
+    assert not [k for k in m if k.endswith((".pcclip", ".yukino")) or ".dcsm." in k]
     section = report["datasets"]["fmnist"]
+    assert section["components"] == {"text_encoders": ["base"], "default_text_encoder": "base", "dcsm": False,
+                                     "yukino": False, "comparatives": 2}  # fmt: skip
     zs = section["details"]["zeroshot"]
     # All 60 images every seed: accuracy is the confusion matrix's diagonal, the same on each seed.
     matrix = np.array(zs["confusion"])
@@ -94,10 +101,31 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
         after[targeted, targeted].sum() / after[targeted].sum()
     )
     assert set(section["skipped"]) >= {"pcclip", "dcsm", "yukino"} and "comparative" not in section["skipped"]
+    # The printed table: prose names with the key beside each, chance, the confused classes named.
+    out = result.output
+    assert "| zero-shot accuracy, 10 classes (default text encoder) | `zeroshot.acc` | " in out
+    assert "zero-shot figures use the default text encoder: base" in out
+    assert "| zero-shot on the 2 confused classes: shirt, t-shirt (default text encoder), with comparative prompting " \
+           "| `zeroshot_comparative.confused_acc` | " in out  # fmt: skip
+    assert "| caption over its negation, cosine, text encoder base | `hard_negatives.cosine.negation` | " in out
+    assert "| pair ranking, label difference texts, text encoder base | `rank_pair.label.base` | " in out
+    row = next(line for line in out.splitlines() if "`winoground.group.cosine`" in line)
+    assert row.endswith("| 0.167 |")  # chance of the 2x2 group score
+    assert "confused classes (named by the version's 2 comparatives): shirt, t-shirt" in out
+    pairs = ", ".join(f"{a} / {b} ({n})" for a, b, n in zs["confused_pairs"])
+    assert f"most confused pairs (seed 0's 60 images, standard prompts): {pairs}" in out
     page = store.file_path(name, version, "report.html").read_text()
     assert page.count('src="data:image/png;base64,') >= 4
+    assert "<th>chance</th>" in page and "<td>caption over its negation, cosine, text encoder base</td>" in page
+    assert "<code>hard_negatives.cosine.negation</code>" in page and "<td>hard_negatives" not in page
+    assert "shirt, t-shirt" in page and html.escape(pairs) in page
     assert (tmp_path / "fmnist-confusion.png").read_bytes()[:4] == b"\x89PNG"
     assert report["report"] == "report.html"
+
+    # show-eval prints the stored table again, without computing.
+    shown = runner.invoke(app, ["show-eval", "fm@with-library", "--store", str(root)])
+    assert shown.exit_code == 0, shown.output
+    assert "| zero-shot accuracy, 10 classes (default text encoder) | `zeroshot.acc` | " in shown.output
 
     # A second dataset is added beside the first; the first one's figures stay.
     again = runner.invoke(app, [*args[:9], "second", "--seeds", "1", "--n-captions", "5"])
@@ -127,3 +155,113 @@ def test_bad_data_stops_the_evaluation_with_its_line(data: Path, root: Path, tmp
 def test_an_unknown_version_is_named_without_a_traceback(data: Path, root: Path) -> None:
     result = runner.invoke(app, ["evaluate", "fm@nowhere", "--store", str(root), "--data", str(data / "test.jsonl")])
     assert result.exit_code == 1 and "nowhere" in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def with_pcclip(root: Path) -> str:
+    """A version with a second text encoder (``pcclip``), no SemCLIP: ``fmp@production``."""
+    from loadtests.local_stack import publish_tiny
+
+    publish_tiny(root, "fmp", seed=3, comparatives=[])
+    return "fmp@production"
+
+
+def test_caption_over_its_negation_is_one_figure_per_text_encoder(data: Path, root: Path, with_pcclip: str) -> None:
+    """The hard negatives' ``negation`` kind (cosine, base encoder) and the per-encoder negation
+    figure read the same captions and negations: the base encoder's is not reported twice, and
+    ``negation.<encoder>`` is exactly that figure read with another encoder."""
+    from clipcore.models.bundle import ModelBundle
+    from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
+    from training.evaluation.userdata.dense import dense_vs_cosine
+    from training.evaluation.userdata.negation import negation_by_encoder
+
+    store = ModelStore(root)
+    es = load_eval_set(data / "test.jsonl", ModelBundle.load(store, with_pcclip), "all")
+    cfg = UserEvalConfig(n_captions=40)
+    for seed in (0, 1):
+        per_encoder = negation_by_encoder(es, cfg, ["base", "pcclip"], seed)
+        assert per_encoder["negation.base"] == dense_vs_cosine(es, cfg, seed)["hard_negatives.cosine.negation"]
+        assert set(per_encoder) == {"negation.base", "negation.pcclip"}
+
+    args = ["evaluate", with_pcclip, "--store", str(root), "--data", str(data / "test.jsonl"), "--split", "all",
+            "--dataset-name", "cmp", "--seeds", "2", "--n-captions", "20"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    name, version = store.resolve(with_pcclip)
+    report = json.loads(store.file_path(name, version, "eval.json").read_text())
+    keys = {k.removeprefix("data.cmp.") for k in report["metrics"] if not k.endswith(".stderr")}
+    assert {"rank_pair.label.pcclip", "negation.pcclip", "hard_negatives.cosine.negation"} <= keys
+    assert not [k for k in keys if k.startswith("semclip") or k == "negation.base"]  # the version has no SemCLIP
+    assert report["datasets"]["cmp"]["components"]["text_encoders"] == ["base", "pcclip"]
+    assert "| caption over its negation, cosine, text encoder pcclip | `negation.pcclip` | " in result.output
+    assert "semclip" not in result.output.replace("skipped semclip", "")
+
+
+def cells(output: str, key: str) -> list[str]:
+    """The cells of the printed table's row of ``key``."""
+    row = next(line for line in output.splitlines() if f"| `{key}` |" in line)
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def test_compare_puts_another_versions_figures_beside(
+    data: Path, root: Path, with_pcclip: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.axes
+
+    store = ModelStore(root)
+    common = ["--store", str(root), "--data", str(data / "test.jsonl"), "--split", "all", "--dataset-name", "cmp2",
+              "--seeds", "2", "--n-captions", "20"]  # fmt: skip
+    first = runner.invoke(app, ["evaluate", with_pcclip, *common])
+    assert first.exit_code == 0, first.output
+    chances: list[float] = []
+    hlines = matplotlib.axes.Axes.hlines
+
+    def spy(self: Any, y: float, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        chances.append(float(y))
+        return hlines(self, y, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "hlines", spy)
+    result = runner.invoke(app, ["evaluate", "fm@with-library", *common, "--compare", with_pcclip,
+                                 "--out", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    base_name, base_version = store.resolve(with_pcclip)
+    ours, theirs = f"fm@{store.resolve('fm@with-library')[1]}", f"{base_name}@{base_version}"
+    out = " ".join(result.output.split())
+    assert f"{theirs}: figures on cmp2 read from its eval.json" in out
+    assert f"| key | `{theirs}` | `{ours}` | change | chance |" in result.output
+    assert f"zero-shot figures use the default text encoder: base ({ours}), base ({theirs})" in out
+
+    report = json.loads((tmp_path / "eval.json").read_text())
+    compare = report["datasets"]["cmp2"]["compare"]
+    base = json.loads(store.file_path(base_name, base_version, "eval.json").read_text())["metrics"]
+    assert compare["ref"] == theirs and compare["source"] == "its eval.json"
+    assert compare["metrics"]["zeroshot.acc"] == base["data.cmp2.zeroshot.acc"]
+    m = report["metrics"]
+    change = m["data.cmp2.zeroshot.acc"] - base["data.cmp2.zeroshot.acc"]
+    row = cells(result.output, "zeroshot.acc")
+    assert row[2:6] == [
+        f"{base['data.cmp2.zeroshot.acc']:.3f} ± {base['data.cmp2.zeroshot.acc.stderr']:.3f}",
+        f"{m['data.cmp2.zeroshot.acc']:.3f} ± {m['data.cmp2.zeroshot.acc.stderr']:.3f}",
+        f"{change:+.3f}",
+        "0.100",
+    ]
+    # A figure only the compared version has (its PC-CLIP encoder) is in its column alone.
+    row = cells(result.output, "negation.pcclip")
+    assert row[2:5] == [f"{base['data.cmp2.negation.pcclip']:.3f} ± "
+                                     f"{base['data.cmp2.negation.pcclip.stderr']:.3f}", "-", ""]  # fmt: skip
+    page = (tmp_path / "report.html").read_text()
+    assert f"<th>{theirs}</th><th>{ours}</th><th>change</th><th>chance</th>" in page
+    # Chance lines: zero-shot (1 in 10), pair ranking and hard negatives (1 in 2), 2x2 text, image, group.
+    assert {0.1, 0.5, 0.25} <= set(chances) and any(abs(c - 1 / 6) < 1e-9 for c in chances)
+
+    # A version never evaluated on this data is evaluated now, and nothing is written into it.
+    plain = runner.invoke(app, ["evaluate", "fm@with-library", *common, "--compare", "fm@plain", "--no-write"])
+    assert plain.exit_code == 0, plain.output
+    assert "has no figures on cmp2: evaluating it now" in " ".join(plain.output.split())
+    assert store.annex_files(*store.resolve("fm@plain")) == []
+
+
+def test_compare_with_an_unknown_version_stops_before_evaluating(data: Path, root: Path) -> None:
+    result = runner.invoke(app, ["evaluate", "fm@plain", "--store", str(root), "--data", str(data / "test.jsonl"),
+                                 "--split", "all", "--compare", "fm@nowhere", "--no-write"])  # fmt: skip
+    assert result.exit_code == 1 and "nowhere" in result.output and "seed" not in result.output

@@ -2,7 +2,8 @@
 
 Keys are flat and carry the dataset's name, e.g. ``data.fashion-mnist_test.zeroshot.acc`` or
 ``data.<name>.rank_pair.label.pcclip``; what could not be evaluated is listed under ``skipped``
-with the reason (the version lacks the component, or the data lacks the records).
+with the reason (the version lacks the component, or the data lacks the records). Figures exist
+only for components the version has (``components`` in the section); ``figures.py`` names them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from clipcore.models.bundle import ModelBundle
+from clipcore.models.bundle import BASE_ENCODER, ModelBundle
 from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
 from training.evaluation.userdata.dense import dense_vs_cosine
+from training.evaluation.userdata.negation import negation_by_encoder
 from training.evaluation.userdata.pairs import pair_ranking
-from training.evaluation.userdata.semclip import semclip_negation
 from training.evaluation.userdata.yukino import yukino_2x2
 from training.evaluation.userdata.zero_shot import ZeroShot
 
@@ -34,12 +35,24 @@ def skipped_families(bundle: ModelBundle, zero_shot: ZeroShot | None, has_captio
     if bundle.dcsm is None:
         out["dcsm"] = f"{bundle.ref} has no DCSM scorer (hard negatives are scored by cosine only)"
     if not any(k.startswith("semclip") for k in bundle.text_models):
-        out["semclip"] = f"{bundle.ref} has no SemCLIP text encoder (negation is reported for the other encoders)"
+        out["semclip"] = f"{bundle.ref} has no SemCLIP text encoder (negation is reported for the encoders it has)"
     if bundle.yukino is None:
         out["yukino"] = f"{bundle.ref} has no YUKINO head (2x2 items are scored by cosine only)"
     if not has_captions:
         out["captions"] = "no caption records: hard negatives and negations are made from label captions"
     return out
+
+
+def components_of(bundle: ModelBundle, zero_shot: ZeroShot | None) -> dict[str, Any]:
+    """What the version has that figures depend on (from its manifest's ``components`` and its
+    comparatives library): the table and the report show a figure only when its component is here."""
+    return {
+        "text_encoders": list(bundle.text_models),
+        "default_text_encoder": bundle.default_text_encoder,
+        "dcsm": bundle.dcsm is not None,
+        "yukino": bundle.yukino is not None,
+        "comparatives": len(zero_shot.comps) if zero_shot is not None else 0,
+    }
 
 
 def evaluate_user_data(
@@ -62,7 +75,7 @@ def evaluate_user_data(
             details.setdefault("zeroshot", zs_details)  # the first seed's confusion matrices
         flat.update(pair_ranking(es, cfg, encoders, seed))
         flat.update(dense_vs_cosine(es, cfg, seed))
-        flat.update(semclip_negation(es, cfg, encoders, seed))
+        flat.update(negation_by_encoder(es, cfg, [e for e in encoders if e != BASE_ENCODER], seed))
         flat.update(yukino_2x2(es, cfg, seed))
         runs.append(flat)
         log(f"{name}: seed {seed}: {len(flat)} figures")
@@ -79,6 +92,7 @@ def evaluate_user_data(
         "records": len(es.items),
         "seeds": list(cfg.seeds),
         "encoders": encoders,
+        "components": components_of(bundle, zero_shot),
         "config": {
             "alpha": cfg.alpha,
             "symmetric": cfg.symmetric,

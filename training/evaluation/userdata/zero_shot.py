@@ -69,6 +69,7 @@ class ZeroShot:
         per_class = {self.labels[c]: float(np.mean(standard[y == c] == c)) for c in range(n) if (y == c).any()}
         details: dict[str, object] = {
             "labels": self.labels,
+            "encoder": self.encoder,
             "n_images": len(items),
             "per_class": per_class,
             "confusion": confusion(y, standard, n).tolist(),

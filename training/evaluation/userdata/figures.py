@@ -1,0 +1,209 @@
+"""What each figure of a user-data evaluation is called in prose, what a model that ignores its input
+would score (chance), and which component of the version it needs.
+
+Keys are those of eval.json without their ``data.<dataset>.`` prefix (``rank_pair.label.pcclip``);
+the printed table, report.html and docs/tutorial.md use the same names, with the key beside each so
+that a row can be found in eval.json.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+BASE = "base"
+
+KIND_ORDER = ("all", "label", "attribute", "records", "negation", "swap", "relation", "user")
+PAIR_TEXTS = {"label": "label difference texts", "attribute": "attribute difference texts",
+              "records": "your pair records"}  # fmt: skip
+NEGATIVE_KINDS = {
+    "all": "caption over a hard negative (all kinds)",
+    "negation": "caption over its negation",
+    "label": "caption over another label's caption",
+    "swap": "caption over its attributes swapped",
+    "relation": "caption over its relation flipped",
+    "user": "caption over your own negatives",
+}
+WINOGROUND = {"text": 0.25, "image": 0.25, "group": 1 / 6}  # random scores: P(both orders right), Winoground's
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: its family (a table section and a report plot), a short label within the family,
+    its full prose name, its chance level (None where there is none) and the component it needs."""
+
+    key: str
+    family: str
+    short: str
+    name: str
+    chance: float | None = None
+    needs: str | None = None  # a text encoder ("text_encoder:pcclip"), "dcsm", "yukino" or "comparatives"
+    rank: int = 0  # the row's place within its family (ties keep the evaluation's order)
+
+
+FAMILIES = (
+    "zero-shot",
+    "pair ranking",
+    "hard negatives",
+    "caption over its negation, by text encoder",
+    "2x2 items (Winoground-style)",
+)
+
+
+def _kind_rank(kind: str) -> int:
+    return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+
+
+def _encoder(enc: str) -> str | None:
+    return None if enc == BASE else f"text_encoder:{enc}"
+
+
+def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
+    """The figure of ``key`` (relative to ``data.<dataset>.``); ``zeroshot`` is the dataset's
+    ``details.zeroshot`` (its labels, encoder and the classes the comparatives name). Keys this
+    module does not know keep their key as their name."""
+    zs = zeroshot or {}
+    parts = key.split(".")
+    n_labels = len(zs.get("labels", []))
+    chance_zs = 1 / n_labels if n_labels else None
+    if parts[0] in ("zeroshot", "zeroshot_comparative") and len(parts) == 2:
+        enc = " (default text encoder)"
+        comparative = parts[0] == "zeroshot_comparative"
+        with_cmp = ", with comparative prompting" if comparative else ""
+        needs = "comparatives" if comparative else None
+        if parts[1] == "acc":
+            classes = f"{n_labels} classes" if n_labels else "all classes"
+            name = f"zero-shot accuracy, {classes}{enc}{with_cmp}"
+            short = "all classes" + (", comparatives" if comparative else "")
+            return Figure(key, "zero-shot", short, name, chance_zs, needs)
+        if parts[1] == "confused_acc":
+            targeted = list(zs.get("comparative_classes", []))
+            named = f"the {len(targeted)} confused classes: {', '.join(targeted)}" if targeted else "confused classes"
+            name = f"zero-shot on {named}{enc}{with_cmp}"
+            short = "confused classes" + (", comparatives" if comparative else "")
+            return Figure(key, "zero-shot", short, name, chance_zs, "comparatives")
+    if parts[0] == "rank_pair" and len(parts) == 3:
+        kind, enc = parts[1], parts[2]
+        texts = PAIR_TEXTS.get(kind, f"{kind} texts")
+        return Figure(key, "pair ranking", f"{kind} texts, {enc}", f"pair ranking, {texts}, text encoder {enc}", 0.5,
+                      _encoder(enc), _kind_rank(kind))  # fmt: skip
+    if parts[0] == "hard_negatives" and len(parts) == 3:
+        scorer, kind = parts[1], parts[2]
+        what = NEGATIVE_KINDS.get(kind, f"caption over a hard negative ({kind})")
+        how = "DCSM" if scorer == "dcsm" else f"{scorer}, text encoder {BASE}"
+        return Figure(key, "hard negatives", f"{kind}, {'DCSM' if scorer == 'dcsm' else scorer}", f"{what}, {how}",
+                      0.5, "dcsm" if scorer == "dcsm" else None, _kind_rank(kind))  # fmt: skip
+    if (parts[0] == "negation" and len(parts) == 2) or parts[:2] == ["semclip", "orig_over_neg"] and len(parts) == 3:
+        enc = parts[-1]  # semclip.orig_over_neg.<encoder>: the same figure in eval.json files written before
+        return Figure(key, "caption over its negation, by text encoder", enc,
+                      f"caption over its negation, cosine, text encoder {enc}", 0.5, _encoder(enc))  # fmt: skip
+    if parts[0] == "winoground" and len(parts) == 3:
+        score, method = parts[1], parts[2]
+        how = "YUKINO" if method == "yukino" else method
+        return Figure(key, "2x2 items (Winoground-style)", f"{score}, {how}", f"2x2 items, {score} score, {how}",
+                      WINOGROUND.get(score), "yukino" if method == "yukino" else None)  # fmt: skip
+    return Figure(key, "other", key, key)
+
+
+def has_component(components: Mapping[str, Any] | None, needs: str | None) -> bool:
+    """Whether a version with ``components`` (a dataset section's ``components``) has what a figure
+    needs; True when the section does not say (eval.json files written before it did)."""
+    if needs is None or components is None:
+        return True
+    if needs.startswith("text_encoder:"):
+        return needs.partition(":")[2] in components.get("text_encoders", [])
+    return bool(components.get(needs))
+
+
+def figures(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str) -> list[Figure]:
+    """The figures of one dataset (keys under ``prefix``), family by family in ``FAMILIES`` order,
+    leaving out any that needs a component the version does not have; after a comparison, also
+    those only the compared version has (their column here is empty)."""
+    zeroshot = section.get("details", {}).get("zeroshot")
+    ours = [describe(k, zeroshot) for k in relative(metrics, prefix) if not k.endswith(".stderr")]
+    out = [f for f in ours if has_component(section.get("components"), f.needs)]
+    compare = section.get("compare")
+    if compare:
+        known = {f.key for f in out}
+        out += [describe(k, zeroshot) for k in compare["metrics"] if not k.endswith(".stderr") and k not in known]
+    order = {family: i for i, family in enumerate(FAMILIES)}
+    return sorted(out, key=lambda f: (order.get(f.family, len(order)), f.rank))  # stable: else the eval's order
+
+
+def cell(metrics: Mapping[str, float], key: str) -> str:
+    """``mean ± stderr`` of ``key`` in ``metrics`` (relative or absolute keys alike), ``-`` when absent."""
+    if key not in metrics or not math.isfinite(metrics[key]):
+        return "-"
+    return f"{metrics[key]:.3f} ± {metrics.get(key + '.stderr', 0.0):.3f}"
+
+
+def delta(base: Mapping[str, float], ours: Mapping[str, float], key: str) -> str:
+    if key not in base or key not in ours or not (math.isfinite(base[key]) and math.isfinite(ours[key])):
+        return ""
+    return f"{ours[key] - base[key]:+.3f}"
+
+
+def relative(metrics: Mapping[str, float], prefix: str) -> dict[str, float]:
+    return {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
+
+
+def confused_lines(section: Mapping[str, Any], limit: int = 5) -> list[str]:
+    """The confused classes in words: the classes the comparatives name, the most confused pairs
+    and the weakest classes of the first seed's zero-shot answers."""
+    zs = section.get("details", {}).get("zeroshot")
+    if not zs:
+        return []
+    lines = []
+    seed = section.get("seeds", [0])[0]
+    where = f"seed {seed}'s {zs.get('n_images', '?')} images, standard prompts"
+    if zs.get("comparative_classes"):
+        lines.append(f"confused classes (named by the version's {zs.get('comparatives', '?')} comparatives): "
+                     + ", ".join(zs["comparative_classes"]))  # fmt: skip
+    pairs = zs.get("confused_pairs") or []
+    if pairs:
+        lines.append(f"most confused pairs ({where}): " + ", ".join(f"{a} / {b} ({n})" for a, b, n in pairs))
+    per_class = zs.get("per_class") or {}
+    if per_class:
+        weakest = sorted(per_class.items(), key=lambda kv: (kv[1], kv[0]))[:limit]
+        lines.append(f"weakest classes ({where}): " + ", ".join(f"{c} {acc:.2f}" for c, acc in weakest))
+    return lines
+
+
+def table_lines(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str, ref: str) -> list[str]:
+    """A markdown table of one dataset's figures: prose name, key, mean ± stderr (and the compared
+    version's figure with the change, when the section holds a comparison), chance."""
+    compare = section.get("compare")
+    ours = relative(metrics, prefix)
+    seeds = ", ".join(str(s) for s in section.get("seeds", []))
+    head = f"figure (mean ± stderr over seeds {seeds})"
+    encoders = default_encoders(section, ref)
+    lines = [f"zero-shot figures use the default text encoder: {encoders}", ""] if encoders else []
+    if compare:
+        base = compare["metrics"]
+        lines += [f"| {head} | key | `{compare['ref']}` | `{ref}` | change | chance |", "|---|---|---|---|---|---|"]
+        for f in figures(metrics, section, prefix):
+            lines.append(f"| {f.name} | `{f.key}` | {cell(base, f.key)} | {cell(ours, f.key)} | "
+                         f"{delta(base, ours, f.key)} | {chance(f)} |")  # fmt: skip
+        return lines
+    lines += [f"| {head} | key | `{ref}` | chance |", "|---|---|---|---|"]
+    for f in figures(metrics, section, prefix):
+        lines.append(f"| {f.name} | `{f.key}` | {cell(ours, f.key)} | {chance(f)} |")
+    return lines
+
+
+def default_encoders(section: Mapping[str, Any], ref: str) -> str:
+    """``pcclip`` or, after a comparison, ``pcclip (fashion@v4), base (fashion@v1)``: the text
+    encoder the zero-shot figures of each version were read with ("" without zero-shot figures)."""
+    ours = section.get("details", {}).get("zeroshot", {}).get("encoder")
+    if ours is None:
+        return ""
+    compare = section.get("compare")
+    if not compare or compare.get("default_text_encoder") is None:
+        return str(ours)
+    return f"{ours} ({ref}), {compare['default_text_encoder']} ({compare['ref']})"
+
+
+def chance(f: Figure) -> str:
+    return "" if f.chance is None else f"{f.chance:.3f}"
