@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from clipcore.backends.base import AutoDecision, ServingTowers
+from clipcore.backends.residency import release_unserved
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
@@ -125,10 +126,14 @@ class ModelRuntime:
             raise ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=1) from None
 
 
-def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tuple[ServingTowers, str]:
+def serving_towers(
+    bundle: ModelBundle, settings: Settings, device: str, *, keep_torch: bool = False
+) -> tuple[ServingTowers, str]:
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
-    description for the log. Raises ``BackendError`` for a version that fails the gate."""
-    return select_towers(
+    description for the log. Raises ``BackendError`` for a version that fails the gate. The torch
+    towers the chosen path no longer calls are freed (``clipcore.backends.residency``) unless
+    ``keep_torch`` (a benchmark that times torch fp32 beside them)."""
+    towers, described = select_towers(
         bundle,
         backend=settings.backend,
         precision=settings.precision,
@@ -137,6 +142,9 @@ def serving_towers(bundle: ModelBundle, settings: Settings, device: str) -> tupl
         threads=settings.torch_threads or None,
         max_batch=settings.batching.max_batch_images,
     )
+    if not keep_torch:
+        release_unserved(towers)
+    return towers, described
 
 
 def _model_thread_init(threads: int) -> None:
