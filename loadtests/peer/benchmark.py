@@ -110,9 +110,10 @@ def build_peer_model(venv: Path, arch: str, out: Path) -> None:
 
 
 @contextmanager
-def infinity_server(
-    exe: Path, model_dir: Path, threads: int | None, batch_size: int, device: str = "cpu"
-) -> Iterator[str]:
+def infinity_process(
+    exe: Path, models: dict[str, Path], threads: int | None, batch_size: int, device: str = "cpu"
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """One Infinity process serving every folder of ``models`` under its name; (process, url) once ready."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
     kind, _, index = device.partition(":")
@@ -120,14 +121,17 @@ def infinity_server(
         env["CUDA_VISIBLE_DEVICES"] = index
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [str(exe), "v2", "--model-id", str(model_dir), "--served-model-name", SERVED_NAME, "--engine", "torch",
-           "--device", kind, "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = [str(exe), "v2"]
+    for name, folder in models.items():  # repeated options: one per model (Infinity's v2 command)
+        cmd += ["--model-id", str(folder), "--served-model-name", name]
+    cmd += ["--engine", "torch", "--device", kind, "--no-vector-disk-cache", "--no-bettertransformer",
+            "--batch-size", str(batch_size), "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, probe="/health")
-        yield url
+        wait_ready(url, proc, timeout_s=600, probe="/health")
+        yield proc, url
     finally:
         proc.terminate()
         try:
@@ -135,6 +139,15 @@ def infinity_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def infinity_server(
+    exe: Path, model_dir: Path, threads: int | None, batch_size: int, device: str = "cpu"
+) -> Iterator[str]:
+    """Infinity serving one model folder as ``SERVED_NAME``; its url once ready."""
+    with infinity_process(exe, {SERVED_NAME: model_dir}, threads, batch_size, device) as (_, url):
+        yield url
 
 
 def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool: JpegPool) -> RunResult:

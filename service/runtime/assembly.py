@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from clipcore.backends.base import AutoDecision, ServingTowers
-from clipcore.backends.residency import release_unserved
+from clipcore.backends.residency import release_unserved, trim_heap
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
@@ -132,7 +132,8 @@ def serving_towers(
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
     description for the log. Raises ``BackendError`` for a version that fails the gate. The torch
     towers the chosen path no longer calls are freed (``clipcore.backends.residency``) unless
-    ``keep_torch`` (a benchmark that times torch fp32 beside them)."""
+    ``keep_torch`` (a benchmark that times torch fp32 beside them), and the heap memory the load
+    freed is handed back to the system."""
     towers, described = select_towers(
         bundle,
         backend=settings.backend,
@@ -144,6 +145,9 @@ def serving_towers(
     )
     if not keep_torch:
         release_unserved(towers)
+    # Loading leaves the state dict's temporaries (fp16 -> fp32 copies) in freed heap that glibc keeps:
+    # about 480 MiB for a ViT-B-32 (docs/benchmarks.md, "Memory per served model").
+    trim_heap()
     return towers, described
 
 
