@@ -97,9 +97,11 @@ def model_ceiling(
 def served_towers(bundle: ModelBundle, device: str, onnx_cache: Path, threads: int | None) -> tuple[ServingTowers, str]:
     """The towers the service builds for ``bundle`` (CLIP_BACKEND, CLIP_PRECISION from the
     environment, behind the parity gate) and their description, with this run's export cache and
-    threads: what a ceiling is measured on. Exports and auto decisions made here are the service's."""
+    threads: what a ceiling is measured on. Exports and auto decisions made here are the service's.
+    The bundle's torch towers are kept (the service frees those it does not serve): the benchmark
+    times torch fp32 beside them."""
     settings = Settings().model_copy(update={"onnx_cache_dir": onnx_cache, "torch_threads": threads or 0})
-    return serving_towers(bundle, settings, device)
+    return serving_towers(bundle, settings, device, keep_torch=True)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, probe: str = "/readyz") -> None:

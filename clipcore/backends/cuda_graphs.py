@@ -1,7 +1,7 @@
 """torch fp16 with the image tower replayed from CUDA graphs (``backend="torch-graphs"``, CUDA only).
 
 On a GPU a small CLIP image tower is bound by kernel launches at small batches: fp16 autocast is
-slower than fp32 at batch 1 and 8 on an H200 (docs/benchmarks.md, "GPU") and 4x faster at 128.
+slower than fp32 at batch 1 and 8 on an H200 (docs/benchmarks-notebook.md, "GPU") and 4x faster at 128.
 A CUDA graph records the tower's kernels once per input shape and replays them with one launch.
 The batcher forms any batch size from 1 to its maximum, so batches are padded to a bucket (a power
 of two, up to the maximum batch, which is a bucket too) and one graph is captured per bucket when

@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,7 @@ SIDECAR = "onnx.json"
 REFUSAL = "refused.json"  # written by clipcore.backends.onnx when the gate refuses an export
 # How int8 image graphs are quantised; part of the export key, so a change re-exports.
 INT8_SCHEME = "matmul-s8-per-channel-reduce-range"
+_EXPORTING = threading.Lock()
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # what cache keys allow, so also safe as a file name
 
 
@@ -254,17 +256,20 @@ def export_bundle(
         raise ValueError(f"{bundle.ref} has no DCSM component: there is no dense path to export")
     default = bundle.default_text_encoder
     others = {v: m for v, m in bundle.text_models.items() if v != default} if variants else {}
-    return export_towers(
-        bundle.text_model(None),
-        out_dir,
-        image_size=bundle.image_size,
-        context_length=bundle.context_length,
-        mean=bundle.mean,
-        std=bundle.std,
-        text_variants=others,
-        image_precision=image_precision,
-        dense_model=bundle.dense.model if dense and bundle.dense is not None else None,
-    )
+    # One export at a time per process: torch.onnx's tracing state is global, and the versions of a
+    # served set load at the same time ("GLOBALS.in_onnx_export must be False" otherwise).
+    with _EXPORTING:
+        return export_towers(
+            bundle.text_model(None),
+            out_dir,
+            image_size=bundle.image_size,
+            context_length=bundle.context_length,
+            mean=bundle.mean,
+            std=bundle.std,
+            text_variants=others,
+            image_precision=image_precision,
+            dense_model=bundle.dense.model if dense and bundle.dense is not None else None,
+        )
 
 
 def export_dir_for(root: Path, bundle: ModelBundle, image_precision: ImagePrecision = "fp32") -> Path:

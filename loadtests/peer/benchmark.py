@@ -20,6 +20,11 @@ serves (its backend and precision, from the environment) is measured in-process 
 
     .venv/bin/python -m loadtests.peer.benchmark --arch ViT-B-32 --concurrency 1 8 32 --duration 15 --rounds 2 \
         --threads 2
+
+``--models 2``: two versions of the architecture (each its own random weights) served by one
+process of each server (this service's served set, ``CLIP_MODEL=bench@v1,bench@v2``; Infinity's
+``v2 --model-id A --model-id B``), traffic split between them request by request (round robin: the
+model named in the request's ``model`` field), the same load otherwise.
 """
 
 from __future__ import annotations
@@ -69,23 +74,26 @@ class JpegPool(UniqueImages):
 
 
 class Requests:
-    """Turns each request of the runner into this kind's request for this server."""
+    """Turns each request of the runner into this kind's request for this server; with several
+    ``models`` (the served names), requests take turns naming each (an even traffic split)."""
 
-    def __init__(self, server_kind: str, kind: str, pool: JpegPool) -> None:
+    def __init__(self, server_kind: str, kind: str, pool: JpegPool, models: list[str] | None = None) -> None:
         self.server_kind, self.kind, self.pool, self.n = server_kind, kind, pool, 0
+        self.models = models or ([SERVED_NAME] if server_kind == "infinity" else [])
 
     def __call__(self, spec: RequestSpec) -> RequestSpec:
         self.n += 1
+        pick = {"model": self.models[self.n % len(self.models)]} if self.models else {}
         if self.kind == "image":
             image = self.pool.take()["data"]
             if self.server_kind == "infinity":
-                body = {"model": SERVED_NAME, "input": [f"data:image/jpeg;base64,{image}"], "modality": "image"}
+                body = {**pick, "input": [f"data:image/jpeg;base64,{image}"], "modality": "image"}
                 return "image", "/embeddings", body
-            return "image", "/embed", {"images": [{"data": image}]}
+            return "image", "/embed", {**pick, "images": [{"data": image}]}
         text = f"a photo of shape number {self.n} {random.random():.6f}, drawn in colour {self.n % 97}"
         if self.server_kind == "infinity":
-            return "text", "/embeddings", {"model": SERVED_NAME, "input": [text]}
-        return "text", "/embed", {"texts": [text]}
+            return "text", "/embeddings", {**pick, "input": [text]}
+        return "text", "/embed", {**pick, "texts": [text]}
 
 
 def ensure_infinity(venv: Path) -> Path:
@@ -110,9 +118,10 @@ def build_peer_model(venv: Path, arch: str, out: Path) -> None:
 
 
 @contextmanager
-def infinity_server(
-    exe: Path, model_dir: Path, threads: int | None, batch_size: int, device: str = "cpu"
-) -> Iterator[str]:
+def infinity_process(
+    exe: Path, models: dict[str, Path], threads: int | None, batch_size: int, device: str = "cpu"
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """One Infinity process serving every folder of ``models`` under its name; (process, url) once ready."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
     kind, _, index = device.partition(":")
@@ -120,14 +129,17 @@ def infinity_server(
         env["CUDA_VISIBLE_DEVICES"] = index
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [str(exe), "v2", "--model-id", str(model_dir), "--served-model-name", SERVED_NAME, "--engine", "torch",
-           "--device", kind, "--no-vector-disk-cache", "--no-bettertransformer", "--batch-size", str(batch_size),
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = [str(exe), "v2"]
+    for name, folder in models.items():  # repeated options: one per model (Infinity's v2 command)
+        cmd += ["--model-id", str(folder), "--served-model-name", name]
+    cmd += ["--engine", "torch", "--device", kind, "--no-vector-disk-cache", "--no-bettertransformer",
+            "--batch-size", str(batch_size), "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc, probe="/health")
-        yield url
+        wait_ready(url, proc, timeout_s=600, probe="/health")
+        yield proc, url
     finally:
         proc.terminate()
         try:
@@ -137,7 +149,18 @@ def infinity_server(
             proc.wait()
 
 
-def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool: JpegPool) -> RunResult:
+@contextmanager
+def infinity_server(
+    exe: Path, models: dict[str, Path], threads: int | None, batch_size: int, device: str = "cpu"
+) -> Iterator[str]:
+    """Infinity serving every folder of ``models`` under its name, in one process; its url once ready."""
+    with infinity_process(exe, models, threads, batch_size, device) as (_, url):
+        yield url
+
+
+def measure(
+    url: str, server_kind: str, kind: str, c: int, duration: float, pool: JpegPool, models: list[str] | None = None
+) -> RunResult:
     return asyncio.run(
         run_load(
             url,
@@ -146,7 +169,7 @@ def measure(url: str, server_kind: str, kind: str, c: int, duration: float, pool
             duration_s=duration,
             pool=pool,
             warmup=3,  # type: ignore[arg-type]
-            on_request=Requests(server_kind, kind, pool),
+            on_request=Requests(server_kind, kind, pool, models),
             timeout_s=600,
         )  # fmt: skip
     )
@@ -179,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--infinity-batch-size", type=int, default=32)
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N, for both servers")
+    parser.add_argument("--models", type=int, default=1, help="versions served by one process of each server, "
+                        "traffic split evenly between them")  # fmt: skip
     args = parser.parse_args(argv)
     if args.device.startswith("cuda"):
         from loadtests.bench_cuda import cuda_or_exit
@@ -189,17 +214,29 @@ def main(argv: list[str] | None = None) -> None:
     exe = ensure_infinity(args.infinity_venv)
     with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp:
         store, peer_dir = Path(tmp) / "store", Path(tmp) / "hf-clip"
-        ref = publish_random_arch(store, args.arch)
-        build_peer_model(args.infinity_venv, args.arch, peer_dir)
+        if args.models == 1:
+            refs = [publish_random_arch(store, args.arch)]
+            peers = {SERVED_NAME: peer_dir}
+        else:
+            from loadtests.bench_served_set import publish_versions
+
+            refs = publish_versions(store, args.arch, args.models)
+            peers = {f"{SERVED_NAME}{i}": Path(tmp) / f"hf-clip-{i}" for i in range(args.models)}
+        for folder in peers.values():
+            build_peer_model(args.infinity_venv, args.arch, folder)
+        ref = refs[0]
         # One export and precision=auto / backend=auto decision for every round, as a deployment keeps them.
         onnx_cache = Path(tmp) / "onnx"
         ceiling, backend = service_ceiling(store, ref, args.threads, args.device, onnx_cache)
         print(
             f"\n{args.arch} (random weights); this service's image tower ({backend}), batch 1, in-process: "
             f"{ceiling:.2f} images/s"
+            + (f"; {args.models} models per server, requests split evenly" if args.models > 1 else "")
         )
         pool = JpegPool()
-        svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model", ref]
+        svc_cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--store", str(store), "--model",
+                   ",".join(refs)]  # fmt: skip
+        names = {"service": refs if args.models > 1 else [], "infinity": list(peers)}
         results: dict[tuple[str, str, int], list[float]] = {}
         order = ["infinity", "service"]
         for r in range(args.rounds):
@@ -207,13 +244,15 @@ def main(argv: list[str] | None = None) -> None:
                 if server_kind == "service":
                     context = server(svc_cmd, args.threads, onnx_cache=onnx_cache)
                 else:
-                    context = infinity_server(exe, peer_dir, args.threads, args.infinity_batch_size, args.device)
+                    context = infinity_server(exe, peers, args.threads, args.infinity_batch_size, args.device)
                 with context as url:
                     if server_kind == "service":
+                        wait_every_model(url, len(refs))
                         print_auto_decision(onnx_cache)
                     for kind in args.kinds:
                         for c in args.concurrency:
-                            s = measure(url, server_kind, kind, c, args.duration, pool).summary()[kind]
+                            s = measure(url, server_kind, kind, c, args.duration, pool, names[server_kind])
+                            s = s.summary()[kind]
                             results.setdefault((server_kind, kind, c), []).append(s["throughput"])
                             print(
                                 f"round {r + 1} {server_kind:8s} {kind:5s} c={c:<3d} {s['throughput']:.2f} req/s "
@@ -221,6 +260,19 @@ def main(argv: list[str] | None = None) -> None:
                                 flush=True,
                             )
         print_table(args, results, ceiling)
+
+
+def wait_every_model(url: str, count: int, timeout_s: float = 1800) -> None:
+    """Wait until every model of the served set is ready (``/readyz`` is ready with the first)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while sum(m["state"] == "ready" for m in httpx.get(f"{url}/readyz", timeout=5).json().get("models", [])) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url}: not every model of the set loaded")
+        time.sleep(0.5)
 
 
 def print_auto_decision(onnx_cache: Path) -> None:
@@ -240,6 +292,8 @@ def print_auto_decision(onnx_cache: Path) -> None:
 
 
 def print_table(args: argparse.Namespace, results: dict[tuple[str, str, int], list[float]], ceiling: float) -> None:
+    if args.models > 1:
+        print(f"\n{args.models} models in one process of each server, requests split evenly between them")
     print("\n| kind | conc. | Infinity req/s (per round) | this service req/s (per round) | service / Infinity "
           "(medians) | service images/s, % of batch-1 ceiling |")  # fmt: skip
     print("|---|---|---|---|---|---|")

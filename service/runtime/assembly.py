@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from clipcore.backends.base import AutoDecision, ServingTowers
+from clipcore.backends.residency import release_unserved, trim_heap
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
 from clipcore.errors import ClipError, ErrorCode
@@ -127,13 +128,20 @@ class ModelRuntime:
 
 
 def serving_towers(
-    bundle: ModelBundle, settings: Settings, device: str, store: ModelStore | None = None
+    bundle: ModelBundle,
+    settings: Settings,
+    device: str,
+    store: ModelStore | None = None,
+    *,
+    keep_torch: bool = False,
 ) -> tuple[ServingTowers, str]:
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
     description for the log. Raises ``BackendError`` for a version that fails the gate. With
     ``store`` (the version's), ``auto`` uses a decision ``clip-train tune`` shared there for this
-    CPU kind before timing anything here."""
-    return select_towers(
+    CPU kind before timing anything here. The torch towers the chosen path no longer calls are
+    freed (``clipcore.backends.residency``) unless ``keep_torch`` (a benchmark that times torch
+    fp32 beside them), and the heap memory the load freed is handed back to the system."""
+    towers, described = select_towers(
         bundle,
         backend=settings.backend,
         precision=settings.precision,
@@ -143,6 +151,12 @@ def serving_towers(
         max_batch=settings.batching.max_batch_images,
         store=store,
     )
+    if not keep_torch:
+        release_unserved(towers)
+    # Loading leaves the state dict's temporaries (fp16 -> fp32 copies) in freed heap that glibc keeps:
+    # about 480 MiB for a ViT-B-32 (docs/benchmarks-notebook.md, "Memory per served model").
+    trim_heap()
+    return towers, described
 
 
 def _model_thread_init(threads: int) -> None:

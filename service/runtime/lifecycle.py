@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal
 
 from clipcore.backends.base import ServingTowers
+from clipcore.backends.residency import trim_heap
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from model_store import ChecksumMismatch, ModelNotFound, ModelStore, parse_ref
@@ -84,10 +84,7 @@ def release_freed_memory() -> None:
     """Give the pages of freed memory back to the system. glibc's allocator keeps what an
     unloaded model freed for its own reuse: without this the process's RSS stays as high as if the
     model were still loaded (no effect, and no error, with another C library)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()
 
 
 def backoff_s(interval_s: float, failures: int) -> float:

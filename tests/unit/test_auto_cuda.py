@@ -1,6 +1,6 @@
 """``precision=auto`` on CUDA, decided from injected timings (no GPU needed): the batch sizes timed
 go up to the batcher's largest batch, large batches weigh most, and with the figures an H200
-gave (docs/benchmarks.md, "GPU") fp16 beats fp32 and CUDA graphs beat both, where the CPU's rule
+gave (docs/benchmarks-notebook.md, "GPU") fp16 beats fp32 and CUDA graphs beat both, where the CPU's rule
 (batch 1 and 8, equal weights) kept fp32. The CUDA-graph towers' bucketing is checked on the CPU
 with a capture that calls the tower directly.
 """
