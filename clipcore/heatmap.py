@@ -43,9 +43,9 @@ __all__ = [
 
 IMAGE_PX = 192
 CELL = 64
-LABEL_H = 14
+LABEL_H = 16
 PAD = 8
-TITLE_H = 18
+TITLE_H = 20
 COLUMNS = 8
 CLIP_Z = 3.0
 BACKGROUND = (255, 255, 255)
@@ -53,6 +53,9 @@ INK = (20, 20, 20)
 FUNCTIONAL = (230, 120, 0)
 FRAME = (190, 190, 190)
 BORDER = 3
+# Pillow's built-in FreeType font: at its default 10 px the spaces shrink to a pixel and a caption's
+# words run together ("to the leftofa blue square"); at 13 px every space shows.
+FONT_PX = 13
 
 
 def heatmap_size(n_tokens: int) -> tuple[int, int]:
@@ -124,7 +127,7 @@ def heatmap_png(
     width, height = heatmap_size(n)
     canvas = Image.new("RGB", (width, height), BACKGROUND)
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default(size=FONT_PX)
     draw.text((PAD, 3), _fit(draw, title, width - 2 * PAD, font), fill=INK, font=font)
     top = TITLE_H + PAD
     picture = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).convert("RGB")

@@ -118,3 +118,13 @@ def test_any_title_and_label_is_drawn_on_one_line(title: str) -> None:
     fitted = _fit(draw, title, 300, font)
     assert "\n" not in fitted and "\t" not in fitted and draw.textlength(fitted, font=font) <= 300
     assert one_line("a\n\tb  c\r\n") == "a b c"
+
+
+def test_the_words_of_a_title_stay_apart() -> None:
+    # At Pillow's default 10 px a space drew as a 1-2 px gap, no wider than the gaps inside words,
+    # and "left of a blue square" read as "leftofa blue square".
+    png = heatmap_png(_image(), _maps(1), ["a"], [False], title="left of a blue square")
+    title = np.asarray(Image.open(io.BytesIO(png)).convert("L"))[:TITLE_H, PAD:]
+    ink = np.flatnonzero((title < 160).any(axis=0))
+    gaps = np.diff(ink) - 1  # blank columns between consecutive inked columns
+    assert int(np.sum(gaps >= 3)) == 4, gaps  # one clear gap per space, none inside a word
