@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
+from polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 IN_FLIGHT = 6
@@ -52,15 +53,6 @@ def _inflight(url: str) -> float:
     match = re.search(r"^clip_inflight_requests (\S+)$", text, re.MULTILINE)
     assert match is not None, "the service exports no clip_inflight_requests gauge"
     return float(match.group(1))
-
-
-def _wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _refuses_connections(port: int) -> bool:
@@ -115,7 +107,7 @@ def service_process(
             except httpx.HTTPError:
                 return False
 
-        _wait_until(ready, 120, "/readyz")
+        wait_until(ready, 120, "/readyz")
         yield proc, url, port
     finally:
         if proc.poll() is None:
@@ -152,10 +144,10 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones(
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
         futures: list[Future[httpx.Response]] = [pool.submit(post, b) for b in bodies]
         try:
-            _wait_until(lambda: _inflight(url) >= baseline + IN_FLIGHT, 60, "all requests in flight")
+            wait_until(lambda: _inflight(url) >= baseline + IN_FLIGHT, 60, "all requests in flight")
             proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
-            _wait_until(lambda: _refuses_connections(port), 10, "the listener to close after SIGTERM")
+            wait_until(lambda: _refuses_connections(port), 10, "the listener to close after SIGTERM")
             assert proc.poll() is None, "the process exited with requests still in flight"
             assert not any(f.done() for f in futures), "a held request finished before its body was sent"
         finally:

@@ -15,12 +15,12 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import wait_until
 from prometheus_samples import metric_value
 
 from model_store import ModelStore
@@ -41,13 +41,6 @@ def store_root(published: Path, tmp_path: Path) -> Path:
     root = tmp_path / "store"
     shutil.copytree(published, root)
     return root
-
-
-def _wait(condition: Callable[[], Any], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _canary(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -82,7 +75,7 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
     ):
         url = running.url
         store.canary("split", "production", "v2", 10)
-        _wait(lambda: _canary(url, auth).get("loaded"))
+        wait_until(lambda: _canary(url, auth).get("loaded"))
         assert _canary(url, auth) == {"version": "v2", "weight": 10.0, "loaded": True}
         entry = store.alias_entry("split", "production")
         assert entry is not None
@@ -102,7 +95,7 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
 
         # Widening the canary (picked up at the next poll) keeps every caller it had.
         store.canary("split", "production", "v2", 50)
-        _wait(lambda: _canary(url, auth).get("weight") == 50)
+        wait_until(lambda: _canary(url, auth).get("weight") == 50)
         wider_entry = store.alias_entry("split", "production")
         assert wider_entry is not None
         wider = asyncio.run(_embed_as(url, callers[:500], auth))
@@ -148,7 +141,7 @@ def test_every_endpoint_names_the_version_that_answered(store_root: Path, serve_
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
         url = running.url
         store.canary("split", "production", "v2", 50)
-        _wait(lambda: _canary(url).get("loaded"))
+        wait_until(lambda: _canary(url).get("loaded"))
         entry = store.alias_entry("split", "production")
         assert entry is not None
         key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
@@ -202,31 +195,31 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
 
         def applied(moved_at: float) -> float:
             """When the first poll that began after the move ended: it read the move."""
-            _wait(lambda: any(started > moved_at for started, _ in polls))
+            wait_until(lambda: any(started > moved_at for started, _ in polls))
             return min(finished for started, finished in polls if started > moved_at)
 
         threads = [threading.Thread(target=client, args=(seed, url)) for seed in range(4)]
         for t in threads:
             t.start()
         store.canary("split", "production", "v2", 50)
-        _wait(lambda: _canary(url).get("loaded"))
+        wait_until(lambda: _canary(url).get("loaded"))
         loaded = time.monotonic()
-        _wait(lambda: answered_since(loaded) == {"split@v1", "split@v2"})
+        wait_until(lambda: answered_since(loaded) == {"split@v1", "split@v2"})
 
         store.rollback("split", "production")  # the canary ends at 0 %
         moved = time.monotonic()  # once written: a poll that begins later reads it
         converged = applied(moved)
-        _wait(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
+        wait_until(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
         assert answered_since(converged) == {"split@v1"}
 
         store.canary("split", "production", "v2", 50)
-        _wait(lambda: _canary(url).get("loaded"))
+        wait_until(lambda: _canary(url).get("loaded"))
         loaded = time.monotonic()
-        _wait(lambda: "split@v2" in answered_since(loaded))
+        wait_until(lambda: "split@v2" in answered_since(loaded))
         store.promote("split", "production", "v2")  # the canary ends at 100 %: it answers everything
         moved = time.monotonic()
         converged = applied(moved)
-        _wait(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
+        wait_until(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
         assert answered_since(converged) == {"split@v2"}
         stop.set()
         for t in threads:
@@ -246,7 +239,7 @@ def test_a_canary_that_cannot_load_is_refused_and_the_primary_answers_everything
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.1) as running:
         url = running.url
         store.canary("split", "production", broken, 50)
-        _wait(lambda: metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1)
+        wait_until(lambda: metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1)
         callers = [f"caller-{i}" for i in range(40)]
         assert set(asyncio.run(_embed_as(url, callers, {}))) == {"split@v1"}
         assert _canary(url) == {"version": broken, "weight": 50.0, "loaded": False}
@@ -263,7 +256,7 @@ def test_a_request_naming_a_version_gets_it_and_v1_models_names_the_callers_vers
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
         url = running.url
         store.canary("split", "production", "v2", 50)
-        _wait(lambda: _canary(url).get("loaded"))
+        wait_until(lambda: _canary(url).get("loaded"))
         entry = store.alias_entry("split", "production")
         assert entry is not None
         key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
@@ -312,7 +305,7 @@ def test_a_request_naming_a_version_gets_it_and_v1_models_names_the_callers_vers
 
             # Once the canary ends, its version is no longer served: naming it is a 404 listing the set.
             store.rollback("split", "production")
-            _wait(lambda: running.services.manager.sides["canary"] is None)
+            wait_until(lambda: running.services.manager.sides["canary"] is None)
             r = client.post("/embed", json={"texts": ["a red circle"], "model": "split@v2"})
             assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
             assert "split@production (split@v1)" in r.json()["error"]["message"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from polling import wait_until
 from prometheus_samples import metric_value
 
 from model_store import ModelStore
@@ -242,13 +243,6 @@ def test_request_past_its_deadline_is_504(tmp_path: Path, serve_app: Any, publis
         assert metric_value(running.url, "clip_batcher_rejected_total", reason="deadline") >= 1
 
 
-def _wait(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
     tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
@@ -261,7 +255,7 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
         manager = running.services.manager
         for broken in (b'{"aliases": {"production": ', b"\xff\xfe not json"):  # half-written, then garbage
             aliases.write_bytes(broken)
-            _wait(lambda: manager.watch_error is not None)
+            wait_until(lambda: manager.watch_error is not None)
             ready = httpx.get(f"{running.url}/readyz")
             assert ready.status_code == 200
             assert ready.json() == {
@@ -276,13 +270,13 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
             assert manager._task is not None and not manager._task.done()
         aliases.unlink()
         aliases.mkdir()  # a directory where the file should be: another error type
-        _wait(lambda: "IsADirectoryError" in (manager.watch_error or ""))
+        wait_until(lambda: "IsADirectoryError" in (manager.watch_error or ""))
         aliases.rmdir()
         aliases.write_bytes(good)
-        _wait(lambda: manager.watch_error is None)
+        wait_until(lambda: manager.watch_error is None)
         assert metric_value(running.url, "clip_store_watch_ok") == 1
         publish_model(root, "watch", seed=9)  # v2, promoted to production
-        _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "watch@v2")
+        wait_until(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "watch@v2")
         assert httpx.get(f"{running.url}/readyz").json()["store"] == "ok"
     assert any("cannot read alias watch@production" in r.getMessage() for r in caplog.records)
 
@@ -291,7 +285,7 @@ def test_readyz_names_no_internal_path(tmp_path: Path, serve_app: Any) -> None:
     missing = tmp_path / "secret-mount" / "store"
     (missing / "gone" / "aliases.json").mkdir(parents=True)  # unreadable: the error names its path
     with serve_app(store=str(missing), model="gone@production", watch_interval_s=0.1, ready=False) as running:
-        _wait(lambda: running.services.manager.last_error is not None)
+        wait_until(lambda: running.services.manager.last_error is not None)
         assert "secret-mount" in (running.services.manager.last_error or "")  # the log has it
         r = httpx.get(f"{running.url}/readyz")
         assert r.status_code == 503 and "secret-mount" not in r.text and "gone@production" in r.text
@@ -314,11 +308,11 @@ def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
         weights.mkdir()  # unreadable (EISDIR), as a flaky mount or a copy in progress can be
         store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
         store.promote("flaky", "production", version)
-        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", result="retrying") >= 2)
+        wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", result="retrying") >= 2)
         assert httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v1"
         weights.rmdir()
         weights.write_bytes(saved)  # readable again: the next try swaps it in
-        _wait(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v2")
+        wait_until(lambda: httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v2")
         assert metric_value(running.url, "clip_model_swaps_total", result="refused") == 0
         assert metric_value(running.url, "clip_model_swaps_total", result="ok") == 1
     assert any("cannot load flaky@v2 yet" in r.getMessage() for r in caplog.records)
@@ -353,7 +347,7 @@ def test_shutdown_stops_a_version_still_draining(tmp_path: Path, serve_app: Any,
         old.active += 1  # a request that never finishes holds v1 (nothing else touches it meanwhile)
         old.idle.clear()
         publish_model(root, "draining", seed=18)  # v2 = production
-        _wait(lambda: manager.current.ref == "draining@v2")
+        wait_until(lambda: manager.current.ref == "draining@v2")
         assert list(manager._retiring.values()) == [old]
     assert old.executor._shutdown and all(b._closing for b in old.batchers)  # its model thread is gone
 
@@ -418,8 +412,8 @@ def test_a_swapped_out_version_is_freed(tmp_path: Path, serve_app: Any, publish_
         body = {"images": [make_image("circle", "red")], "labels": ["red circle", "blue square"]}
         assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
         publish_model(root, "freed", seed=13)
-        _wait(lambda: manager.current is not None and manager.current.ref == "freed@v2")
-        _wait(lambda: not manager._retiring)  # drained and stopped
+        wait_until(lambda: manager.current is not None and manager.current.ref == "freed@v2")
+        wait_until(lambda: not manager._retiring)  # drained and stopped
         assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
         deadline = time.monotonic() + 10
         while old_model() is not None or old_runtime() is not None:

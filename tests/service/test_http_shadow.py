@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import wait_until
 from prometheus_samples import metric_value
 
 from model_store import ModelStore
@@ -38,13 +38,6 @@ def store_root(published: Path, tmp_path: Path) -> Path:
     root = tmp_path / "store"
     shutil.copytree(published, root)
     return root
-
-
-def _wait(condition: Callable[[], Any], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _shadow(url: str) -> dict[str, Any]:
@@ -85,7 +78,7 @@ def _answers(url: str, calls: list[tuple[str, dict[str, Any]]], *, one_by_one: b
             assert r.status_code == 200, (path, r.text)
             out.append(r.json())
             if one_by_one:
-                _wait(lambda before=before: _settled(url) > before)  # type: ignore[misc]
+                wait_until(lambda before=before: _settled(url) > before)  # type: ignore[misc]
     return out
 
 
@@ -101,7 +94,7 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         assert {answer["model"] for answer in sent} == {"split@v1"}
 
         store.shadow("split", "production", "v2", fraction=1.0)
-        _wait(lambda: _shadow(url).get("loaded"))
+        wait_until(lambda: _shadow(url).get("loaded"))
         assert _answers(url, calls, one_by_one=True) == sent  # the shadow never changes an answer
         copy = _shadow(url)
         assert copy["version"] == "v2" and copy["fraction"] == 1.0 and set(copy["endpoints"]) == endpoints
@@ -118,7 +111,7 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         assert metric_value(url, "clip_shadow_sample_ratio", version="v2") == 1.0
 
         store.shadow("split", "production", "v3", fraction=1.0)
-        _wait(lambda: _shadow(url).get("version") == "v3" and _shadow(url).get("loaded"))
+        wait_until(lambda: _shadow(url).get("version") == "v3" and _shadow(url).get("loaded"))
         assert _answers(url, calls, one_by_one=True) == sent
         other = _shadow(url)["endpoints"]
         assert {path: stats["compared"] for path, stats in other.items()} == {
@@ -130,19 +123,19 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         assert metric_value(url, "clip_shadow_agreement_total", version="v3", result="disagree") > 0
         # v2 is no longer loaded: its series went with it.
         exported = httpx.get(f"{url}/metrics").text
-        _wait(lambda: 'version="v2"' not in httpx.get(f"{url}/metrics").text)
+        wait_until(lambda: 'version="v2"' not in httpx.get(f"{url}/metrics").text)
         series = 'clip_shadow_requests_total{endpoint="/classify",model="split",outcome="compared",version="v3"}'
         assert series in exported
 
         store.shadow("split", "production", None)
-        _wait(lambda: not httpx.get(f"{url}/models/split").json()["shadow"])
+        wait_until(lambda: not httpx.get(f"{url}/models/split").json()["shadow"])
         before = metric_value(url, "clip_shadow_requests_total")
         _answers(url, calls[:2], one_by_one=False)
         time.sleep(0.3)
         assert metric_value(url, "clip_shadow_requests_total") == before  # no shadow: nothing sampled
 
         store.shadow("split", "production", "v3", fraction=1.0)  # again: its summary starts afresh
-        _wait(lambda: _shadow(url).get("loaded"))
+        wait_until(lambda: _shadow(url).get("loaded"))
         assert _shadow(url)["endpoints"] == {}
         _answers(url, calls[:1], one_by_one=True)
         assert _shadow(url)["endpoints"]["/classify"]["compared"] == 1
@@ -157,7 +150,7 @@ def test_shadow_work_is_dropped_first_under_a_burst(store_root: Path, serve_app:
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2, batching=batching) as running:
         url = running.url
         store.shadow("split", "production", "v3", fraction=1.0)
-        _wait(lambda: _shadow(url).get("loaded"))
+        wait_until(lambda: _shadow(url).get("loaded"))
 
         async def send() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -167,7 +160,7 @@ def test_shadow_work_is_dropped_first_under_a_burst(store_root: Path, serve_app:
         responses = asyncio.run(send())
         assert [r.status_code for r in responses] == [200] * burst
         assert {r.json()["model"] for r in responses} == {"split@v1"}
-        _wait(lambda: _settled(url) == burst)
+        wait_until(lambda: _settled(url) == burst)
         stats = _shadow(url)["endpoints"]["/embed"]
         assert stats["dropped"] > 0 and stats["failed"] == 0
         assert stats["compared"] + stats["dropped"] == burst

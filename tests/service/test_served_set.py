@@ -13,25 +13,18 @@ import gc
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from polling import wait_until
 from prometheus_samples import metric_value
 
 from model_store import ModelStore
 
 TEXTS = ["a red circle", "a blue square to the left of a green cross"]
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _embed(url: str, body: dict[str, Any], model: str | None = None) -> tuple[str, np.ndarray]:
@@ -141,8 +134,8 @@ def test_a_version_one_model_cannot_load_leaves_the_others_serving(
         weights.unlink()
         weights.mkdir()
         store.promote("beta", "production", version)
-        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", model="alpha", result="refused") >= 1)
-        _wait(lambda: metric_value(running.url, "clip_model_swaps_total", model="beta", result="retrying") >= 2)
+        wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", model="alpha", result="refused") >= 1)
+        wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", model="beta", result="retrying") >= 2)
         time.sleep(0.5)  # more requests on every model after both failures
         stop.set()
         for client in clients:
@@ -204,7 +197,7 @@ def test_the_sdk_names_a_model_per_call_or_for_the_whole_client(
     with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
         with Client(running.url) as client:
             # The default is ready when the server is; the other entries load in the background.
-            _wait(lambda: all(m.state == "ready" for m in client.served_models()), what="every entry to load")
+            wait_until(lambda: all(m.state == "ready" for m in client.served_models()), what="every entry to load")
             assert [(m.ref, m.serving, m.state, m.default) for m in client.served_models()] == [
                 ("alpha", "alpha@v1", "ready", True),
                 ("beta@production", "beta@v2", "ready", False),
@@ -230,14 +223,14 @@ def test_a_memory_budget_loads_on_request_and_unloads_the_idle_model(
         publish_model(root, name, seed=seed)
     settings = {"max_loaded_models": 2, "batching": {"request_timeout_s": 5.0}}
     with serve_app(store=str(root), model="alpha,beta,gamma", **settings) as running:
-        _wait(lambda: _states(running.url)["beta"] == "ready", what="beta, within the budget, to load at start")
+        wait_until(lambda: _states(running.url)["beta"] == "ready", what="beta, within the budget, to load at start")
         assert _states(running.url) == {"alpha": "ready", "beta": "ready", "gamma": "unloaded"}
         beta = weakref.ref(running.services.models.entries[1].current.bundle.model)
         # A request for gamma loads it, unloading beta (idle; alpha, the default, never is).
         answered, _ = _embed(running.url, {"texts": TEXTS}, "gamma")
         assert answered == "gamma@v1"
         assert _states(running.url) == {"alpha": "ready", "beta": "unloaded", "gamma": "ready"}
-        _wait(lambda: gc.collect() >= 0 and beta() is None, what="beta's weights to be freed")
+        wait_until(lambda: gc.collect() >= 0 and beta() is None, what="beta's weights to be freed")
         assert metric_value(running.url, "clip_model_unloads_total", model="beta") == 1
         assert metric_value(running.url, "clip_model_loads_total", model="gamma") == 1
         # A model with a request in flight is never unloaded: a request for beta waits for room,
@@ -270,7 +263,7 @@ def test_the_least_recently_used_idle_model_is_the_one_unloaded(
     for seed, name in enumerate(names, start=61):
         publish_model(root, name, seed=seed)
     with serve_app(store=str(root), model=",".join(names), max_loaded_models=3) as running:
-        _wait(lambda: _states(running.url)["gamma"] == "ready", what="the first three models to load")
+        wait_until(lambda: _states(running.url)["gamma"] == "ready", what="the first three models to load")
         for model in ("gamma", "beta", "gamma"):  # beta is now the least recently used
             _embed(running.url, {"texts": TEXTS}, model)
         assert _embed(running.url, {"texts": TEXTS}, "delta")[0] == "delta@v1"
@@ -311,7 +304,7 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
             split = _split(url, "beta")
             return bool(split["canary"].get("loaded") and split["shadow"].get("loaded"))
 
-        _wait(split_loaded, what="beta's canary and shadow to load")
+        wait_until(split_loaded, what="beta's canary and shadow to load")
         held = [weakref.ref(rt.bundle.model) for rt in (beta.current, beta.sides["canary"], beta.sides["shadow"])]
 
         # Callers of beta keep sending while gamma's requests unload it (when it is idle between
@@ -329,15 +322,17 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
         for t in threads:
             t.start()
         try:
-            _wait(lambda: len(answers) >= 10, what="beta's first answers")
+            wait_until(lambda: len(answers) >= 10, what="beta's first answers")
             assert _embed(url, {"texts": TEXTS}, "gamma")[0] == "gamma@v1"
             assert metric_value(url, "clip_model_unloads_total", model="beta@production") >= 1
             # The three versions beta had loaded are freed, not only its primary.
-            _wait(lambda: gc.collect() >= 0 and all(ref() is None for ref in held), what="beta's versions to be freed")
+            wait_until(
+                lambda: gc.collect() >= 0 and all(ref() is None for ref in held), what="beta's versions to be freed"
+            )
             # Beta's callers loaded it again (gamma, idle, made room); its canary and shadow follow.
-            _wait(split_loaded, what="beta's canary and shadow to load again")
+            wait_until(split_loaded, what="beta's canary and shadow to load again")
             since = len(answers)
-            _wait(lambda: len(answers) >= since + 10, what="answers after the reload")
+            wait_until(lambda: len(answers) >= since + 10, what="answers after the reload")
         finally:
             stop.set()
             for t in threads:
@@ -350,5 +345,5 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
                 assert r.json()["model"] == f"beta@{version}"
         assert {model for _, model in answers} == {"beta@v1", "beta@v2"}
         # The shadow compares again after the reload.
-        _wait(lambda: _split(url, "beta")["shadow"]["endpoints"].get("/embed", {}).get("compared", 0) > 0)
+        wait_until(lambda: _split(url, "beta")["shadow"]["endpoints"].get("/embed", {}).get("compared", 0) > 0)
         assert _states(url) == {"alpha": "ready", "beta@production": "ready", "gamma": "unloaded"}

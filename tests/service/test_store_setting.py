@@ -4,19 +4,12 @@ names the setting only (bodies reach unauthenticated callers and never carry int
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-
-
-def _wait(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+from polling import wait_until
 
 
 def test_a_missing_store_is_named_in_the_log_and_the_setting_in_the_503(
@@ -25,7 +18,7 @@ def test_a_missing_store_is_named_in_the_log_and_the_setting_in_the_503(
     missing = tmp_path / "secret-mount" / "nonexistent"
     caplog.set_level(logging.ERROR, logger="service.lifecycle")
     with serve_app(store=str(missing), model="default@production", watch_interval_s=0.1, ready=False) as running:
-        _wait(lambda: running.services.manager.not_ready_reason is not None)
+        wait_until(lambda: running.services.manager.not_ready_reason is not None)
         for response in (httpx.get(f"{running.url}/readyz"), httpx.post(f"{running.url}/embed", json={"texts": ["a"]})):
             assert response.status_code == 503
             message = response.json()["error"]["message"]
@@ -39,7 +32,7 @@ def test_a_store_without_the_model_says_which_model(tmp_path: Path, serve_app: A
     root = tmp_path / "store"
     root.mkdir()
     with serve_app(store=str(root), model="default@production", watch_interval_s=0.1, ready=False) as running:
-        _wait(lambda: running.services.manager.not_ready_reason is not None)
+        wait_until(lambda: running.services.manager.not_ready_reason is not None)
         message = httpx.get(f"{running.url}/readyz").json()["error"]["message"]
         assert "model 'default' not found in the model store set by CLIP_STORE" in message
         assert str(tmp_path) not in message
@@ -52,7 +45,7 @@ def test_a_misspelt_model_logs_what_the_store_holds(
     and their aliases (the 503 body keeps naming the setting only)."""
     caplog.set_level(logging.ERROR, logger="service.lifecycle")
     with serve_app(store=str(tiny_store), model="tinyy@production", watch_interval_s=0.1, ready=False) as running:
-        _wait(lambda: running.services.manager.not_ready_reason is not None)
+        wait_until(lambda: running.services.manager.not_ready_reason is not None)
     logged = [r.getMessage() for r in caplog.records if "tinyy@production" in r.getMessage()]
     assert logged, [r.getMessage() for r in caplog.records]
     assert "models in the store: " in logged[0] and "tiny (" in logged[0] and "production -> v" in logged[0], logged[0]
@@ -80,7 +73,7 @@ def test_an_unreachable_s3_store_is_a_503_on_every_models_route(
     }.items():
         monkeypatch.setenv(key, value)
     with serve_app(store="s3://down/models", model="default@production", watch_interval_s=0.1, ready=False) as running:
-        _wait(lambda: running.services.manager.not_ready_reason is not None)
+        wait_until(lambda: running.services.manager.not_ready_reason is not None)
         for path in ("/models", "/models/default"):
             response = httpx.get(f"{running.url}{path}", timeout=60)
             assert response.status_code == 503, (path, response.text)
