@@ -28,7 +28,8 @@ A candidate
 replaces the best so far only when the median of its per-round ratios to it is at least
 ``MIN_GAIN`` and that gain exceeds the ratios' spread (``compare``). When the rounds cannot tell
 (some round says faster, the median and spread do not), the decision is deferred: the reference
-serves, nothing is kept, and the next load of the version measures again.
+serves, nothing is kept, and the next load of the version measures again (a server also does
+while it is idle, below).
 
 The decision is kept as JSON under ``<onnx cache>/auto/<name>/<version>-<key>.json``, keyed by the
 version's manifest, the torch and onnxruntime versions, the export scheme, the device, the thread
@@ -42,6 +43,10 @@ builds sends the selection back to measuring.
 Before any of this, a server reads the decision ``clip-train tune`` shared in the model store for
 its CPU kind and settings, if there is one (``clipcore.backends.shared``): then nothing is
 exported or timed here, and the decision says ``shared`` instead of ``local``.
+
+A server may measure a deferred decision again while it is idle (``service.runtime.retime``): it
+passes ``interrupted``, checked before each candidate is built and before each timed call, and the
+measurement stops with ``TimingInterrupted`` as soon as it says so (a request arrived).
 """
 
 from __future__ import annotations
@@ -81,6 +86,17 @@ KERNEL_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_M
 
 # (backend, precision) -> (towers, description): ``clipcore.backends.select.select_towers``.
 Build = Callable[[str, str], tuple[ServingTowers, str]]
+# Whether a measurement must stop now (a request arrived while the server re-timed in its idle time).
+Interrupted = Callable[[], bool]
+
+
+class TimingInterrupted(Exception):
+    """A measurement stopped half-way because ``interrupted`` said so: nothing was decided."""
+
+
+def _check(interrupted: Interrupted | None) -> None:
+    if interrupted is not None and interrupted():
+        raise TimingInterrupted("a request arrived")
 
 
 @dataclass(frozen=True)
@@ -193,16 +209,19 @@ def time_rounds(
     seconds: float,
     rounds: int = ROUNDS,
     batch_sizes: Sequence[int] = TIMED_BATCHES,
+    interrupted: Interrupted | None = None,
 ) -> list[list[dict[str, float]]]:
     """Per encoder, its images/s per timed batch size in each of ``rounds`` interleaved rounds: every
     round times every encoder at every batch size, A B C A B C ..., so a burst of other work on the
     cores lands on all of them alike instead of on whichever was being timed. Each encoder gets about
     ``seconds`` in all, split over the rounds and batch sizes; a slot is the median of its calls (at
-    least one)."""
+    least one). ``interrupted`` is asked before every call: when it says so, ``TimingInterrupted``
+    is raised at once (no call waits for the rest of a round)."""
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in batch_sizes]
     for encode in encoders:
         for batch in batches:
+            _check(interrupted)
             encode(batch)  # warm-up: first calls allocate
     slot = seconds / (rounds * len(batches))
     figures: list[list[dict[str, float]]] = [[] for _ in encoders]
@@ -213,6 +232,7 @@ def time_rounds(
                 times: list[float] = []
                 start = time.perf_counter()
                 while not times or time.perf_counter() - start < slot:
+                    _check(interrupted)
                     t0 = time.perf_counter()
                     encode(batch)
                     times.append(time.perf_counter() - t0)
@@ -259,6 +279,7 @@ def fastest_towers(
     precision: str = "auto",
     seconds: float | None = None,
     max_batch: int = 64,
+    interrupted: Interrupted | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
     gate, and a description for the log; ``towers.auto`` says how it was decided. The first candidate
@@ -268,7 +289,8 @@ def fastest_towers(
     so the next load of the version measures again. Raises ``BackendError`` when no candidate passes
     (never for fp32: torch fp32 is the reference). ``max_batch``: the batcher's largest image batch
     (on CUDA the timed batch sizes go up to it); ``seconds``: timing per candidate (default 1 on a
-    CPU, 2 on CUDA, where more batch sizes share it)."""
+    CPU, 2 on CUDA, where more batch sizes share it); ``interrupted``: asked before each candidate is
+    built and each timed call, ``TimingInterrupted`` once it says so (nothing is decided or kept)."""
     contenders = candidates(device, precision)
     batch_sizes = timed_batches(device, max_batch)
     weights = batch_weights(batch_sizes, device)
@@ -291,6 +313,7 @@ def fastest_towers(
     # for a few image towers at once while a version loads.
     built: list[tuple[Trial, ServingTowers, str]] = []
     for backend, arithmetic in contenders:
+        _check(interrupted)
         try:
             towers, described = build(backend, arithmetic)
         except BackendError as exc:
@@ -309,8 +332,12 @@ def fastest_towers(
         refusals = "; ".join(f"{t.backend} {t.precision}: {t.refused}" for t in trials)
         raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
     started = time.perf_counter()
-    figures = time_rounds([t.encode_images for _, t, _ in built], bundle.image_size, seconds,
-                          batch_sizes=batch_sizes)  # fmt: skip
+    encoders = [t.encode_images for _, t, _ in built]
+    # Passed only when set: a replaced ``time_rounds`` (a test's) need not know the argument.
+    if interrupted is None:
+        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes)
+    else:
+        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes, interrupted=interrupted)
     elapsed = time.perf_counter() - started
     scores = [[geometric_mean(f, weights) for f in per_round] for per_round in figures]
     measured = {id(trial): _measured(trial, f) for (trial, _, _), f in zip(built, figures, strict=True)}
@@ -324,7 +351,7 @@ def fastest_towers(
         f"{t.backend} {t.precision} " + (f"{t.score:.1f} images/s" if t.refused is None else "refused") for t in trials
     )
     if decision.outcome == "deferred":
-        log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again at the next load",
+        log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again while idle or at the next load",
                     bundle.ref, summary, decision.reason, decision.backend, decision.precision)  # fmt: skip
         return towers, f"{described}; auto: {summary}; deferred: {decision.reason}; decision: local"
     log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s); decision: local",

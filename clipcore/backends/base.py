@@ -41,11 +41,11 @@ class AutoDecision:
 
     ``outcome``: ``chosen`` (measured now and kept), ``remembered`` (read from the kept decision),
     ``deferred`` (the measurement could not tell the candidates apart from its noise: the safe default
-    serves and nothing is kept, so the next load measures again), ``shared`` (read from the model
-    store, where ``clip-train tune`` wrote it for this CPU kind: ``tuned_on`` names the machine it
-    was measured on). ``margin``: the serving candidate's images/s over the reference's, the median
-    of the per-round ratios (for ``deferred``: the unclear comparison's); ``spread``: their
-    interquartile range / median, the noise the margin had to beat."""
+    serves and nothing is kept, so the server measures again while idle or at the next load),
+    ``shared`` (read from the model store, where ``clip-train tune`` wrote it for this CPU kind:
+    ``tuned_on`` names the machine it was measured on). ``margin``: the serving candidate's images/s
+    over the reference's, the median of the per-round ratios (for ``deferred``: the unclear
+    comparison's); ``spread``: their interquartile range / median, the noise the margin had to beat."""
 
     outcome: Literal["chosen", "remembered", "deferred", "shared"]
     backend: str

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from clipcore.backends.auto import candidates, fastest_towers
+from clipcore.backends.auto import Interrupted, candidates, fastest_towers
 from clipcore.backends.base import BackendError, ServingTowers
 from clipcore.backends.cuda_graphs import GraphedTorchTowers
 from clipcore.backends.onnx import ensure_towers
@@ -33,6 +33,7 @@ def select_towers(
     max_batch: int = 64,
     store: ModelStore | None = None,
     seconds: float = 1.0,
+    interrupted: Interrupted | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
@@ -41,7 +42,8 @@ def select_towers(
     from CUDA graphs, one per batch bucket up to ``max_batch`` (the batcher's largest image batch).
     With ``store`` (the version's), a decision ``clip-train tune`` shared there for this CPU kind
     and these settings is used, with its exported graphs, instead of timing here; ``seconds``: how
-    long each candidate is timed when it is timed here."""
+    long each candidate is timed when it is timed here; ``interrupted``: asked while timing, which
+    stops with ``TimingInterrupted`` once it says so (``clipcore.backends.auto``)."""
     if backend == "auto" and precision != "auto":
         runtimes = candidates(device, precision)
         if len(runtimes) <= 1:  # one runtime of this precision here (bf16 and fp16 are torch's): nothing to time
@@ -58,7 +60,8 @@ def select_towers(
             if shared is not None:
                 return shared
         return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
-                              precision=precision, seconds=seconds, max_batch=max_batch)  # fmt: skip
+                              precision=precision, seconds=seconds, max_batch=max_batch,
+                              interrupted=interrupted)  # fmt: skip
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from clipcore.backends.auto import Interrupted
 from clipcore.backends.base import AutoDecision, ServingTowers
 from clipcore.backends.residency import release_unserved, trim_heap
 from clipcore.backends.select import select_towers
@@ -134,13 +135,15 @@ def serving_towers(
     store: ModelStore | None = None,
     *,
     keep_torch: bool = False,
+    interrupted: Interrupted | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
     description for the log. Raises ``BackendError`` for a version that fails the gate. With
     ``store`` (the version's), ``auto`` uses a decision ``clip-train tune`` shared there for this
     CPU kind before timing anything here. The torch towers the chosen path no longer calls are
     freed (``clipcore.backends.residency``) unless ``keep_torch`` (a benchmark that times torch
-    fp32 beside them), and the heap memory the load freed is handed back to the system."""
+    fp32 beside them), and the heap memory the load freed is handed back to the system.
+    ``interrupted``: ``auto``'s timing stops with ``TimingInterrupted`` once it says so."""
     towers, described = select_towers(
         bundle,
         backend=settings.backend,
@@ -150,6 +153,7 @@ def serving_towers(
         threads=settings.torch_threads or None,
         max_batch=settings.batching.max_batch_images,
         store=store,
+        interrupted=interrupted,
     )
     if not keep_torch:
         release_unserved(towers)
