@@ -297,6 +297,34 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a swapped-out version may keep finishing requests (then its batchers stop).",
     )
+    auto_retime_attempts: int = Field(
+        default=3,
+        ge=0,
+        description="With `precision=auto` / `backend=auto`: how many times a serving version whose decision was "
+        "deferred (the timing rounds could not tell the candidates apart) is measured again in the background "
+        "while the server is idle; a decided version is looked up in the model store as often, in case "
+        "`clip-train tune` shared a decision for this CPU kind since. A winner replaces the serving towers the way "
+        "a version swap does (drained, no request fails). A measurement interrupted by a request is not counted. "
+        "0 turns re-timing off: a deferred decision is measured again only at the version's next load.",
+    )
+    auto_retime_idle_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Re-timing starts only once the version has had no request in flight for this long, and stops "
+        "(nothing decided, tried again at the next idle spell) as soon as a request arrives.",
+    )
+    auto_retime_backoff_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Wait after the load before the first re-timing, doubling after each attempt that decided "
+        "nothing (a busy node stays busy for a while).",
+    )
+    auto_retime_cpu_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="CPU seconds (the process's, all threads) that re-timing may spend per served version, "
+        "interrupted measurements included; once spent, no attempt starts.",
+    )
     shadow_quiet_ms: float = Field(
         default=0.0,
         ge=0,

@@ -372,12 +372,37 @@ class EmbedResponse(BaseModel):
 
 
 # ----------------------------------------------------------------------------- models / health
+class RetimeInfo(BaseModel):
+    """Where the background re-timing of the serving primary's ``auto`` decision stands."""
+
+    mode: Literal["time", "shared"] = Field(
+        description="time: the decision was deferred, its candidates are timed again while the server is idle; "
+        "shared: it was decided here, each attempt looks for a decision `clip-train tune` shared since"
+    )
+    state: Literal["waiting", "timing", "decided", "exhausted", "budget spent"] = Field(
+        description="waiting (for the back-off and an idle spell), timing (an attempt runs), decided (a winner was "
+        "swapped in: the `outcome` above), exhausted (every attempt ran without a decision), budget spent "
+        "(`auto_retime_cpu_s` used up)"
+    )
+    attempts: int = Field(description="attempts that ran to the end (interrupted ones are not counted)")
+    max_attempts: int = Field(description="the `auto_retime_attempts` setting")
+    interrupted: int = Field(description="attempts stopped because a request arrived")
+    cpu_s: float = Field(description="CPU seconds re-timing used for this version, interrupted attempts included")
+    last: str | None = Field(
+        default=None,
+        description="what the last attempt came to: chosen, remembered, shared, deferred, unshared, interrupted, "
+        "failed, superseded",
+    )
+    at: float | None = Field(default=None, description="when the last attempt ended (Unix time)")
+
+
 class AutoInfo(BaseModel):
     """How ``precision=auto`` / ``backend=auto`` picked the serving version's backend."""
 
     outcome: Literal["chosen", "remembered", "deferred", "shared"] = Field(
         description="chosen: measured at this load and kept; remembered: read from the kept decision; deferred: the "
-        "measurement's noise could not settle it, the reference serves and the next load measures again; shared: "
+        "measurement's noise could not settle it, the reference serves, measured again while idle (`retime`) or at "
+        "the next load; shared: "
         "read from the model store, where `clip-train tune` measured it for this CPU kind (nothing timed here)"
     )
     decision: str = Field(
@@ -395,6 +420,11 @@ class AutoInfo(BaseModel):
     reason: str | None = Field(default=None, description="deferred: why")
     at: float = Field(description="when it was decided (Unix time)")
     tuned_on: str | None = Field(default=None, description="shared: the machine `clip-train tune` measured on")
+    retime: RetimeInfo | None = Field(
+        default=None,
+        description="the serving primary only: its re-timing while the server is idle (`auto_retime_attempts`; "
+        "absent when off, or for a shared decision)",
+    )
 
 
 class VersionInfo(BaseModel):

@@ -25,6 +25,9 @@ through a bounded queue (``service.runtime.shadow``). Weight changes take effect
 a promoted canary becomes the primary as it is (nothing reloads), and a version no role holds any
 more drains like a swapped-out one. Each entry of the served set has its own canary, shadow and
 shadow runner; unloading an entry stops all three with its primary.
+
+With ``precision=auto`` / ``backend=auto``, a primary whose decision was deferred is measured again
+while the server is idle, and swapped for the winner like a new version (``service.runtime.retime``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal
 
+from clipcore.backends.auto import Interrupted
 from clipcore.backends.base import ServingTowers
 from clipcore.backends.residency import trim_heap
 from clipcore.errors import ClipError, ErrorCode
@@ -57,6 +61,7 @@ from service.runtime.assembly import (
 )
 from service.runtime.canary import SideLoad
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.retime import Result, Retimer
 from service.runtime.shadow import ShadowRunner
 
 __all__ = ["ModelManager", "ModelRuntime", "ModelState"]
@@ -146,6 +151,9 @@ class ModelManager:
             idle_since=self.answering_idle_since,
             quiet_s=settings.shadow_quiet_ms / 1000,
         )
+        self.retimer = Retimer(
+            settings, metrics, self.ref, idle_since=self.answering_idle_since, attempt=self._retime_attempt
+        )
         metrics.set_store_watch(ok=True, model=self.ref)
 
     async def start(self) -> None:
@@ -205,6 +213,7 @@ class ModelManager:
         self.entry = None
         self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
         shadows = self.shadows.stop()  # queued shadow runs are dropped: their versions go
+        retiming = self.retimer.stop()
         self.last_error = self.watch_error = None
         self._refused, self._retry = None, None
         self.not_ready_reason = "unloaded to make room for other models; the next request loads it"
@@ -219,12 +228,16 @@ class ModelManager:
         if runtimes:
             self.metrics.model_unloaded(self.ref)
         self._changed()
-        return self._stop_unloaded(task, shadows, runtimes)
+        return self._stop_unloaded(task, shadows, runtimes, retiming)
 
     async def _stop_unloaded(
-        self, task: asyncio.Task[None] | None, shadows: asyncio.Task[None] | None, runtimes: list[ModelRuntime]
+        self,
+        task: asyncio.Task[None] | None,
+        shadows: asyncio.Task[None] | None,
+        runtimes: list[ModelRuntime],
+        retiming: asyncio.Task[None] | None,
     ) -> None:
-        stopping = [t for t in (task, shadows) if t is not None]
+        stopping = [t for t in (task, shadows, retiming) if t is not None]
         for t in stopping:
             t.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
@@ -249,6 +262,7 @@ class ModelManager:
                 pass
             except Exception:  # a watcher that died must not stop the rest of the shutdown
                 log.exception("the model watcher had failed")
+        await self.retimer.close()
         await self.shadows.close()
         # Versions still draining are stopped now: uvicorn has already let the requests finish,
         # and a runtime left running keeps its model thread (the interpreter waits for it at exit).
@@ -304,6 +318,7 @@ class ModelManager:
         elif canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
             runtime = canary
         self.last_used = time.monotonic()
+        self.retimer.request_arrived()  # a measurement in the idle time stops at its next timed call
         try:
             with runtime.held():
                 yield runtime
@@ -542,9 +557,7 @@ class ModelManager:
 
         bundle, towers, backend = await asyncio.to_thread(load_and_warm)
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
-        if runtime.auto is not None:
-            decision = runtime.auto
-            self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)
+        self._count_decision(runtime)
         await runtime.start()
         runtime.load_s = time.perf_counter() - started
         log.info(
@@ -558,7 +571,66 @@ class ModelManager:
         )
         return runtime
 
-    def _install(self, runtime: ModelRuntime, initial: bool) -> None:
+    def _count_decision(self, runtime: ModelRuntime) -> None:
+        if runtime.auto is not None:
+            decision = runtime.auto
+            self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)
+
+    async def _retime_attempt(self, serving: ModelRuntime, interrupted: Interrupted) -> Result:
+        """One re-timing of the serving primary (``service.runtime.retime``): the version loaded
+        again beside it, in a worker thread, its ``auto`` decided again (deferred: timed, asking
+        ``interrupted`` before every timed call; decided here: only a shared decision replaces
+        it); a winner is swapped in like a new version and the serving towers drain."""
+        decision = serving.auto
+        assert decision is not None
+        ref = serving.ref
+        if decision.outcome != "deferred" and not await asyncio.to_thread(self._shared_exists, serving.bundle):
+            return "unshared"
+
+        def measure() -> tuple[ModelBundle, ServingTowers, str]:
+            bundle = ModelBundle.load(self.store, ref, self.device)
+            if self.settings.warmup:
+                warm_up(bundle)
+            towers, backend = serving_towers(bundle, self.settings, self.device, self.store, interrupted=interrupted)
+            return bundle, towers, backend
+
+        self._loading += 1
+        try:
+            bundle, towers, backend = await asyncio.to_thread(measure)
+        finally:
+            self._loading -= 1
+        found = towers.auto
+        if found is not None and found.outcome == "deferred":
+            self.metrics.backend_auto(found.outcome, found.margin, found.spread)
+            return "deferred"
+        if found is None or (decision.outcome != "deferred" and found.outcome != "shared"):
+            return "unshared"  # the shared decision could not be used here: the local one stays
+        if self.current is not serving:
+            return "superseded"
+        runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
+        self._count_decision(runtime)
+        await runtime.start()
+        if self.current is not serving:  # replaced while this one started: it never served
+            await runtime.stop()
+            return "superseded"
+        log.info("auto re-timing of %s: %s %s (%s) replaces %s %s", ref, found.backend, found.precision,
+                 found.outcome, decision.backend, decision.precision)  # fmt: skip
+        self._install(runtime, initial=False, retimed=True)
+        return found.outcome
+
+    def _shared_exists(self, bundle: ModelBundle) -> bool:
+        """Whether the store holds a decision ``clip-train tune`` shared for this CPU kind and these settings."""
+        from clipcore.backends.shared import shared_key
+
+        key, _ = shared_key(self.device, self.settings.torch_threads or None, self.settings.precision,
+                            self.settings.batching.max_batch_images)  # fmt: skip
+        try:
+            return self.store.artifacts(bundle.name, bundle.version, key) is not None
+        except Exception:  # unreadable now: looked up again at the next attempt
+            log.warning("auto re-timing of %s: the store's shared decisions cannot be read", bundle.ref, exc_info=True)
+            return False
+
+    def _install(self, runtime: ModelRuntime, initial: bool, retimed: bool = False) -> None:
         old, self.current = self.current, runtime  # one assignment: requests see old or new
         self.last_error = None
         self._refused = None
@@ -569,8 +641,12 @@ class ModelManager:
         if not initial:
             self.metrics.model_swap("ok", model=self.ref)
         self._changed()
+        self.retimer.follow(runtime, retimed=retimed)
         if old is not None:
-            log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
+            if retimed:
+                log.info("swapped %s to %s; draining the reference towers", runtime.ref, runtime.backend)
+            else:
+                log.info("swapped %s -> %s; draining the old version", old.ref, runtime.ref)
             self._release(old)
 
     # ------------------------------------------------------------------ canary and shadow

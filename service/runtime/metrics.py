@@ -151,7 +151,8 @@ class ServiceMetrics:
         self.backend_auto_decisions_total = Counter(
             "clip_backend_auto_decisions_total",
             "precision=auto / backend=auto decisions by outcome: chosen (measured and kept), remembered (read back), "
-            "deferred (the rounds' noise could not settle it: the reference serves, measured again at the next load), "
+            "deferred (the rounds' noise could not settle it: the reference serves, measured again while idle or at "
+            "the next load), "
             "shared (read from the model store, where `clip-train tune` measured it for this CPU kind).",
             ["outcome"],
             registry=r,
@@ -164,6 +165,14 @@ class ServiceMetrics:
         self.backend_auto_spread = Gauge(
             "clip_backend_auto_spread_ratio",
             "The spread of the per-round ratios behind the last auto decision (the noise its margin had to beat).",
+            registry=r,
+        )
+        self.backend_auto_retimes_total = Counter(
+            "clip_backend_auto_retimes_total",
+            "Background re-timings of an auto decision while the server was idle, by result: chosen / remembered / "
+            "shared (a winner swapped in), deferred (still unclear), unshared (no shared decision in the store yet), "
+            "interrupted (a request arrived: not counted as an attempt), failed, superseded (another version serves).",
+            ["model", "result"],
             registry=r,
         )
         self.store_watch_ok = Gauge(
@@ -328,6 +337,9 @@ class ServiceMetrics:
         self.backend_auto_margin.set(1.0 if outcome == "deferred" or margin is None else margin)
         if spread is not None:
             self.backend_auto_spread.set(spread)
+
+    def auto_retime(self, result: str, model: str = "") -> None:
+        self.backend_auto_retimes_total.labels(model=model, result=result).inc()
 
     def model_swap(self, result: str, model: str = "") -> None:
         self.model_swaps_total.labels(model=model, result=result).inc()

@@ -21,6 +21,7 @@ from service.api.schemas import (
     CanaryInfo,
     ModelInfo,
     ModelsResponse,
+    RetimeInfo,
     ServedModel,
     ShadowEndpointInfo,
     ShadowInfo,
@@ -28,6 +29,7 @@ from service.api.schemas import (
 )
 from service.config import Limits
 from service.runtime.assembly import CANARY, SHADOW
+from service.runtime.retime import RetimeState
 from service.runtime.served import EntryStatus
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
@@ -54,14 +56,19 @@ def _problem(exc: Exception, store: ModelStore) -> str:
 
 
 def describe(
-    store: ModelStore, name: str, served: list[EntryStatus], autos: dict[str, AutoDecision] | None = None
+    store: ModelStore,
+    name: str,
+    served: list[EntryStatus],
+    autos: dict[str, AutoDecision] | None = None,
+    retimes: dict[str, RetimeState] | None = None,
 ) -> ModelInfo:
     """One model's versions, marked where an entry of the served set serves them (with how auto
-    chose its backend, from ``autos`` by name@version). A version (or alias table) that cannot be
+    chose its backend, from ``autos`` by name@version, and where its re-timing stands, from
+    ``retimes``). A version (or alias table) that cannot be
     read is listed with its error instead of failing the whole answer: the others, and the serving
     ones, stay visible."""
     serving_refs = {entry.serving for entry in served if entry.serving is not None}
-    autos = autos or {}
+    autos, retimes = autos or {}, retimes or {}
     versions_listed = store.list_versions(name)  # ModelNotFound for an unknown name
     alias_error = None
     try:
@@ -102,7 +109,7 @@ def describe(
                 components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
                 metrics=dict(manifest.metrics),
                 eval=_eval_annex(store, name, version),
-                auto=_auto_info(autos.get(f"{name}@{version}")),
+                auto=_auto_info(autos.get(f"{name}@{version}"), retimes.get(f"{name}@{version}")),
             )
         )
     # What a request naming just this model gets: the first entry of that name.
@@ -126,8 +133,21 @@ def served_models(served: list[EntryStatus]) -> list[ServedModel]:
     ]
 
 
-def _auto_info(decision: AutoDecision | None) -> AutoInfo | None:
-    return None if decision is None else AutoInfo(**asdict(decision), decision=decision.provenance)
+def _auto_info(decision: AutoDecision | None, retime: RetimeState | None = None) -> AutoInfo | None:
+    if decision is None:
+        return None
+    retimed = RetimeInfo(**{k: v for k, v in asdict(retime).items() if k != "version"}) if retime else None
+    return AutoInfo(**asdict(decision), decision=decision.provenance, retime=retimed)
+
+
+def _retimes(services: ServicesDep) -> dict[str, RetimeState]:
+    """name@version -> where the re-timing of its ``auto`` decision stands, for serving primaries."""
+    out = {}
+    for entry in services.models.entries:
+        state, current = entry.retimer.state, entry.current
+        if state is not None and current is not None and state.version == current.bundle.version:
+            out[current.ref] = state
+    return out
 
 
 def _autos(services: ServicesDep) -> dict[str, AutoDecision]:
@@ -188,8 +208,10 @@ def list_models(services: ServicesDep, key: CallerKeyDep, response: Response) ->
     serving = served[0].serving
     store = services.store
     try:
-        autos = _autos(services)
-        models = [with_split(describe(store, name, served, autos), services) for name in sorted(store.list_models())]
+        autos, retimes = _autos(services), _retimes(services)
+        models = [
+            with_split(describe(store, name, served, autos, retimes), services) for name in sorted(store.list_models())
+        ]
     except StoreError as exc:
         raise _store_unreadable(exc) from None
     cache = services.cache
@@ -201,7 +223,8 @@ def list_models(services: ServicesDep, key: CallerKeyDep, response: Response) ->
 @router.get("/models/{name}", response_model=ModelInfo)
 def get_model(name: str, services: ServicesDep) -> ModelInfo:
     try:
-        return with_split(describe(services.store, name, services.models.status(), _autos(services)), services)
+        described = describe(services.store, name, services.models.status(), _autos(services), _retimes(services))
+        return with_split(described, services)
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
         raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too

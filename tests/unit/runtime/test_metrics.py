@@ -30,6 +30,7 @@ NAMES = [
     "clip_backend_auto_decisions_total",
     "clip_backend_auto_margin_ratio",
     "clip_backend_auto_spread_ratio",
+    "clip_backend_auto_retimes_total",
     "clip_store_watch_ok",
     "clip_model_loads_total",
     "clip_model_unloads_total",
