@@ -1,0 +1,212 @@
+"""A real server with ``CLIP_PRECISION=auto`` whose first measurement was unclear (deferred): it
+measures again while idle, stops as soon as a request arrives (the request is answered, the
+attempt is not counted), swaps the winner in once a measurement is clear without failing a
+request, and gives up after ``auto_retime_attempts`` unclear attempts.
+
+The rounds' figures are scripted (``auto.time_rounds`` replaced): an unclear result (the candidate
+faster in some rounds, not by its median), a clear one (twice as fast in every round), or the real
+rounds, long enough that only a request ends them. Nothing asserts a duration."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from prometheus_samples import metric_value
+
+from clipcore.backends import auto
+
+pytest.importorskip("onnxruntime")
+
+CANDIDATES = [("torch", "fp32"), ("onnx", "fp32")]
+UNCLEAR = [1.5, 0.8, 1.0, 1.2, 0.9]  # some rounds above 1.1, the median not: deferred
+CLEAR = [2.0] * 5
+REAL_TIME_ROUNDS = auto.time_rounds
+WAIT_S = 240.0  # how long a state is waited for before the test fails (never asserted as a duration)
+
+
+def _scripted(ratios: list[float]) -> Callable[..., Any]:
+    """Rounds where the reference does 100 images/s and the other candidate ``ratios`` times that."""
+
+    def figures(encoders: Any, image_size: int, seconds: float, rounds: int = auto.ROUNDS,
+                batch_sizes: Any = auto.TIMED_BATCHES, interrupted: Any = None) -> Any:  # fmt: skip
+        assert len(encoders) == 2 and rounds == len(ratios)
+        return [
+            [{str(b): 100.0 * (ratio if i else 1.0) for b in batch_sizes} for ratio in ratios]
+            for i in range(len(encoders))
+        ]
+
+    return figures
+
+
+class Script:
+    """``auto.time_rounds`` answering with one step per call (the last repeats); counts its calls."""
+
+    def __init__(self, *steps: Callable[..., Any]) -> None:
+        self.steps = list(steps)
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            step = self.steps[min(self.calls, len(self.steps) - 1)]
+            self.calls += 1
+        return step(*args, **kwargs)
+
+
+@pytest.fixture
+def server(tmp_path: Path, serve_app: Any, publish_model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    store_dir = tmp_path / "store"
+    publish_model(store_dir, "tiny", seed=6)
+    torch.set_num_threads(1)
+    monkeypatch.setattr(auto, "candidates", lambda device, precision="auto": CANDIDATES)
+
+    def start(script: Script, **overrides: Any) -> Any:
+        monkeypatch.setattr(auto, "time_rounds", script)
+        settings = {"store": str(store_dir), "model": "tiny@production", "precision": "auto", "torch_threads": 1,
+                    "onnx_cache_dir": str(tmp_path / "cache"), "auto_retime_idle_s": 0.05,
+                    "auto_retime_backoff_s": 0.0, **overrides}  # fmt: skip
+        return serve_app(**settings)
+
+    return start
+
+
+def _auto(url: str) -> dict[str, Any]:
+    (model,) = httpx.get(f"{url}/models", timeout=30).json()["models"]
+    (serving,) = [v for v in model["versions"] if v["serving"]]
+    return dict(serving["auto"])
+
+
+def _wait_for(url: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    stop = threading.Event()
+    deadline = threading.Timer(WAIT_S, stop.set)
+    deadline.start()
+    try:
+        while not stop.is_set():
+            decision = _auto(url)
+            if done(decision):
+                return decision
+            stop.wait(0.05)
+    finally:
+        deadline.cancel()
+    raise AssertionError(f"not reached: {_auto(url)}")
+
+
+def _retimes(url: str, result: str) -> float:
+    return metric_value(url, "clip_backend_auto_retimes_total", model="tiny@production", result=result)
+
+
+def _decisions(url: str, outcome: str) -> float:
+    return metric_value(url, "clip_backend_auto_decisions_total", outcome=outcome)
+
+
+@pytest.fixture
+def traffic(make_image: Any) -> Iterator[Callable[[str], Callable[[], list[int]]]]:
+    """``start(url)`` sends /embed requests from 4 threads until the returned ``stop()``, which
+    gives every status code."""
+    threads: list[threading.Thread] = []
+    stopping = threading.Event()
+    codes: list[int] = []
+    body = {"images": [make_image("circle", "red")]}
+
+    def send(url: str) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not stopping.is_set():
+                codes.append(client.post(f"{url}/embed", json=body).status_code)
+
+    def start(url: str) -> Callable[[], list[int]]:
+        threads.extend(threading.Thread(target=send, args=(url,), daemon=True) for _ in range(4))
+        for thread in threads:
+            thread.start()
+
+        def stop() -> list[int]:
+            stopping.set()
+            for thread in threads:
+                thread.join(timeout=120)
+            return codes
+
+        return stop
+
+    yield start
+    stopping.set()
+
+
+def test_a_deferred_decision_is_timed_again_while_idle_a_request_stops_it_and_the_winner_swaps_in(
+    server: Any, make_image: Any, traffic: Any, tmp_path: Path
+) -> None:
+    timing, deciding, proceed = threading.Event(), threading.Event(), threading.Event()
+
+    def until_a_request(encoders: Any, image_size: int, seconds: float, rounds: int = auto.ROUNDS,
+                        batch_sizes: Any = auto.TIMED_BATCHES, interrupted: Any = None) -> Any:  # fmt: skip
+        assert interrupted is not None  # only the load's measurement goes without it
+        timing.set()
+        # The real rounds, far longer than the test: only the request below ends them.
+        return REAL_TIME_ROUNDS(encoders, image_size, 3600.0, rounds, batch_sizes, interrupted=interrupted)
+
+    def clear_once_let_through(*args: Any, **kwargs: Any) -> Any:
+        deciding.set()
+        assert proceed.wait(WAIT_S)
+        return _scripted(CLEAR)(*args, **kwargs)
+
+    script = Script(_scripted(UNCLEAR), until_a_request, clear_once_let_through)
+    with server(script) as running:
+        url = running.url
+        assert _auto(url)["outcome"] == "deferred"
+        assert timing.wait(WAIT_S), "re-timing did not start while idle"
+
+        # A request during the re-timing is answered, and the timing stops for it (not counted).
+        answer = httpx.post(f"{url}/embed", json={"images": [make_image("circle", "red")]}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        stopped = _wait_for(url, lambda d: d["retime"]["interrupted"] >= 1)
+        assert stopped["retime"]["attempts"] == 0 and stopped["outcome"] == "deferred", stopped
+        assert _retimes(url, "interrupted") == 1
+
+        # The next idle spell measures clearly; requests in flight while the winner swaps in all succeed.
+        assert deciding.wait(WAIT_S), "re-timing did not resume once idle again"
+        stop = traffic(url)
+        proceed.set()
+        decided = _wait_for(url, lambda d: d["outcome"] == "chosen")
+        codes = stop()
+        assert codes and set(codes) == {200}, sorted(set(codes))
+
+        assert (decided["backend"], decided["precision"]) == ("onnx", "fp32"), decided
+        assert decided["margin"] == pytest.approx(2.0)
+        retime = decided["retime"]
+        assert retime["state"] == "decided" and retime["last"] == "chosen", retime
+        assert retime["attempts"] == 1 and retime["interrupted"] == 1 and retime["at"] is not None, retime
+        assert script.calls == 3
+        assert _retimes(url, "chosen") == 1
+        assert _decisions(url, "deferred") == 1 and _decisions(url, "chosen") == 1
+        assert metric_value(url, "clip_model_swaps_total", model="tiny@production", result="ok") == 1
+        assert "onnx" in running.services.manager.current.backend
+        answer = httpx.post(f"{url}/embed", json={"images": [make_image("circle", "red")]}, timeout=120)
+        assert answer.status_code == 200, answer.text
+
+    # Kept in the decision file like a decision taken at a load: the next start builds the winner.
+    (kept,) = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "auto" / "tiny").glob("*.json")]
+    assert kept["chosen"] == {"backend": "onnx", "precision": "fp32"}, kept
+
+
+def test_re_timing_stops_after_the_set_number_of_unclear_attempts(server: Any) -> None:
+    script = Script(_scripted(UNCLEAR))
+    with server(script, auto_retime_attempts=2) as running:
+        url = running.url
+        done = _wait_for(url, lambda d: d["retime"]["state"] == "exhausted")
+        assert done["outcome"] == "deferred" and done["backend"] == "torch", done
+        retime = done["retime"]
+        assert retime["attempts"] == 2 == retime["max_attempts"] and retime["last"] == "deferred", retime
+        assert script.calls == 3  # the load's measurement and two re-timings, no more
+        assert _retimes(url, "deferred") == 2 and _decisions(url, "deferred") == 3
+        assert metric_value(url, "clip_model_swaps_total", model="tiny@production", result="ok") == 0
+
+
+def test_re_timing_can_be_turned_off(server: Any) -> None:
+    with server(Script(_scripted(UNCLEAR)), auto_retime_attempts=0) as running:
+        decision = _auto(running.url)
+        assert decision["outcome"] == "deferred" and decision["retime"] is None, decision
