@@ -1,7 +1,8 @@
 """A real server with ``CLIP_PRECISION=auto`` whose first measurement was unclear (deferred): it
 measures again while idle, stops as soon as a request arrives (the request is answered, the
 attempt is not counted), swaps the winner in once a measurement is clear without failing a
-request, and gives up after ``auto_retime_attempts`` unclear attempts.
+request, and gives up after ``auto_retime_attempts`` unclear attempts. A version decided locally
+swaps to a decision ``clip-train tune`` shared in the store after it loaded.
 
 The rounds' figures are scripted (``auto.time_rounds`` replaced): an unclear result (the candidate
 faster in some rounds, not by its median), a clear one (twice as fast in every round), or the real
@@ -20,7 +21,9 @@ import pytest
 import torch
 from prometheus_samples import metric_value
 
-from clipcore.backends import auto
+from clipcore.backends import auto, select
+from clipcore.backends.tune import tune
+from model_store import ModelStore
 
 pytest.importorskip("onnxruntime")
 
@@ -210,3 +213,32 @@ def test_re_timing_can_be_turned_off(server: Any) -> None:
     with server(Script(_scripted(UNCLEAR)), auto_retime_attempts=0) as running:
         decision = _auto(running.url)
         assert decision["outcome"] == "deferred" and decision["retime"] is None, decision
+
+
+def test_a_decision_shared_after_the_load_replaces_the_local_one_while_idle(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_image: Any
+) -> None:
+    monkeypatch.setattr(auto, "time_rounds", Script(_scripted(CLEAR)))
+    tuned = tune(ModelStore(tmp_path / "store"), "tiny@production", threads=1, seconds=0.2)
+    assert (tuned.decision.backend, tuned.written.meta["outcome"]) == ("onnx", "shared")
+    real_adopt = select.adopt_shared
+    looked_up: list[bool] = []
+
+    def absent_at_the_load(*args: Any, **kwargs: Any) -> Any:
+        looked_up.append(True)  # the load looks first: the store had nothing for it yet
+        return None if len(looked_up) == 1 else real_adopt(*args, **kwargs)
+
+    monkeypatch.setattr(select, "adopt_shared", absent_at_the_load)
+    not_faster = Script(_scripted([1.0] * 5))
+    with server(not_faster) as running:
+        url = running.url
+        done = _wait_for(url, lambda d: d["outcome"] == "shared")
+        assert (done["backend"], done["precision"]) == ("onnx", "fp32"), done
+        assert done["decision"].startswith("shared (tuned on"), done
+        retime = done["retime"]
+        assert retime["mode"] == "shared" and retime["state"] == "decided" and retime["last"] == "shared", retime
+        assert not_faster.calls == 1  # the load timed; the re-timing only read the store
+        assert _retimes(url, "shared") == 1 and _decisions(url, "shared") == 1 and _decisions(url, "chosen") == 1
+        assert metric_value(url, "clip_model_swaps_total", model="tiny@production", result="ok") == 1
+        answer = httpx.post(f"{url}/embed", json={"images": [make_image("circle", "red")]}, timeout=120)
+        assert answer.status_code == 200, answer.text
