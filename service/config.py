@@ -310,8 +310,8 @@ class Settings(BaseSettings):
     auto_retime_idle_s: float = Field(
         default=30.0,
         gt=0,
-        description="Re-timing starts only once the version has had no request in flight for this long, and stops "
-        "(nothing decided, tried again at the next idle spell) as soon as a request arrives.",
+        description="Re-timing starts only once the server has had no request in flight (for any model it serves) "
+        "for this long, and stops (nothing decided, tried again at the next idle spell) as soon as a request arrives.",
     )
     auto_retime_backoff_s: float = Field(
         default=60.0,

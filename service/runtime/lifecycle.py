@@ -151,8 +151,10 @@ class ModelManager:
             idle_since=self.answering_idle_since,
             quiet_s=settings.shadow_quiet_ms / 1000,
         )
+        # The served set's entries (``ServedModels`` sets it): re-timing waits until none has a request.
+        self.peers: list[ModelManager] = [self]
         self.retimer = Retimer(
-            settings, metrics, self.ref, idle_since=self.answering_idle_since, attempt=self._retime_attempt
+            settings, metrics, self.ref, idle_since=self.server_idle_since, attempt=self._retime_attempt
         )
         metrics.set_store_watch(ok=True, model=self.ref)
 
@@ -318,7 +320,8 @@ class ModelManager:
         elif canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
             runtime = canary
         self.last_used = time.monotonic()
-        self.retimer.request_arrived()  # a measurement in the idle time stops at its next timed call
+        for peer in self.peers:  # a measurement in the idle time, of any entry, stops at its next timed call
+            peer.retimer.request_arrived()
         try:
             with runtime.held():
                 yield runtime
@@ -346,6 +349,12 @@ class ModelManager:
         if any(rt is not None and rt.active > 0 for rt in (self.current, self.sides[CANARY])):
             return None
         return self.last_used
+
+    def server_idle_since(self) -> float | None:
+        """When the last request on any entry of the served set ended (monotonic), None while one is
+        in flight: re-timing uses the whole server's idle time, not one model's."""
+        spells = [peer.answering_idle_since() for peer in self.peers]
+        return None if any(since is None for since in spells) else max(s for s in spells if s is not None)
 
     def answering_busy(self) -> bool:
         """Whether the versions that answer callers (primary, canary) have work queued: shadow work

@@ -3,7 +3,8 @@
 With ``precision=auto`` / ``backend=auto`` a version whose decision was deferred (the timing rounds
 could not tell the candidates apart from their noise, ``clipcore.backends.auto``) serves the
 reference. The ``Retimer`` of its served-set entry measures it again once the server is idle: no
-request in flight on the primary or canary, and none for ``auto_retime_idle_s``. Each attempt
+request in flight on any entry of the served set (primaries and canaries), and none for
+``auto_retime_idle_s``; a request for any of them stops the measurement. Each attempt
 loads the version beside the serving one and times its candidates in a worker thread (never on the
 model thread: a request is never queued behind timing); the timing asks before every timed call
 whether a request arrived, and stops at once when one did (``TimingInterrupted``): that attempt
@@ -65,8 +66,8 @@ class RetimeState:
 
 
 class Retimer:
-    """Re-times one served-set entry's primary while it is idle (module doc). ``idle_since``: when
-    the last request on the answering versions ended (monotonic), None while one is in flight;
+    """Re-times one served-set entry's primary while the server is idle (module doc). ``idle_since``:
+    when the last request on the served set ended (monotonic), None while one is in flight;
     ``attempt``: one attempt on a serving runtime (``ModelManager._retime_attempt``)."""
 
     def __init__(

@@ -85,6 +85,8 @@ class ServedModels:
         self.entries = [
             ModelManager(settings, store, metrics, ref, on_change=self._wake) for ref in settings.served_refs()
         ]
+        for entry in self.entries:  # one server: a request for any model stops every entry's re-timing
+            entry.peers = self.entries
         self._waiters: set[asyncio.Future[None]] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
 
