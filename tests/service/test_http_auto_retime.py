@@ -242,3 +242,12 @@ def test_a_decision_shared_after_the_load_replaces_the_local_one_while_idle(
         assert metric_value(url, "clip_model_swaps_total", model="tiny@production", result="ok") == 1
         answer = httpx.post(f"{url}/embed", json={"images": [make_image("circle", "red")]}, timeout=120)
         assert answer.status_code == 200, answer.text
+
+
+def test_re_timing_stops_once_its_cpu_budget_is_spent(server: Any) -> None:
+    script = Script(_scripted(UNCLEAR))
+    with server(script, auto_retime_attempts=5, auto_retime_cpu_s=1e-9) as running:
+        done = _wait_for(running.url, lambda d: d["retime"]["state"] == "budget spent")
+        retime = done["retime"]
+        assert retime["attempts"] == 1 and retime["cpu_s"] > 0, retime  # one attempt spends it
+        assert script.calls == 2 and done["outcome"] == "deferred", done
