@@ -120,6 +120,7 @@ class ModelManager:
         self.load_started: float | None = None  # monotonic start of the load in progress
         self.last_load_s: float | None = None  # how long the last load took
         self._loading = 0  # loads in progress (first load or a hot swap's)
+        self._retiming = 0  # re-timing attempts holding a second copy of the version
         self.waiting = 0  # requests waiting for it to load (under a memory budget)
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
@@ -188,7 +189,7 @@ class ModelManager:
         waiting for it to load and no load in progress: unloading it now fails nothing and undoes
         no load a request waits for (two models waiting for one slot would unload each other's as
         soon as it started, or before their requests got to it)."""
-        if self._loading or self.waiting:
+        if self._loading or self._retiming or self.waiting:
             return False
         runtimes = [*self._retiring.values(), *self._loaded()]
         return all(runtime.active == 0 for runtime in runtimes)
@@ -352,7 +353,10 @@ class ModelManager:
 
     def server_idle_since(self) -> float | None:
         """When the last request on any entry of the served set ended (monotonic), None while one is
-        in flight: re-timing uses the whole server's idle time, not one model's."""
+        in flight, waits for a model to load, or a version loads (its own timing would share the
+        cores): re-timing uses the whole server's idle time, not one model's."""
+        if any(peer._loading or peer.waiting for peer in self.peers):
+            return None
         spells = [peer.answering_idle_since() for peer in self.peers]
         return None if any(since is None for since in spells) else max(s for s in spells if s is not None)
 
@@ -603,11 +607,11 @@ class ModelManager:
             towers, backend = serving_towers(bundle, self.settings, self.device, self.store, interrupted=interrupted)
             return bundle, towers, backend
 
-        self._loading += 1
+        self._retiming += 1
         try:
             bundle, towers, backend = await asyncio.to_thread(measure)
         finally:
-            self._loading -= 1
+            self._retiming -= 1
         found = towers.auto
         if found is not None and found.outcome == "deferred":
             self.metrics.backend_auto(found.outcome, found.margin, found.spread)

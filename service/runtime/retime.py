@@ -3,8 +3,9 @@
 With ``precision=auto`` / ``backend=auto`` a version whose decision was deferred (the timing rounds
 could not tell the candidates apart from their noise, ``clipcore.backends.auto``) serves the
 reference. The ``Retimer`` of its served-set entry measures it again once the server is idle: no
-request in flight on any entry of the served set (primaries and canaries), and none for
-``auto_retime_idle_s``; a request for any of them stops the measurement. Each attempt
+request in flight on any entry of the served set (primaries and canaries), none for
+``auto_retime_idle_s`` and no version loading; a request for any of them stops the measurement,
+and the entries re-time one at a time. Each attempt
 loads the version beside the serving one and times its candidates in a worker thread (never on the
 model thread: a request is never queued behind timing); the timing asks before every timed call
 whether a request arrived, and stops at once when one did (``TimingInterrupted``): that attempt
@@ -88,6 +89,8 @@ class Retimer:
         self._runtime: ModelRuntime | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()  # set when a request arrives: a measurement stops at its next call
+        # Held during an attempt; the served set gives its entries one lock, so they take turns.
+        self.turn = asyncio.Lock()
 
     def request_arrived(self) -> None:
         """A request started on the entry: a measurement in progress stops at its next timed call."""
@@ -148,24 +151,25 @@ class Retimer:
                 return
             state.state = "waiting"
             await asyncio.sleep(delay)
-            await self._wait_idle()
-            if self._runtime is not runtime:
-                return
-            state.state = "timing"
-            stop = self._stop = threading.Event()  # its own: a thread left from a cancelled attempt still stops
-            started = time.process_time()
-            try:
-                result = await self.attempt(runtime, self._interrupted(stop))
-            except TimingInterrupted:
-                result = "interrupted"
-            except asyncio.CancelledError:
-                stop.set()
-                raise
-            except Exception:
-                log.exception("auto re-timing of %s failed", runtime.ref)
-                result = "failed"
-            finally:
-                state.cpu_s += time.process_time() - started
+            async with self.turn:
+                await self._wait_idle()
+                if self._runtime is not runtime:
+                    return
+                state.state = "timing"
+                stop = self._stop = threading.Event()  # its own: a thread left from a cancelled attempt still stops
+                started = time.process_time()
+                try:
+                    result = await self.attempt(runtime, self._interrupted(stop))
+                except TimingInterrupted:
+                    result = "interrupted"
+                except asyncio.CancelledError:
+                    stop.set()
+                    raise
+                except Exception:
+                    log.exception("auto re-timing of %s failed", runtime.ref)
+                    result = "failed"
+                finally:
+                    state.cpu_s += time.process_time() - started
             state.last, state.at = result, time.time()
             self.metrics.auto_retime(result, model=self.model)
             if result == "interrupted":

@@ -85,8 +85,10 @@ class ServedModels:
         self.entries = [
             ModelManager(settings, store, metrics, ref, on_change=self._wake) for ref in settings.served_refs()
         ]
+        retiming = asyncio.Lock()  # one entry re-times at a time: two would be each other's noise
         for entry in self.entries:  # one server: a request for any model stops every entry's re-timing
             entry.peers = self.entries
+            entry.retimer.turn = retiming
         self._waiters: set[asyncio.Future[None]] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
 

@@ -70,7 +70,7 @@ def server(tmp_path: Path, serve_app: Any, publish_model: Any, monkeypatch: pyte
     torch.set_num_threads(1)
     monkeypatch.setattr(auto, "candidates", lambda device, precision="auto": CANDIDATES)
 
-    def start(script: Script, **overrides: Any) -> Any:
+    def start(script: Callable[..., Any], **overrides: Any) -> Any:
         monkeypatch.setattr(auto, "time_rounds", script)
         settings = {"store": str(store_dir), "model": "tiny@production", "precision": "auto", "torch_threads": 1,
                     "onnx_cache_dir": str(tmp_path / "cache"), "auto_retime_idle_s": 0.05,
@@ -86,13 +86,14 @@ def _auto(url: str) -> dict[str, Any]:
     return dict(serving["auto"])
 
 
-def _wait_for(url: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+def _wait_for(url: str, done: Callable[[dict[str, Any]], bool], name: str | None = None) -> dict[str, Any]:
+    """The serving version's ``auto`` entry (of model ``name``; None: the only model) once ``done``."""
     stop = threading.Event()
     deadline = threading.Timer(WAIT_S, stop.set)
     deadline.start()
     try:
         while not stop.is_set():
-            decision = _auto(url)
+            decision = _auto(url) if name is None else _model_auto(url, name)
             if done(decision):
                 return decision
             stop.wait(0.05)
@@ -251,3 +252,38 @@ def test_re_timing_stops_once_its_cpu_budget_is_spent(server: Any) -> None:
         retime = done["retime"]
         assert retime["attempts"] == 1 and retime["cpu_s"] > 0, retime  # one attempt spends it
         assert script.calls == 2 and done["outcome"] == "deferred", done
+
+
+def test_in_a_served_set_the_entries_take_turns_and_a_request_for_another_model_stops_the_timing(
+    server: Any, tmp_path: Path, publish_model: Any, make_image: Any
+) -> None:
+    publish_model(tmp_path / "store", "other", seed=7)
+    timing = threading.Event()
+    retimes: list[bool] = []
+
+    def rounds(encoders: Any, image_size: int, seconds: float, rounds: int = auto.ROUNDS,
+               batch_sizes: Any = auto.TIMED_BATCHES, interrupted: Any = None) -> Any:  # fmt: skip
+        if interrupted is None or retimes:  # the loads' measurements, and re-timings after the first
+            return _scripted(UNCLEAR)(encoders, image_size, seconds, rounds, batch_sizes)
+        retimes.append(True)
+        timing.set()
+        return REAL_TIME_ROUNDS(encoders, image_size, 3600.0, rounds, batch_sizes, interrupted=interrupted)
+
+    with server(rounds, model="tiny@production,other@production") as running:
+        url = running.url
+        assert timing.wait(WAIT_S), "re-timing did not start while idle"
+        states = {name: _model_auto(url, name)["retime"] for name in ("tiny", "other")}
+        (timed,) = [name for name, state in states.items() if state["state"] == "timing"]
+        (other,) = [name for name in states if name != timed]
+        assert states[other]["state"] == "waiting", states  # one entry re-times at a time
+
+        answer = httpx.post(f"{url}/embed", json={"model": other, "images": [make_image("circle", "red")]}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        stopped = _wait_for(url, lambda d: d["retime"]["interrupted"] >= 1, name=timed)
+        assert stopped["retime"]["attempts"] == 0, stopped
+
+
+def _model_auto(url: str, name: str) -> dict[str, Any]:
+    model = httpx.get(f"{url}/models/{name}", timeout=30).json()
+    (serving,) = [v for v in model["versions"] if v["serving"]]
+    return dict(serving["auto"])
