@@ -189,7 +189,7 @@ class Retimer:
         state.state = "exhausted"
 
     async def _wait_idle(self) -> None:
-        """Until no request has been in flight for ``auto_retime_idle_s``."""
+        """Until the served set has had no request in flight (and no load) for ``auto_retime_idle_s``."""
         quiet = self.settings.auto_retime_idle_s
         while True:
             since = self.idle_since()
