@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from polling import wait_until
 from prometheus_samples import metric_value
 
 from clipcore.backends import auto, select
@@ -88,18 +89,14 @@ def _auto(url: str) -> dict[str, Any]:
 
 def _wait_for(url: str, done: Callable[[dict[str, Any]], bool], name: str | None = None) -> dict[str, Any]:
     """The serving version's ``auto`` entry (of model ``name``; None: the only model) once ``done``."""
-    stop = threading.Event()
-    deadline = threading.Timer(WAIT_S, stop.set)
-    deadline.start()
-    try:
-        while not stop.is_set():
-            decision = _auto(url) if name is None else _model_auto(url, name)
-            if done(decision):
-                return decision
-            stop.wait(0.05)
-    finally:
-        deadline.cancel()
-    raise AssertionError(f"not reached: {_auto(url)}")
+    seen: list[dict[str, Any]] = []
+
+    def reached() -> bool:
+        seen[:] = [_auto(url) if name is None else _model_auto(url, name)]
+        return done(seen[0])
+
+    wait_until(reached, timeout=WAIT_S, what="the auto entry's state")
+    return seen[0]
 
 
 def _retimes(url: str, result: str) -> float:
