@@ -139,6 +139,46 @@ def load(url: str, makers: list[tuple[Request, Request]], requests: int, concurr
             list(pool.map(send, range(len(calls))))
 
 
+def rss_by_mapping(pid: int) -> dict[str, float]:
+    """Resident MiB of ``pid`` by mapping (``/proc/<pid>/smaps``): ``anonymous`` (heap, malloc arenas,
+    thread stacks, tensors), each shared library by name (``libtorch_cpu.so``), other file-backed
+    mappings by suffix (``file: .safetensors``: weights a runtime maps from their file), and
+    ``[stack]`` / ``[vvar]``-style kernel mappings by name. Empty for a process that has ended."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    except OSError:
+        return {}
+    kib: dict[str, int] = {}
+    name = "anonymous"
+    for line in lines:
+        fields = line.split()
+        if not fields:
+            continue
+        if not fields[0].endswith(":"):  # a mapping's header: address range, perms, offset, dev, inode[, path]
+            path = " ".join(fields[5:])
+            if path in ("", "[heap]") or path.startswith("[anon"):
+                name = "anonymous"
+            elif path.startswith("["):
+                name = path
+            elif ".so" in Path(path).name:
+                name = Path(path).name.split(".so")[0] + ".so"
+            else:
+                name = f"file: {Path(path).suffix or Path(path).name}"
+        elif fields[0] == "Rss:":
+            kib[name] = kib.get(name, 0) + int(fields[1])
+    return {k: v / 1024 for k, v in kib.items()}
+
+
+def describe_mappings(groups: dict[str, float], top: int = 8) -> str:
+    """``anonymous 1063; file: .safetensors 483; shared libraries 360 (libtorch_cpu.so 73, ...)``:
+    groups of 1 MiB or more, shared libraries summed with the ``top`` largest named."""
+    libs = {k: v for k, v in groups.items() if k.endswith(".so")}
+    rest = sorted(((k, v) for k, v in groups.items() if k not in libs and v >= 1), key=lambda kv: -kv[1])
+    largest = sorted(libs.items(), key=lambda kv: -kv[1])[:top]
+    named = ", ".join(f"{k} {v:.0f}" for k, v in largest)
+    return "; ".join([*(f"{k} {v:.0f}" for k, v in rest), f"shared libraries {sum(libs.values()):.0f} ({named})"])
+
+
 def settle_rss(pid: int, seconds: float = 3.0) -> float:
     """RSS after ``seconds`` of quiet (the median of a few samples)."""
     samples = []
@@ -159,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--infinity", action="store_true", help="measure Infinity with the same counts")
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     parser.add_argument("--infinity-batch-size", type=int, default=32)
+    parser.add_argument("--breakdown", action="store_true", help="print each server's idle RSS by mapping")
     args = parser.parse_args(argv)
     servers = [("service", ROOT)]
     if args.baseline_root is not None:
@@ -185,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
             for label, cwd in servers:
                 with service_set(store, refs[:count], args.threads, cwd, onnx_cache) as (pid, url):
                     idle = settle_rss(pid)
+                    if args.breakdown:
+                        parts = describe_mappings(rss_by_mapping(pid))
+                        print(f"{label}: {count} model(s), idle MiB by mapping: {parts}", flush=True)
                     load(url, [service_requests(r, pool) for r in refs[:count]], args.requests, args.concurrency)
                     figures[label, count] = idle, settle_rss(pid)
                 print(f"{label}: {count} model(s): idle {idle:.0f} MiB, after load {figures[label, count][1]:.0f} MiB",
@@ -193,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
                 names = {f"clip{i}": peers[i] for i in range(count)}
                 with infinity_process(exe, names, args.threads, args.infinity_batch_size) as (proc, url):
                     idle = settle_rss(proc.pid)
+                    if args.breakdown:
+                        parts = describe_mappings(rss_by_mapping(proc.pid))
+                        print(f"Infinity: {count} model(s), idle MiB by mapping: {parts}", flush=True)
                     load(url, [infinity_requests(n, pool) for n in names], args.requests, args.concurrency)
                     figures["Infinity 0.0.78 (torch fp32)", count] = idle, settle_rss(proc.pid)
                 print(f"Infinity: {count} model(s): idle {idle:.0f} MiB, after load "

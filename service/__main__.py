@@ -22,6 +22,17 @@ __all__ = ["main", "parse_args"]
 logger = logging.getLogger("service")
 
 
+def leave_out_gpu_compiler(device: str) -> None:
+    """On the CPU, keep ``triton`` out of the process: torch's CUDA wheels install it, and importing
+    open_clip (torchvision, then ``torch._dynamo``) imports it whenever it is installed, mapping its
+    70 MiB library into every CPU server. It only compiles GPU kernels; on the CPU nothing the
+    service runs uses it. A ``None`` entry in ``sys.modules`` makes ``import triton`` raise
+    ImportError and ``importlib.util.find_spec("triton")`` return None: torch then behaves as
+    without triton installed. A process that already imported it keeps it."""
+    if device == "cpu":
+        sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
+
+
 def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -40,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for warning in warnings:
         logger.warning(warning)
 
+    leave_out_gpu_compiler(settings.device)
     # The application imports torch and open_clip (seconds): only once the settings are known to be good.
     from service import http_server
     from service.app import create_app
