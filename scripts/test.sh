@@ -39,4 +39,5 @@ PATHS=(clipcore service training model_store loadtests tests clients scripts dep
 .venv/bin/ruff format --check "${PATHS[@]}"
 .venv/bin/mypy
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest -q "${select[@]}" "$@"
+# The 25 slowest tests close the report: where the suite's time goes, on every run.
+exec .venv/bin/python -m pytest -q --durations=25 "${select[@]}" "$@"
