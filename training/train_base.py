@@ -1,4 +1,5 @@
-"""From-scratch contrastive training of the base CLIP on the shapes world.
+"""From-scratch contrastive training of the base CLIP on the shapes world (the loop:
+``training.methods.base``).
 
 Recipe (see docs/model_card.md for why each piece is there): conv stem, text tower frozen
 at its random initialisation for the first ``text_freeze_steps`` (random text embeddings act
@@ -19,15 +20,14 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from clipcore.methods.losses import mask_alignment_loss
 from clipcore.models.clip_model import build_model
 from clipcore.models.preprocess import PreprocessConfig
 from training.alignment import AlignmentTargets
 from training.encode import Tokenize
-from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
+from training.from_scratch import image_size
+from training.methods import base
 from training.probes import probe_set, zero_shot_accuracy
-from training.progress import StepProgress, loss_with_chance
-from training.schedule import lr_at
+from training.progress import loss_with_chance
 from training.world.captions import random_caption
 from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
@@ -83,63 +83,37 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
     model = build_model(cfg.model_config).to(cfg.device)
     tokenize = Tokenize(model.context_length)
     align_targets = AlignmentTargets(model.context_length)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
-    start, history = 0, []
-    ckpt_path = out_dir / "checkpoint.pt"
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=cfg.device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
-        log(f"resumed from step {start}")
+    hyper = base.Hyper(
+        steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+        text_freeze_steps=cfg.text_freeze_steps, filip_weight=cfg.filip_weight, filip_start=cfg.filip_start,
+        grad_clip=cfg.grad_clip, checkpoint_every=cfg.checkpoint_every, schedule_steps=cfg.schedule_steps,
+        phase2_start=cfg.phase2_start, phase2_lr_frac=cfg.phase2_lr_frac, align_weight=cfg.align_weight,
+        align_start=cfg.align_start, align_temperature=cfg.align_temperature,
+    )  # fmt: skip
     probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes, image_size(cfg.model_config))
-    autocast = torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
     t0 = time.time()
-    contrastive = float("nan")
-    with StepProgress("base", total=cfg.steps, completed=start) as bar:
-        for step in range(start, cfg.steps):
-            model.train()
-            set_text_trainable(model, step >= cfg.text_freeze_steps)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.schedule_steps or cfg.steps, warmup_steps=cfg.warmup_steps,
-                                phase2_start=cfg.phase2_start, phase2_lr_frac=cfg.phase2_lr_frac)  # fmt: skip
-            scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
-            images, tokens = images.to(cfg.device), tokens.to(cfg.device)
-            use_filip = cfg.filip_weight > 0 and step >= cfg.filip_start
-            use_align = cfg.align_weight > 0 and step >= cfg.align_start
-            with autocast:
-                loss, contrastive, img_tok, txt_tok = image_text_loss(
-                    model, images, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip or use_align
-                )
-                if use_align:
-                    assert img_tok is not None and txt_tok is not None
-                    rows, cols, targets = align_targets(scenes, tokens.cpu())
-                    loss = loss + cfg.align_weight * mask_alignment_loss(
-                        img_tok[:, 1:].float(),
-                        txt_tok.float(),
-                        rows.to(cfg.device),
-                        cols.to(cfg.device),
-                        targets,
-                        cfg.align_temperature,
-                    )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            done = step + 1
-            info = f"loss {loss.item():.3f}"
-            if done % cfg.eval_every == 0 or done == cfg.steps:
-                acc = zero_shot_accuracy(model, tokenize, probes, preprocess, device=cfg.device)
-                history.append({"step": done, "loss": loss.item(), "seconds": time.time() - t0, **acc})
-                log(json.dumps(history[-1]))
-            if history:
-                h = history[-1]
-                info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"
-            bar.update(info=info)
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "history": history}
-                torch.save(state, ckpt_path.with_suffix(".tmp"))
-                ckpt_path.with_suffix(".tmp").replace(ckpt_path)
+
+    def batches(step: int) -> base.Batch:
+        scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
+        return base.Batch(images, tokens, lambda cpu_tokens: align_targets(scenes, cpu_tokens))
+
+    def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str:
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            acc = zero_shot_accuracy(model, tokenize, probes, preprocess, device=cfg.device)
+            history.append({"step": done, "loss": loss, "seconds": time.time() - t0, **acc})
+            log(json.dumps(history[-1]))
+        info = f"loss {loss:.3f}"
+        if history:
+            h = history[-1]
+            info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"
+        return info
+
+    def amp() -> torch.autocast:
+        return torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
+
+    result = base.train(model, batches, hyper, device=cfg.device, checkpoint=out_dir / "checkpoint.pt",
+                        record=record, amp=amp, log=log)  # fmt: skip
+    start, history, contrastive = result.start, result.history, result.contrastive
     if start < cfg.steps:
         log(f"base: final image-text contrastive loss {loss_with_chance(contrastive, cfg.batch_size)}")
     torch.save(model.state_dict(), out_dir / "model.pt")

@@ -1,15 +1,16 @@
-"""Training the DCSM scorer on frozen dense features of a trained CLIP.
+"""DCSM on the shapes world: rendered hard-negative items on frozen dense features of a trained CLIP;
+the method itself (scorer, losses and loop) is ``training.methods.dcsm``.
 
 The CLIP is frozen, so the dense token and patch features of every training item (image,
 caption, hard-negative image, hard-negative caption) are computed once and kept in memory as
 fp16; the scorer then trains for many epochs from that cache, which is what makes a
-from-scratch scorer fit on a CPU in minutes. Distinct captions are encoded once.
+from-scratch scorer fit on a CPU in minutes. Distinct captions are encoded once. Every hard
+negative has an image of its own, so the step loss is ``dcsm.in_batch_pairs``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,19 +21,11 @@ import numpy as np
 import torch
 from open_clip.model import CLIP
 
-from clipcore.methods.dcsm import (
-    DEFAULT_SCORER_CONFIG,
-    FUNCTIONAL_GROUPS,
-    DCSMScorer,
-    dcsm_scores,
-    functional_row_table,
-    prepare_maps,
-)
-from clipcore.methods.losses import dcsm_batch_loss
+from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, FUNCTIONAL_GROUPS, DCSMScorer, functional_row_table
 from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
+from training.methods import dcsm
 from training.progress import StepProgress
-from training.schedule import lr_at
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
 from training.world.scene import Split
@@ -65,31 +58,15 @@ class DCSMTrainConfig:
     mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
 
 
-@dataclass
-class DenseItems:
-    """The shapes world's DCSM items as dense features in memory (not the on-disk frozen-feature
-    cache, ``training.feature_cache``): row 2i is item i's image/caption, row 2i+1 its hard negative."""
-
-    images: torch.Tensor  # (2N, 1+P, D) fp16
-    texts: torch.Tensor  # (U, L, D) fp16, distinct captions
-    valid: torch.Tensor  # (U, L) bool
-    rows: torch.Tensor  # (U, L) long
-    text_index: torch.Tensor  # (2N,) row of each anchor's caption in ``texts``
-    kinds: list[str]  # per item
-
-    def batch(self, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        t = self.text_index[anchors]
-        return self.images[anchors].float(), self.texts[t].float(), self.valid[t], self.rows[t]
-
-
 def build_cache(
     encoder: DenseEncoder, items: Sequence[HardNegative], render_seed: int, batch: int = 512, name: str = "features"
-) -> DenseItems:
+) -> dcsm.DenseItems:
+    """The items' dense features in memory: row 2i item i's scene/caption, row 2i+1 its hard negative."""
     scenes = [s for it in items for s in (it.scene, it.negative_scene)]
     captions = [c for it in items for c in (it.positive, it.negative)]
     distinct = list(dict.fromkeys(captions))
     where = {c: i for i, c in enumerate(distinct)}
-    img_chunks, txt_chunks, valid_chunks, row_chunks = [], [], [], []
+    img_chunks = []
     rng = np.random.default_rng(render_seed)
     with StepProgress(name, total=len(scenes) + len(distinct)) as bar:
         for i in range(0, len(scenes), batch):
@@ -98,53 +75,10 @@ def build_cache(
             )
             img_chunks.append(encoder.image_tokens(arrays).half())
             bar.update(len(arrays), info="images")
-        for i in range(0, len(distinct), batch):
-            tok, valid, rows = encoder.text_tokens(distinct[i : i + batch])
-            txt_chunks.append(tok.half())
-            valid_chunks.append(valid)
-            row_chunks.append(rows)
-            bar.update(len(tok), info="captions")
-    return DenseItems(
-        torch.cat(img_chunks),
-        torch.cat(txt_chunks),
-        torch.cat(valid_chunks),
-        torch.cat(row_chunks),
-        torch.tensor([where[c] for c in captions]),
-        [it.kind for it in items],
+        texts = dcsm.encode_texts(encoder, distinct, batch, lambda n: bar.update(n, info="captions"))
+    return dcsm.DenseItems(
+        torch.cat(img_chunks), texts, torch.tensor([where[c] for c in captions]), [it.kind for it in items]
     )
-
-
-@torch.no_grad()
-def two_way_accuracy(scorer: DCSMScorer, cache: DenseItems, table: torch.Tensor, chunk: int = 1024) -> dict[str, float]:
-    """Per kind: share of items whose image scores its caption above the hard negative."""
-    scorer.eval()
-    n = len(cache.kinds)
-    wins = []
-    for i in range(0, n, chunk):
-        items = torch.arange(i, min(n, i + chunk))
-        img = cache.images[2 * items].float()
-        pos_t, neg_t = cache.text_index[2 * items], cache.text_index[2 * items + 1]
-        s = []
-        for t in (pos_t, neg_t):
-            maps = prepare_maps(img, cache.texts[t].float(), cache.valid[t], cache.rows[t], table)
-            s.append(dcsm_scores(scorer, maps))
-        wins.append(s[0] > s[1])
-    win = torch.cat(wins).numpy()
-    kinds = np.array(cache.kinds)
-    out = {k: float(win[kinds == k].mean()) for k in dict.fromkeys(cache.kinds)}
-    out["all"] = float(win.mean())
-    return out
-
-
-def scorer_config(cfg: DCSMTrainConfig, n_positions: int) -> dict[str, Any]:
-    """Everything needed to rebuild the scorer and its inputs (stored with the weights)."""
-    return {
-        **DEFAULT_SCORER_CONFIG,
-        **cfg.scorer,
-        "grid": math.isqrt(n_positions - 1),
-        "functional_groups": {g: list(w) for g, w in cfg.functional_groups.items()},
-        "table_seed": cfg.table_seed,
-    }
 
 
 def train_dcsm(
@@ -197,78 +131,74 @@ def _train(
     )
     cache_seconds, cache_cpu = time.time() - t0, time.process_time() - c0
     n_positions = train.images.shape[1]
-    config = scorer_config(cfg, n_positions)
+    config = dcsm.scorer_config(n_positions, cfg.functional_groups, cfg.table_seed, **cfg.scorer)
     table = functional_row_table(config["functional_groups"], n_positions, cfg.table_seed)
     log(
-        f"dcsm: cached {cfg.samples} items ({train.texts.shape[0]} distinct captions) in {cache_seconds:.1f}s "
+        f"dcsm: cached {cfg.samples} items ({train.texts.tokens.shape[0]} distinct captions) in {cache_seconds:.1f}s "
         f"({cache_cpu:.1f} CPU s)"
     )
 
-    scorer = DCSMScorer(config).to(cfg.device)
-    opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = max(1, cfg.samples // cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
+    hyper = dcsm.Hyper(steps=steps_per_epoch * cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                       warmup_steps=cfg.warmup_steps, k_random=cfg.k_random)  # fmt: skip
     start_epoch, history = 0, []
+    resume = None
     ckpt = out_dir / "dcsm_checkpoint.pt" if out_dir else None
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         if state["config"] == config and state["train"] == asdict(cfg):
-            scorer.load_state_dict(state["scorer"])
-            opt.load_state_dict(state["optimizer"])
+            resume = (state["scorer"], state["optimizer"])
             start_epoch, history = state["epoch"], state["history"]
             log(f"dcsm: resumed after epoch {start_epoch}")
-    gen = torch.Generator().manual_seed(cfg.seed)
+    losses: list[float] = []
+    accs: list[float] = []
     t1, c1 = time.time(), time.process_time()
-    with StepProgress("dcsm", total=total, completed=start_epoch * steps_per_epoch) as bar:
-        for epoch in range(start_epoch, cfg.epochs):
-            gen.manual_seed(cfg.seed * 1000 + epoch)  # a resumed epoch sees the same batches
-            order = torch.randperm(cfg.samples, generator=gen)
-            scorer.train()
-            losses, accs = [], []
-            for s in range(steps_per_epoch):
-                step = epoch * steps_per_epoch + s
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(step, lr=cfg.lr, steps=total, warmup_steps=cfg.warmup_steps, warmup="overlap")
-                items = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
-                anchors = torch.stack([2 * items, 2 * items + 1], dim=1).reshape(-1)
-                img, txt, valid, rows = (x.to(cfg.device) for x in train.batch(anchors))
-                loss, acc = dcsm_batch_loss(scorer, img, txt, valid, rows, table, cfg.k_random, gen)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
-                opt.step()
-                losses.append(loss.item())
-                accs.append(acc.item())
-                bar.update(info=f"epoch {epoch + 1} loss {np.mean(losses[-20:]):.3f}")
-            val_acc = two_way_accuracy(scorer.cpu(), val, table)
-            scorer.to(cfg.device)
-            history.append(
+
+    def after_step(step: int, scorer: DCSMScorer, opt: torch.optim.Optimizer, loss: float, fit: float) -> None:
+        losses.append(loss)
+        accs.append(fit)
+        epoch, s = divmod(step, steps_per_epoch)
+        if s + 1 < steps_per_epoch:
+            return
+        val_acc = dcsm.two_way_accuracy(scorer.cpu(), val, table)
+        scorer.to(cfg.device).train()
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": float(np.mean(losses)),
+                "fit": float(np.mean(accs)),
+                "val": val_acc,
+                "seconds": time.time() - t1,
+                "cpu_seconds": time.process_time() - c1,
+            }
+        )
+        log(
+            f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
+            + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items())
+        )
+        if ckpt is not None:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(
                 {
+                    "scorer": scorer.state_dict(),
+                    "optimizer": opt.state_dict(),
                     "epoch": epoch + 1,
-                    "loss": float(np.mean(losses)),
-                    "fit": float(np.mean(accs)),
-                    "val": val_acc,
-                    "seconds": time.time() - t1,
-                    "cpu_seconds": time.process_time() - c1,
-                }
+                    "history": history,
+                    "config": config,
+                    "train": asdict(cfg),
+                },
+                ckpt,
             )
-            log(
-                f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
-                + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items())
-            )
-            if ckpt is not None:
-                ckpt.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(
-                    {
-                        "scorer": scorer.state_dict(),
-                        "optimizer": opt.state_dict(),
-                        "epoch": epoch + 1,
-                        "history": history,
-                        "config": config,
-                        "train": asdict(cfg),
-                    },
-                    ckpt,
-                )
+        losses.clear()
+        accs.clear()
+
+    def info(step: int, loss: float, fit: float) -> str:
+        return f"epoch {step // steps_per_epoch + 1} loss {np.mean(losses[-20:]) if losses else loss:.3f}"
+
+    items = dcsm.in_batch_pairs(train, table, hyper, batch_size=cfg.batch_size, steps_per_epoch=steps_per_epoch,
+                                seed=cfg.seed, device=cfg.device)  # fmt: skip
+    state = dcsm.train(config, items, hyper, seed=cfg.seed, device=cfg.device, start=start_epoch * steps_per_epoch,
+                       resume=resume, after_step=after_step, info=info)  # fmt: skip
     train_seconds, train_cpu = time.time() - t1, time.process_time() - c1
     log(f"dcsm: trained {cfg.epochs - start_epoch} epochs in {train_seconds:.1f}s ({train_cpu:.1f} CPU s)")
     if out_dir is not None:
@@ -286,7 +216,6 @@ def _train(
                 indent=2,
             )
         )
-    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
     return state, config, table
 
 

@@ -3,9 +3,10 @@
 Captions are the user's ``caption`` and ``negatives`` records as written and "a photo of a
 {label}" for labelled images (training split only). Images are decoded and resized once into a
 uint8 memory map in the run directory (``pixels-<size>.npy``), so an epoch reads no JPEG. The
-recipe is the shapes-world one (``training.train_base``: AdamW with warm-up and cosine, the
-text tower frozen at its random initialisation for the first steps, an optional FILIP term for
-usable dense features, bf16 autocast), with checkpoints every ``checkpoint_every`` steps.
+recipe and its loop are the shapes world's (``training.methods.base``: AdamW with warm-up and
+cosine, the text tower frozen at its random initialisation for the first steps, an optional FILIP
+term from the end of the freeze on for usable dense features, bf16 autocast), with checkpoints
+every ``checkpoint_every`` steps.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from model_store import Manifest, ModelStore
 from training.datasets.dataset import Dataset
 from training.datasets.source import ImageRef
 from training.encode import Tokenize
-from training.from_scratch import image_size, image_text_loss, param_groups, set_text_trainable
+from training.from_scratch import image_size
+from training.methods import base
 from training.progress import StepProgress, loss_with_chance
-from training.schedule import lr_at
 from training.userdata.context import Images, autocast, captioned_images, seed_everything
 from training.userdata.publishing import data_summary, run_settings
 
@@ -98,45 +99,28 @@ def train_user_base(
     refs, texts = captioned(dataset)
     pixels = pixel_map(images, images.digests(refs), run_dir, log)
     tokenize = Tokenize(model.context_length)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
-    ckpt, start, history = run_dir / "base.checkpoint.pt", 0, []
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location=device, weights_only=False)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        start, history = int(saved["step"]), list(saved["history"])
-        log(f"base: resumed at step {start}")
+    hyper = base.Hyper(
+        steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+        text_freeze_steps=cfg.text_freeze_steps, filip_weight=cfg.filip_weight, filip_start=cfg.text_freeze_steps,
+        grad_clip=cfg.grad_clip, checkpoint_every=cfg.checkpoint_every,
+    )  # fmt: skip
     n, batch = len(refs), min(cfg.batch_size, len(refs))
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     t0 = time.time()
-    contrastive = float("nan")
-    with StepProgress("base", total=cfg.steps, completed=start) as bar:
-        for step in range(start, end):
-            rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
-            torch.manual_seed(int(rng.integers(2**31)))
-            model.train()
-            set_text_trainable(model, step >= cfg.text_freeze_steps)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps)
-            idx = np.sort(rng.choice(n, size=batch, replace=False))
-            x = preprocess.normalize(pixels[idx]).to(device)
-            tokens = tokenize([texts[i] for i in idx]).to(device)
-            use_filip = cfg.filip_weight > 0 and step >= cfg.text_freeze_steps
-            with autocast(device, precision):
-                loss, contrastive, _, _ = image_text_loss(
-                    model, x, tokens, filip_weight=cfg.filip_weight, filip=use_filip, dense=use_filip
-                )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            history.append({"step": step + 1, "loss": loss.item(), "seconds": time.time() - t0})
-            bar.update(info=f"loss {loss.item():.3f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                         "history": history}  # fmt: skip
-                torch.save(state, ckpt.with_suffix(".tmp"))
-                ckpt.with_suffix(".tmp").replace(ckpt)
+
+    def batches(step: int) -> base.Batch:
+        rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
+        torch.manual_seed(int(rng.integers(2**31)))
+        idx = np.sort(rng.choice(n, size=batch, replace=False))
+        return base.Batch(preprocess.normalize(pixels[idx]), tokenize([texts[i] for i in idx]))
+
+    def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str:
+        history.append({"step": done, "loss": loss, "seconds": time.time() - t0})
+        return f"loss {loss:.3f}"
+
+    result = base.train(model, batches, hyper, device=device, checkpoint=run_dir / "base.checkpoint.pt",
+                        record=record, end=end, amp=lambda: autocast(device, precision), log=log)  # fmt: skip
+    start, contrastive = result.start, result.contrastive
     if start < end:
         log(f"base: image-text contrastive loss at step {end} {loss_with_chance(contrastive, batch)}")
     return model.eval()

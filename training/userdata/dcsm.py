@@ -1,4 +1,5 @@
-"""DCSM on a user's data: a scorer over the frozen dense token x patch maps of the base version.
+"""DCSM on a user's data (the method: ``training.methods.dcsm``): a scorer over the frozen dense
+token x patch maps of the base version.
 
 Each training item is an image, its caption and hard negatives of that caption: the user's
 ``negatives`` records as written; for ``caption`` records, rule-based edits
@@ -8,7 +9,8 @@ rule-based edits. The
 functional-word table is extended by the relation words the captions use. Dense image features
 come from the on-disk cache; the distinct texts are encoded once per run. Each step scores every
 image against its caption, one of its negatives and other items' captions, and every caption
-against its image and other images (``dcsm_caption_negatives_loss``).
+against its image and other images (``dcsm.caption_negatives``: a user's hard negatives are
+captions without images, unlike the shapes world's).
 """
 
 from __future__ import annotations
@@ -20,16 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, functional_row_table
-from clipcore.methods.losses import dcsm_caption_negatives_loss
+from clipcore.methods.dcsm import DCSMScorer, functional_row_table
 from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
+from training.methods import dcsm
 from training.progress import StepProgress
-from training.schedule import lr_at
 from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary, run_settings
 
@@ -102,74 +103,41 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     if grid * grid != n_positions - 1:
         raise ValueError(f"DCSM needs a square patch grid; this tower gives {n_positions - 1} patches")
     groups = functional_groups_for(data.captions + [n for ns in data.negatives for n in ns])
-    config = {**DEFAULT_SCORER_CONFIG, "channels": cfg.channels, "hidden": cfg.hidden, "grid": grid,
-              "functional_groups": {g: list(w) for g, w in groups.items()}, "table_seed": cfg.table_seed}  # fmt: skip
+    config = dcsm.scorer_config(n_positions, groups, cfg.table_seed, channels=cfg.channels, hidden=cfg.hidden)
     table = functional_row_table(config["functional_groups"], n_positions, cfg.table_seed)
     encoder = DenseEncoder(ctx.bundle.model, ctx.bundle.context_length, groups, int(config["length"]),
                            ctx.bundle.mean, ctx.bundle.std, device=ctx.device)  # fmt: skip
-    texts = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
-    where = {t: i for i, t in enumerate(texts)}
-    tok_parts, valid_parts, row_parts = [], [], []
-    with StepProgress("dcsm texts", total=len(texts)) as bar:
-        for i in range(0, len(texts), 128):
-            tok, valid, rows = encoder.text_tokens(texts[i : i + 128])
-            tok_parts.append(tok.half())
-            valid_parts.append(valid)
-            row_parts.append(rows)
-            bar.update(len(tok))
-    txt, txt_valid, txt_rows = torch.cat(tok_parts), torch.cat(valid_parts), torch.cat(row_parts)
+    distinct = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
+    where = {t: i for i, t in enumerate(distinct)}
+    with StepProgress("dcsm texts", total=len(distinct)) as bar:
+        texts = dcsm.encode_texts(encoder, distinct, 128, lambda n: bar.update(n))
     caption_row = torch.tensor([where[c] for c in data.captions])
     negative_rows = [[where[n] for n in ns] for ns in data.negatives]
 
-    torch.manual_seed(ctx.seed)
-    scorer = DCSMScorer(config).to(ctx.device)
-    opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start, history = 0, []
+    hyper = dcsm.Hyper(steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+                       k_random=cfg.k_random)  # fmt: skip
+    start, history, resume = 0, [], None
     path = ctx.checkpoint("dcsm")
     if path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=False)
         if saved["config"] == config:
-            scorer.load_state_dict(saved["scorer"])
-            opt.load_state_dict(saved["optimizer"])
+            resume = (saved["scorer"], saved["optimizer"])
             start, history = int(saved["step"]), list(saved["history"])
             ctx.log(f"dcsm: resumed at step {start}")
-    n = len(data.images)
-    batch = min(cfg.batch_size, n)
-    k = min(cfg.k_random, batch - 1)
     end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    scorer.train()
-    with StepProgress("dcsm", total=cfg.steps, completed=start) as bar:
-        for step in range(start, end):
-            rng = np.random.default_rng([ctx.seed, step, 13])  # from the step: resumable
-            torch.manual_seed(int(rng.integers(2**31)))  # dropout masks too
-            idx = rng.choice(n, size=batch, replace=False)
-            # k other batch positions per position j (never j itself).
-            picks = [rng.permutation(batch - 1)[:k] for _ in range(batch)]
-            others = np.stack([o + (o >= j) for j, o in enumerate(picks)]).astype(np.int64)
-            cand = [[int(caption_row[i]), negative_rows[i][int(rng.integers(len(negative_rows[i])))]] for i in idx]
-            for j in range(batch):
-                cand[j] += [int(caption_row[idx[o]]) for o in others[j]]
-            cand_t = torch.tensor(cand)
-            image_cand = torch.cat([torch.arange(batch)[:, None], torch.from_numpy(others).long()], dim=1)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, lr=cfg.lr, steps=cfg.steps, warmup_steps=cfg.warmup_steps, warmup="overlap")
-            loss, acc = dcsm_caption_negatives_loss(
-                scorer, images[idx].float().to(ctx.device), txt[cand_t].float().to(ctx.device),
-                txt_valid[cand_t].to(ctx.device), txt_rows[cand_t].to(ctx.device), image_cand.to(ctx.device),
-                table.to(ctx.device),
-            )  # fmt: skip
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
-            opt.step()
-            history.append({"step": step + 1, "loss": loss.item(), "fit": acc.item()})
-            bar.update(info=f"loss {loss.item():.3f} fit {acc.item():.2f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-                checkpoint_state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                                    "history": history, "config": config}  # fmt: skip
-                torch.save(checkpoint_state, path.with_suffix(".tmp"))
-                path.with_suffix(".tmp").replace(path)
-    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+
+    def after_step(step: int, scorer: DCSMScorer, opt: torch.optim.Optimizer, loss: float, fit: float) -> None:
+        history.append({"step": step + 1, "loss": loss, "fit": fit})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+            checkpoint_state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                "history": history, "config": config}  # fmt: skip
+            torch.save(checkpoint_state, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)
+
+    step_loss = dcsm.caption_negatives(images, texts, caption_row, negative_rows, table, hyper,
+                                       batch_size=cfg.batch_size, seed=ctx.seed, device=ctx.device)  # fmt: skip
+    state = dcsm.train(config, step_loss, hyper, seed=ctx.seed, device=ctx.device, start=start, end=end,
+                       resume=resume, after_step=after_step)  # fmt: skip
     return state, config, table
 
 

@@ -2,7 +2,7 @@
 
 Each command validates the data (every problem printed with its file and line; nothing trains
 on bad data), loads ``--model name@alias`` from the store, trains, and publishes a new version
-that keeps the base's parts and adds its own. The work itself is in the modules beside this one
+that keeps the base's parts and adds its own. The work itself is in ``training.userdata``
 (``run_pcclip`` etc.), which other programs may call directly.
 """
 
