@@ -195,7 +195,10 @@ class ServedModels:
     async def acquire_entry(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
         """``acquire`` for a ``model`` already resolved."""
         entry = selection.entry
-        if entry.current is None and self.on_demand and entry is not self.default:
+        # A model not loaded yet is waited for within the request's time budget: under a memory
+        # budget it is loaded on request; otherwise it may still be loading at start (the server
+        # is ready once its default model is). A failed load answers 503 at once.
+        if entry.current is None and entry is not self.default and (self.on_demand or entry.state == "loading"):
             await self._load_on_demand(entry)
         async with entry.acquire(key, selection.version) as runtime:  # no await between the check above and this
             yield runtime
@@ -221,6 +224,8 @@ class ServedModels:
         waited_for_room = False
         while entry.current is None:
             if not entry.started:
+                if not self.on_demand:  # every model loads at start; this one stopped (shutting down)
+                    raise ClipError(ErrorCode.not_ready, entry.not_ready_message(), retry_after=1)
                 if self._make_room():
                     log.info("loading %s on request (max_loaded_models=%d)", entry.ref, self.budget)
                     entry.launch()

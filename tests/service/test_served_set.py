@@ -347,3 +347,33 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
         # The shadow compares again after the reload.
         wait_until(lambda: _split(url, "beta")["shadow"]["endpoints"].get("/embed", {}).get("compared", 0) > 0)
         assert _states(url) == {"alpha": "ready", "beta@production": "ready", "gamma": "unloaded"}
+
+
+def test_a_request_for_a_model_still_loading_at_start_waits_for_it(
+    tmp_path: Path, serve_app: Any, publish_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server is ready once its default model is; a request for another model that is still
+    # loading waits for it (within its time budget) instead of a 503.
+    from service.runtime import lifecycle
+
+    root = tmp_path / "store"
+    publish_model(root, "alpha", seed=61)
+    publish_model(root, "beta", seed=62)
+    release = threading.Event()
+    real_load = lifecycle.ModelBundle.load
+
+    def held_load(store: Any, ref: str, *args: Any, **kwargs: Any) -> Any:
+        if ref.startswith("beta"):
+            release.wait(timeout=60)  # beta's load lasts until the test lets it finish
+        return real_load(store, ref, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle.ModelBundle, "load", held_load)
+    with serve_app(store=str(root), model="alpha,beta") as running:
+        assert _states(running.url) == {"alpha": "ready", "beta": "loading"}
+        answers: list[tuple[str, np.ndarray]] = []
+        request = threading.Thread(target=lambda: answers.append(_embed(running.url, {"texts": TEXTS}, "beta")))
+        request.start()
+        wait_until(lambda: running.services.models.entries[1].waiting == 1, what="the request to wait for beta")
+        release.set()
+        request.join(timeout=60)
+        assert [answered for answered, _ in answers] == ["beta@v1"]
