@@ -42,7 +42,7 @@ from statistics import median
 import httpx
 
 from loadtests.benchmark import publish_random_arch, wait_ready
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from loadtests.peer.benchmark import build_peer_model, infinity_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,12 +67,7 @@ def service(store: Path, ref: str, threads: int, cache: Path, log: Path) -> Iter
             wait_ready(url, proc, timeout_s=900)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def start_service(store: Path, ref: str, threads: int, cache: Path, log: Path) -> dict[str, object]:

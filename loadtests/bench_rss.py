@@ -38,7 +38,7 @@ import httpx
 
 from loadtests.bench_served_set import publish_versions
 from loadtests.benchmark import wait_ready
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from loadtests.peer.benchmark import JpegPool, build_peer_model, ensure_infinity, infinity_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,12 +93,7 @@ def service_set(store: Path, refs: list[str], threads: int, cwd: Path, onnx_cach
             time.sleep(0.5)
         yield proc.pid, url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace_s=60)
 
 
 Request = Callable[[int], tuple[str, dict[str, object]]]

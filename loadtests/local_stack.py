@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -29,6 +30,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """SIGTERM ``proc`` and wait ``grace_s`` for it to exit (a server drains), then SIGKILL it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def redis_server_command(port: int, workdir: Path) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -25,15 +24,11 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtests.local_stack import free_port, stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 WATCH_S = 0.5
 BOUND_S = 120.0  # generous: only a replica that never converges fails the test
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _state(url: str) -> tuple[str | None, str | None]:
@@ -52,7 +47,7 @@ def replicas(tmp_path: Path, publish_model: Any) -> Iterator[tuple[Path, list[st
     procs, urls, logs = [], [], []
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             log = (tmp_path / f"replica-{i}.log").open("wb")
             logs.append(log)
             cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port)]
@@ -73,13 +68,9 @@ def replicas(tmp_path: Path, publish_model: Any) -> Iterator[tuple[Path, list[st
         yield store, urls
     finally:
         for proc in procs:
-            proc.terminate()
+            proc.terminate()  # both drain at once
         for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+            stop_process(proc)
         for log in logs:
             log.close()
 
