@@ -19,7 +19,7 @@ from redis_ha import SentinelSetup, missing_binaries
 from service.runtime import EmbeddingCache, ServiceMetrics
 from service.runtime.cache import quantize
 
-from .test_cache import cache_counts, keys_for, unit_vectors
+from .test_cache import ROOMY_TIMEOUT_S, cache_counts, keys_for, unit_vectors
 
 
 async def test_sentinel_url_with_passwords_caches_on_the_master(tmp_path: Path) -> None:
@@ -28,14 +28,14 @@ async def test_sentinel_url_with_passwords_caches_on_the_master(tmp_path: Path) 
     with SentinelSetup(tmp_path, password="master-secret", sentinel_password="sentinel-secret") as setup:
         assert "master-secret" in setup.url and "sentinel-secret" in setup.url
         metrics = ServiceMetrics()
-        cache = EmbeddingCache(setup.url, metrics=metrics)
+        cache = EmbeddingCache(setup.url, timeout_s=ROOMY_TIMEOUT_S, metrics=metrics)
         assert await cache.ping() and cache.redis_state == "up"
         keys = keys_for(5)
         vecs = unit_vectors(5)
         await cache.put_many(dict(zip(keys, vecs, strict=True)))
         assert setup.master.exists(*keys) == 5
 
-        fresh = EmbeddingCache(setup.url, metrics=metrics)  # another replica of the service
+        fresh = EmbeddingCache(setup.url, timeout_s=ROOMY_TIMEOUT_S, metrics=metrics)  # another replica of the service
         got = await fresh.get_many(keys)
         for value, vec in zip(got, vecs, strict=True):
             assert value is not None
@@ -57,7 +57,7 @@ async def test_cluster_batch_spreads_over_the_masters_in_one_round_trip_per_node
     redis_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metrics = ServiceMetrics()
-    cache = EmbeddingCache(redis_cluster.url, metrics=metrics)
+    cache = EmbeddingCache(redis_cluster.url, timeout_s=ROOMY_TIMEOUT_S, metrics=metrics)
     assert await cache.ping()
     keys = keys_for(60)
     vecs = unit_vectors(60)
@@ -78,7 +78,7 @@ async def test_cluster_batch_spreads_over_the_masters_in_one_round_trip_per_node
         assert redis_cluster.node_for(key).exists(key) == 1
 
     round_trips.clear()
-    fresh = EmbeddingCache(redis_cluster.url, metrics=metrics)
+    fresh = EmbeddingCache(redis_cluster.url, timeout_s=ROOMY_TIMEOUT_S, metrics=metrics)
     got = await fresh.get_many(keys)
     assert sorted(round_trips.values()) == [1, 1, 1], round_trips
     for value, vec in zip(got, vecs, strict=True):
