@@ -326,12 +326,12 @@ class Settings(BaseSettings):
         "interrupted measurements included; once spent, no attempt starts.",
     )
     shadow_quiet_ms: float = Field(
-        default=0.0,
+        default=5.0,
         ge=0,
         description="A shadow run starts only once the primary and canary have had no request in flight for this "
         "long (a gap in the traffic, not the moment between two requests of one client); a sampled request that "
-        "finds no such gap within 1 s is dropped. 0 (the default; a gain from waiting is not measured yet): it starts "
-        "right after the answer, whatever is in flight.",
+        "finds no such gap within 1 s is dropped. 0: it starts right after the answer, whatever is in flight "
+        "(measured costlier for the answers: docs/benchmarks.md).",
     )
     graceful_shutdown_s: int = Field(default=20, ge=0, description="How long SIGTERM waits for in-flight requests.")
     warmup: bool = Field(
