@@ -329,7 +329,8 @@ class Settings(BaseSettings):
         default=5.0,
         ge=0,
         description="A shadow run starts only once the primary and canary have had no request in flight for this "
-        "long (a gap in the traffic, not the moment between two requests of one client); a sampled request that "
+        "long (a gap in the traffic, not the moment between two requests of one client), and longer while the "
+        "recent traffic's gaps of that length mostly ended before a run would have; a sampled request that "
         "finds no such gap within 1 s is dropped. 0: it starts right after the answer, whatever is in flight "
         "(measured costlier for the answers: docs/benchmarks.md).",
     )

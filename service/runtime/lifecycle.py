@@ -320,7 +320,10 @@ class ModelManager:
                 runtime = canary
         elif canary is not None and self.entry is not None and route(self.entry, key) == canary.bundle.version:
             runtime = canary
+        idle_since = self.answering_idle_since()
         self.last_used = time.monotonic()
+        if idle_since is not None and idle_since > 0:  # teaches shadow runs the traffic's gaps
+            self.shadows.note_gap(self.last_used - idle_since)
         for peer in self.peers:  # a measurement in the idle time, of any entry, stops at its next timed call
             peer.retimer.request_arrived()
         try:

@@ -11,7 +11,11 @@ have had no request in flight for ``quiet_s`` (the ``shadow_quiet_ms`` setting),
 request that finds no such moment within ``SHADOW_WAIT_S`` is dropped (``busy``). Started right
 after an answer, a run would share the CPU with the next request of a busy client (back-to-back
 requests leave gaps of a millisecond or so); so it runs in the gaps of the traffic instead, and
-under steady load, where there are none, it gives way entirely.
+under steady load, where there are none, it gives way entirely. How long a gap must last is learnt
+from the traffic (``TrafficGaps``): a run starts once most of the recent gaps that lasted as long
+as this one went on long enough to hold a run of the length the last runs took. A client that
+pauses 20 ms between requests gets its shadow runs after 5 ms; one whose requests follow each other
+within a few milliseconds only in the rare longer pauses of its traffic.
 
 A shadow run calls the request's own operation with the shadow version's runtime, through the
 same pipeline (cache, batchers), and compares the two answers (``compare``): decisions one by one
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -35,7 +40,16 @@ from service.runtime.assembly import ModelRuntime
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES, RequestStages
 
-__all__ = ["SHADOW_QUEUE", "Answer", "Comparison", "EndpointStats", "ShadowJob", "ShadowRunner", "compare"]
+__all__ = [
+    "SHADOW_QUEUE",
+    "Answer",
+    "Comparison",
+    "EndpointStats",
+    "ShadowJob",
+    "ShadowRunner",
+    "TrafficGaps",
+    "compare",
+]
 
 log = logging.getLogger("service.shadow")
 A = TypeVar("A")
@@ -47,6 +61,12 @@ SHADOW_QUEUE = 4
 # (the default of the shadow_quiet_ms setting).
 SHADOW_QUIET_S = 0.005
 SHADOW_WAIT_S = 1.0  # how long a sampled request waits for such a gap before it is dropped
+# The gaps between requests that TrafficGaps remembers: a few seconds of a busy client's traffic.
+GAP_HISTORY = 256
+# Fewer past gaps than this as long as the current one: the traffic has paused longer than it
+# usually does, and nothing it did says the next request is near.
+GAP_EVIDENCE = 16
+FIT_SHARE = 0.9  # a run starts when at least this share of those gaps went on long enough to hold it
 LOG_REPEAT_S = 60.0
 
 
@@ -144,6 +164,36 @@ class EndpointStats:
         return self.correlation_sum / self.correlations if self.correlations else None
 
 
+class TrafficGaps:
+    """The recent gaps between requests of the versions that answer callers (seconds from the end
+    of one to the start of the next while nothing else was in flight), and whether a shadow run
+    started in the current gap would likely end before the next request comes."""
+
+    def __init__(self, capacity: int = GAP_HISTORY) -> None:
+        self._gaps: deque[float] = deque(maxlen=capacity)
+
+    def add(self, seconds: float) -> None:
+        self._gaps.append(seconds)
+
+    def fits(self, idle_s: float, run_s: float) -> bool:
+        """Whether, of the remembered gaps that lasted ``idle_s``, at least ``FIT_SHARE`` lasted
+        ``run_s`` longer (True too when fewer than ``GAP_EVIDENCE`` lasted that long)."""
+        longer = [g for g in self._gaps if g > idle_s]
+        if len(longer) < GAP_EVIDENCE:
+            return True
+        return sum(g >= idle_s + run_s for g in longer) >= FIT_SHARE * len(longer)
+
+
+@dataclass
+class _RunLength:
+    """A moving average of how long shadow runs take (0 until the first one ended)."""
+
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.seconds = seconds if self.seconds == 0.0 else 0.8 * self.seconds + 0.2 * seconds
+
+
 @dataclass(eq=False)
 class ShadowJob(Generic[A]):
     """One sampled request: its answer as sent, and how to compute it again on another version."""
@@ -187,6 +237,8 @@ class ShadowRunner:
         self._idle_since = idle_since
         self._quiet_s = quiet_s
         self._wait_s = wait_s
+        self.gaps = TrafficGaps()  # fed by the model's requests (``note_gap``)
+        self._run_length = _RunLength()
         self._queue: asyncio.Queue[ShadowJob[Any]] = asyncio.Queue(maxsize=capacity)
         self._task: asyncio.Task[None] | None = None
         self._stats: dict[str, dict[str, EndpointStats]] = {}  # version -> endpoint -> totals
@@ -244,9 +296,15 @@ class ShadowRunner:
         self._totals(job).dropped += 1
         self.metrics.shadow_request(self.model, job.version, job.endpoint, reason)
 
+    def note_gap(self, seconds: float) -> None:
+        """A request of the versions that answer callers started ``seconds`` after the last one
+        ended, nothing being in flight meanwhile."""
+        self.gaps.add(seconds)
+
     async def until_quiet(self) -> bool:
-        """Wait until the versions that answer callers have been idle for ``quiet_s`` (True), or
-        give up after ``wait_s`` (False)."""
+        """Wait until the versions that answer callers have been idle for ``quiet_s`` and the
+        traffic's recent gaps say a run would likely end before the next request (True), or give
+        up after ``wait_s`` (False)."""
         if self._idle_since is None or self._quiet_s <= 0:  # 0: no waiting at all
             return True
         deadline = time.monotonic() + self._wait_s
@@ -254,7 +312,10 @@ class ShadowRunner:
             since, now = self._idle_since(), time.monotonic()
             pause = self._quiet_s if since is None else self._quiet_s - (now - since)
             if pause <= 0:
-                return True
+                assert since is not None
+                if self.gaps.fits(now - since, self._run_length.seconds):
+                    return True
+                pause = self._quiet_s / 4  # look again a little later in this gap
             if now + pause > deadline:
                 return False
             await asyncio.sleep(pause)
@@ -286,8 +347,10 @@ class ShadowRunner:
         # Its own encode budget (request_timeout_s), apart from any request's.
         token = REQUEST_STAGES.set(RequestStages())
         try:
+            started = time.monotonic()
             with runtime.held():
                 answer = await job.rerun(runtime)
+            self._run_length.add(time.monotonic() - started)
             comparison = compare(job.summarize(job.primary), job.summarize(answer))
         except asyncio.CancelledError:
             raise

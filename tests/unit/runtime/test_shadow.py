@@ -15,7 +15,7 @@ import pytest
 
 from service.runtime import ServiceMetrics
 from service.runtime.canary import caller_key
-from service.runtime.shadow import Answer, ShadowJob, ShadowRunner, compare, mean_cosine, pearson
+from service.runtime.shadow import Answer, ShadowJob, ShadowRunner, TrafficGaps, compare, mean_cosine, pearson
 
 
 def test_a_copy_agrees_on_everything() -> None:
@@ -183,3 +183,37 @@ def test_a_run_waits_for_a_gap_in_the_traffic_and_is_dropped_without_one() -> No
 
     asyncio.run(dropped_as_busy())
     assert outcome(metrics, "busy") == 1 and outcome(metrics, "compared") == 0
+
+
+def test_traffic_gaps_say_whether_a_run_would_end_before_the_next_request() -> None:
+    gaps = TrafficGaps()
+    assert gaps.fits(0.005, 0.006)  # nothing learnt yet: the quiet period alone decides
+    for i in range(100):  # a client sending back to back: gaps of 2 to 8 ms
+        gaps.add(0.002 + 0.006 * i / 99)
+    assert not gaps.fits(0.005, 0.006)  # every gap that lasted 5 ms ended within 3 ms more
+    assert gaps.fits(0.009, 0.006)  # longer than any it ever paused: its next request is not near
+    assert gaps.fits(0.005, 0.0)  # a run of no length fits any gap
+
+    paced = TrafficGaps()
+    for _ in range(50):  # a client that pauses 20 ms, and short gaps between batches of another
+        paced.add(0.020)
+        paced.add(0.001)
+    assert paced.fits(0.005, 0.006)  # a gap that lasted 5 ms is one of the 20 ms ones
+    assert not paced.fits(0.005, 0.016)
+
+
+def test_a_run_waits_past_the_gaps_that_would_end_before_it_does() -> None:
+    in_flight: dict[str, float | None] = {"since": None}
+    r = ShadowRunner("m", ServiceMetrics(), lease=lambda v: FakeRuntime(), busy=lambda: False,
+                     idle_since=lambda: in_flight["since"], quiet_s=0.005, wait_s=1.0)  # fmt: skip
+    for _ in range(50):
+        r.note_gap(0.05)  # the traffic's gaps all end after 50 ms
+    r._run_length.add(0.06)  # and a run takes 60 ms: none of those gaps could hold one
+
+    async def waited() -> tuple[bool, float]:
+        start = in_flight["since"] = time.monotonic()
+        started = await r.until_quiet()
+        return started, time.monotonic() - start
+
+    started, seconds = asyncio.run(waited())
+    assert started and seconds >= 0.05  # not at 5 ms: only once the gap outlasted the traffic's usual ones
