@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtests.local_stack import stop_process
 from service.runtime.cache import EmbeddingCache, embedding_key
 from service.runtime.metrics import ServiceMetrics
 
@@ -70,8 +71,7 @@ def local_redis() -> Iterator[str]:
                 time.sleep(0.02)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_process(proc, grace_s=10)
 
 
 def stored_items(dim: int) -> dict[str, np.ndarray]:

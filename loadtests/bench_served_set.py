@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 
 from loadtests.benchmark import wait_ready
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from model_store import ModelStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,8 +134,7 @@ def rss(args: argparse.Namespace) -> None:
                 now, peak = rss_mib(proc.pid)
                 print(f"| {count} | {count} | {now:.0f} | {peak:.0f} |")
             finally:
-                proc.terminate()
-                proc.wait(timeout=60)
+                stop_process(proc, grace_s=60)
         if args.budget:
             count = max(args.counts)
             proc, url = serve_set(store, refs[:count], args.threads, budget=args.budget)
@@ -157,8 +156,7 @@ def rss(args: argparse.Namespace) -> None:
                       f"unloaded and loaded it: {min(loads):.1f}-{max(loads):.1f} s; with the model loaded: "
                       f"{min(hits):.2f}-{max(hits):.2f} s")  # fmt: skip
             finally:
-                proc.terminate()
-                proc.wait(timeout=60)
+                stop_process(proc, grace_s=60)
 
 
 async def _latencies(runtime: Any, samples: int) -> list[float]:

@@ -41,7 +41,7 @@ import torch
 from clipcore.backends.base import ServingTowers
 from clipcore.models.bundle import ModelBundle
 from loadtests.bench_cuda import cuda_or_exit
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from loadtests.run import ImagePool, RunResult, run_load
 from model_store import ModelStore
 from service.config import Settings
@@ -142,12 +142,7 @@ def server(
         wait_ready(url, proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         exports.cleanup()
 
 

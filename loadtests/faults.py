@@ -65,7 +65,7 @@ import httpx
 import numpy as np
 
 from loadtests.benchmark import wait_ready
-from loadtests.local_stack import RedisProcess, free_port, metric_value, publish_tiny
+from loadtests.local_stack import RedisProcess, free_port, metric_value, publish_tiny, stop_process
 from loadtests.run import DIFFERENCE, LABELS_20, RequestSpec, run_load
 from loadtests.seaweed_s3 import SeaweedS3, weed_binary
 from loadtests.soak import UniqueImages, unique_word
@@ -248,12 +248,7 @@ class FaultRun:
 
     def close(self) -> None:
         if self.service is not None and self.service.poll() is None:
-            self.service.terminate()
-            try:
-                self.service.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.service.kill()
-                self.service.wait(timeout=10)
+            stop_process(self.service)
         self.redis.stop()
         if self.s3 is not None:
             self.s3.kill()  # its data goes with the working directory: no need for a 15 s clean stop

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from loadtests.local_stack import stop_process
+
 PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
@@ -164,12 +166,7 @@ class SeaweedS3:
         """SIGTERM, then SIGKILL after ``grace_s``: ``weed server`` starts a graceful stop on
         SIGTERM that hangs for 20 s or more, and a test's throwaway data needs no clean stop."""
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            stop_process(self.proc, grace_s)
             self.proc = None
             self.log.close()
 

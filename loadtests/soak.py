@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from loadtests.benchmark import wait_ready
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from loadtests.run import SHAPES, RequestSpec, run_load
 from training.world.render import draw_scene_pil
 from training.world.scene import Scene, SceneObject
@@ -202,8 +202,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             samples = sampler.stop()
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop_process(proc, grace_s=60)
     report(args, result, samples, start_rss, images.count)
 
 

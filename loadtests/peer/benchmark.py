@@ -47,7 +47,7 @@ from statistics import median
 from PIL import Image
 
 from loadtests.benchmark import model_ceiling, publish_random_arch, served_towers, server, wait_ready
-from loadtests.local_stack import free_port
+from loadtests.local_stack import free_port, stop_process
 from loadtests.run import RequestSpec, RunResult, run_load
 from loadtests.soak import UniqueImages
 
@@ -141,12 +141,7 @@ def infinity_process(
         wait_ready(url, proc, timeout_s=600, probe="/health")
         yield proc, url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @contextmanager
