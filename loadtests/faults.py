@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -64,6 +64,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from clipcore.models.components import Components
 from loadtests.benchmark import wait_ready
 from loadtests.local_stack import RedisProcess, free_port, metric_value, publish_tiny, stop_process
 from loadtests.run import DIFFERENCE, LABELS_20, RequestSpec, run_load
@@ -147,6 +148,14 @@ class CheckFailed(Exception):
     """A fault's check did not hold; the run goes on with the next fault."""
 
 
+def weights_file(components: Mapping[str, Any]) -> str:
+    """The weights file a manifest's ``components`` name (every version this run publishes has one)."""
+    weights = Components.from_manifest(components).weights
+    if weights is None:
+        raise ValueError("the version holds no weights")
+    return weights
+
+
 class FaultRun:
     """The processes of one run (redis-server, S3 server, service), its faults and its report."""
 
@@ -213,7 +222,7 @@ class FaultRun:
             for filename in manifest["files"]:  # annex files (eval.json) are not part of a publish
                 (target / filename).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src / filename, target / filename)
-        weights = truncated / manifest["components"]["weights"]
+        weights = truncated / weights_file(manifest["components"])
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         fields = {k: v for k, v in manifest.items() if k not in ("files", "version", "name", "created_at")}
         (self.workdir / "fields.json").write_text(json.dumps(fields))
@@ -356,7 +365,7 @@ class FaultRun:
     def corrupt_checksum(self, phase: Phase) -> None:
         refused, store = self.refused(), ModelStore(self.location)  # its own: its verify is switched off below
         manifest = store.publish(self.name, self.files(self.release), self.read_fields())
-        weights = manifest.components["weights"]
+        weights = weights_file(manifest.components)
         key = f"{self.name}/versions/{manifest.version}/{weights}"
         raw = bytearray(store.backend.read_bytes(key))
         raw[len(raw) // 2] ^= 0xFF

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clipcore.models.components import Components
 from model_store import Manifest, ModelStore
 from model_store.manifest import ANNEX_FILES
 
@@ -44,13 +45,10 @@ def publish_derived(
     base, directory = store.load_verified(base_name, base_version)
     sources: dict[str, Any] = {filename: directory / filename for filename in base.files if filename not in ANNEX_FILES}
     sources.update(parts.files)
-    merged = dict(base.components)
-    merged.update(parts.components)
-    if parts.text_encoders:
-        merged["text_encoders"] = {**base.components.get("text_encoders", {}), **parts.text_encoders}
+    components = Components.from_manifest(base.components).merged(parts.components, parts.text_encoders)
     fields = {key: getattr(base, key) for key in _INHERITED}
     fields |= {
-        "components": merged,
+        "components": components.to_manifest(),
         "metrics": {**base.metrics, **parts.metrics},
         "training": {"base": f"{base_name}@{base_version}", **parts.training},
         "data": {**base.data, **parts.data},

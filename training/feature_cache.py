@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from clipcore.models.components import Components
 from model_store import Manifest
 
 Kind = Literal["pooled", "dense"]
@@ -45,8 +46,8 @@ CHUNK_IMAGES = 1024
 
 def tower_key(manifest: Manifest, precision: str = "fp32") -> str:
     """The digest that names an image tower's cache (see the module docstring)."""
-    weights = manifest.components.get("weights")
-    digest = manifest.files[weights].sha256 if weights in manifest.files else "random-init"
+    weights = Components.from_manifest(manifest.components).weights
+    digest = manifest.files[weights].sha256 if weights is not None and weights in manifest.files else "random-init"
     identity = {
         "architecture": manifest.architecture,
         "hooks": manifest.hooks,

@@ -4,7 +4,8 @@ Text-encoder variants (``base``, ``pcclip``, ...) are full text towers that shar
 image tower; a variant's file holds only the tensors that differ from the base weights.
 This is the one place that turns a manifest into encoders, for serving and evaluation alike.
 A version published with a DCSM scorer (``components["dcsm"]``) also gets ``dcsm`` (the head)
-and ``dense`` (a ``DenseEncoder`` over the base model) for dense token x patch scoring.
+and ``dense`` (a ``DenseEncoder`` over the base model) for dense token x patch scoring. The
+manifest's ``components`` are parsed once, here (``components``: a ``Components``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from clipcore.models.clip_model import (
     text_features,
     tokenizer_for,
 )
+from clipcore.models.components import BASE_ENCODER, Components
 from clipcore.models.dense import DCSMHead, DenseEncoder, DenseRunner
 from clipcore.models.encoding import encode_pixels
 from clipcore.models.hf_tokenizer import HfTextTokenizer, hf_tokenizer_dir
@@ -37,7 +39,6 @@ from clipcore.models.tokenizer import BoundedTokenizer
 from clipcore.models.yukino import YukinoHead, prompt_features
 from model_store import Manifest, ModelStore
 
-BASE_ENCODER = "base"
 START_LABEL, END_LABEL = "<start>", "<end>"
 
 
@@ -75,6 +76,7 @@ class ModelBundle:
     name: str
     version: str
     manifest: Manifest
+    components: Components  # the manifest's, parsed
     directory: Path
     model: CLIP
     text_models: dict[str, CLIP]
@@ -153,13 +155,13 @@ class ModelBundle:
 
     @classmethod
     def from_directory(cls, manifest: Manifest, directory: Path, device: str = "cpu") -> ModelBundle:
-        components = manifest.components
+        components = Components.from_manifest(manifest.components)
         model = load_architecture(manifest.architecture, device="cpu")
-        if "weights" in components:
-            load_weights(model, directory / components["weights"])
+        if components.weights is not None:
+            load_weights(model, directory / components.weights)
         model = model.to(device).eval()
         text_models = {BASE_ENCODER: model}
-        for variant, filename in components.get("text_encoders", {}).items():
+        for variant, filename in components.text_encoders.items():
             text_part = {k: v.float() for k, v in load_file(str(directory / filename)).items()}
             if any(k.startswith("visual.") for k in text_part):
                 raise ValueError(f"text encoder {variant!r} must not contain image weights")
@@ -171,11 +173,20 @@ class ModelBundle:
         comparatives: list[dict[str, Any]] = []
         if (directory / "comparatives.json").exists():
             comparatives = json.loads((directory / "comparatives.json").read_text())
-        default = components.get("default_text_encoder", BASE_ENCODER)
+        default = components.default_text_encoder
         if default not in text_models:
             raise ValueError(f"default text encoder {default!r} is not among {sorted(text_models)}")
         bundle = cls(
-            manifest.name, manifest.version, manifest, directory, model, text_models, default, device, comparatives
+            manifest.name,
+            manifest.version,
+            manifest,
+            components,
+            directory,
+            model,
+            text_models,
+            default,
+            device,
+            comparatives,
         )
         folder = hf_tokenizer_dir(manifest.tokenizer)
         if folder is not None:

@@ -36,6 +36,7 @@ from clipcore.methods.dcsm import (
 )
 from clipcore.methods.token_spans import find_word_spans
 from clipcore.models.clip_model import normalize, text_features, tokenizer_for, trimmed
+from clipcore.models.components import Components
 from clipcore.models.encoding import encode_pixels
 from clipcore.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
 
@@ -199,12 +200,12 @@ class DCSMHead:
         return cls.from_state(load(data), config)
 
     @classmethod
-    def from_components(cls, directory: Path, components: Mapping[str, Any]) -> DCSMHead | None:
-        """The head of a model version (``components["dcsm"]``), or None if it has none."""
-        entry = components.get("dcsm")
-        if not entry:
+    def from_components(cls, directory: Path, components: Components) -> DCSMHead | None:
+        """The head of a model version (``components.dcsm``), or None if it has none."""
+        entry = components.dcsm
+        if entry is None:
             return None
-        return cls.load(directory / entry["weights"], entry["config"])
+        return cls.load(directory / entry.weights, entry.config)
 
     def encoder(self, model: CLIP, context_length: int, **kwargs: Any) -> DenseEncoder:
         return DenseEncoder(model, context_length, self.functional_groups, int(self.config["length"]), **kwargs)

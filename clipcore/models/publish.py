@@ -15,6 +15,7 @@ from open_clip.model import CLIP
 from safetensors.torch import save
 
 from clipcore.models.clip_model import architecture_config, config_image_size, is_text_param
+from clipcore.models.components import Components
 from clipcore.models.preprocess import PreprocessConfig
 from model_store import Manifest, ModelStore
 
@@ -77,6 +78,16 @@ def publish_bundle(
         files["comparatives.json"] = json.dumps(list(t.comparatives), indent=2).encode()
     files.update(t.extra_files)
     config = architecture_config(t.architecture)
+    # Parsed before anything is written: an entry of the wrong type is refused here, not at load.
+    components = Components.from_manifest(
+        {
+            "weights": "model.safetensors",
+            "weights_dtype": "float16" if t.fp16 else "float32",
+            "text_encoders": text_files,
+            "default_text_encoder": t.default_text_encoder,
+            **t.components,
+        }
+    )
     fields = {
         "architecture": t.architecture,
         "hooks": list(t.architecture.get("hooks", [])),
@@ -85,13 +96,7 @@ def publish_bundle(
         "embed_dim": int(config["embed_dim"]),
         "image_size": config_image_size(config),
         "preprocess": t.preprocess.to_manifest(),
-        "components": {
-            "weights": "model.safetensors",
-            "weights_dtype": "float16" if t.fp16 else "float32",
-            "text_encoders": text_files,
-            "default_text_encoder": t.default_text_encoder,
-            **t.components,
-        },
+        "components": components.to_manifest(),
         "metrics": dict(t.metrics),
         "training": dict(t.training),
         "data": dict(t.data),

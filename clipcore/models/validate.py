@@ -21,12 +21,11 @@ from open_clip.model import CLIP
 from clipcore.errors import ClipError
 from clipcore.models.bundle import ModelBundle
 from clipcore.models.clip_model import architecture_config, config_image_size
+from clipcore.models.components import Components, ComponentsInvalid
 from clipcore.models.hf_tokenizer import BPE_TOKENIZER, hf_tokenizer_dir
 from model_store import Manifest
 
 SMOKE_TEXTS = ("a photo of a red circle", "a photo of a blue square")
-# Components that need per-token features, which only the CLIP family has.
-DENSE_COMPONENTS = ("dcsm", "yukino")
 
 
 class VersionInvalid(ValueError):
@@ -41,8 +40,9 @@ def smoke_image(size: int) -> np.ndarray:
     return image.astype(np.uint8)[None]
 
 
-def check_manifest_architecture(manifest: Manifest) -> None:
-    """Checks that need no weights: the architecture exists and takes the recorded image size."""
+def check_manifest_architecture(manifest: Manifest) -> Components:
+    """Checks that need no weights: the architecture exists and takes the recorded image size, and
+    the components have the types their readers need (returned, parsed)."""
     try:
         config = architecture_config(manifest.architecture)
     except (KeyError, TypeError, ValueError) as exc:
@@ -61,20 +61,25 @@ def check_manifest_architecture(manifest: Manifest) -> None:
         )
     if folder is not None and not any(f.startswith(f"{folder}/") for f in manifest.files):
         raise VersionInvalid(f"tokenizer {manifest.tokenizer!r}: the version has no files under {folder}/")
-    if folder is not None and any(c in manifest.components for c in DENSE_COMPONENTS):
+    try:
+        components = Components.from_manifest(manifest.components)
+    except ComponentsInvalid as exc:
+        raise VersionInvalid(str(exc)) from None
+    if folder is not None and components.dense:
         raise VersionInvalid("per-token components (DCSM, YUKINO) read open_clip's BPE tokens, not this tokenizer's")
     size = config_image_size(config)
     if size != manifest.image_size:
         raise VersionInvalid(f"image_size is {manifest.image_size} but the architecture takes {size} px images")
     if int(config.get("embed_dim", manifest.embed_dim)) != manifest.embed_dim:
         raise VersionInvalid(f"embed_dim is {manifest.embed_dim} but the architecture embeds to {config['embed_dim']}")
+    return components
 
 
 @torch.no_grad()
 def validate_version(manifest: Manifest, directory: Path) -> None:
     """Raise ``VersionInvalid`` naming what is wrong when the version in ``directory`` cannot serve."""
-    check_manifest_architecture(manifest)
-    if "weights" not in manifest.components:
+    components = check_manifest_architecture(manifest)
+    if components.weights is None:
         raise VersionInvalid("components.weights is not set: the version holds no weights")
     try:
         bundle = ModelBundle.from_directory(manifest, directory)
@@ -87,7 +92,7 @@ def validate_version(manifest: Manifest, directory: Path) -> None:
         raise VersionInvalid(
             f"the tokenizer has {bundle.hf_tokenizer.vocab_size} tokens but the text tower embeds {vocab}"
         )
-    dense = [c for c in DENSE_COMPONENTS if c in manifest.components]
+    dense = components.dense
     if dense and not isinstance(bundle.model, CLIP):
         raise VersionInvalid(
             f"components {dense} need per-token features, which {type(bundle.model).__name__} models do not have"

@@ -5,12 +5,11 @@
 encoded with ``v*`` in place of ``$`` by the chosen text-encoder variant, and
 ``clipcore.methods.yukino.yes_no_scores`` matches captions against them. ``YukinoHead`` is that
 inverter with its prompts and config, as stored in a model version (``yukino.safetensors`` +
-``components["yukino"]``).
+``components["yukino"]``, read as ``Components.yukino``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from clipcore.models.clip_model import normalize, text_features, tokenizer_for
+from clipcore.models.components import Components
 
 PLACEHOLDER = "$"  # its own BPE token when it stands between spaces ("$." would merge)
 YES_PROMPT = "a photo of $"
@@ -82,11 +82,12 @@ class YukinoHead:
         return {self.FILE: save(state)}, {"file": self.FILE, "text_encoder": self.text_encoder, "config": self.config}
 
     @classmethod
-    def from_components(cls, directory: Path, components: Mapping[str, Any], device: str = "cpu") -> YukinoHead | None:
-        spec = components.get("yukino")
+    def from_components(cls, directory: Path, components: Components, device: str = "cpu") -> YukinoHead | None:
+        """The head of a model version (``components.yukino``), or None if it has none."""
+        spec = components.yukino
         if spec is None:
             return None
-        cfg = dict(spec["config"])
+        cfg = dict(spec.config)
         inverter = Inverter(cfg["in_dim"], cfg["token_dim"], cfg.get("width", 512))
-        inverter.load_state_dict({k: v.float() for k, v in load_file(str(directory / spec["file"])).items()})
-        return cls(inverter.to(device).eval(), spec["text_encoder"], cfg)
+        inverter.load_state_dict({k: v.float() for k, v in load_file(str(directory / spec.file)).items()})
+        return cls(inverter.to(device).eval(), spec.text_encoder, cfg)

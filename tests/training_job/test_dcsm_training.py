@@ -12,6 +12,7 @@ from safetensors.torch import load
 
 from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
 from clipcore.models.clip_model import build_model
+from clipcore.models.components import Components
 from clipcore.models.dense import DCSMHead, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
 from training.dense_eval import dense_metrics
@@ -76,9 +77,9 @@ def test_head_loads_from_a_version_directory(trained, tmp_path: Path) -> None:
     (state, config, table), _, _ = trained
     for name, data in dcsm_files(state, config, table).items():
         (tmp_path / name).write_bytes(data)
-    head = DCSMHead.from_components(tmp_path, {"dcsm": dcsm_component(config)})
+    head = DCSMHead.from_components(tmp_path, Components.from_manifest({"dcsm": dcsm_component(config)}))
     assert head is not None and torch.equal(head.table, table) and head.config["channels"] == 8
-    assert DCSMHead.from_components(tmp_path, {}) is None
+    assert DCSMHead.from_components(tmp_path, Components()) is None
 
 
 def test_training_resumes_from_its_checkpoint(model, trained) -> None:

@@ -16,7 +16,7 @@ from training.userdata.context import RunContext
 
 def base_fp16(ctx: RunContext) -> bool:
     """Whether the base stores its weights in float16 (a variant is stored like its base)."""
-    return ctx.bundle.manifest.components.get("weights_dtype", "float16") == "float16"
+    return ctx.bundle.components.weights_dtype == "float16"
 
 
 def text_variant_file(ctx: RunContext, state: Mapping[str, torch.Tensor]) -> bytes:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from clipcore.backends.base import AutoDecision
+from clipcore.models.components import BASE_ENCODER, Components
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import VARY_BY_CALLER, CallerKeyDep, ServicesDep
 from service.api.errors import ApiError, ErrorCode
@@ -34,8 +35,6 @@ from service.runtime.served import EntryStatus
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
-# Manifest component keys that every version has; anything else is an optional component.
-CORE_COMPONENTS = frozenset({"weights", "weights_dtype", "text_encoders", "default_text_encoder"})
 
 
 def _eval_annex(store: ModelStore, name: str, version: str) -> dict[str, Any] | None:
@@ -80,6 +79,7 @@ def describe(
     for version in versions_listed:
         try:
             manifest = store.manifest(name, version)
+            components = Components.from_manifest(manifest.components)
         except Exception as exc:
             log.warning("cannot read the manifest of %s@%s: %s: %s", name, version, type(exc).__name__, exc)
             versions.append(
@@ -96,8 +96,7 @@ def describe(
                 )
             )
             continue
-        components = manifest.components
-        encoders = ["base", *components.get("text_encoders", {})]
+        encoders = [BASE_ENCODER, *components.text_encoders]
         versions.append(
             VersionInfo(
                 version=version,
@@ -105,8 +104,8 @@ def describe(
                 aliases=sorted(a for a, v in aliases.items() if v == version),
                 serving=f"{name}@{version}" in serving_refs,
                 text_encoders=encoders,
-                default_text_encoder=str(components.get("default_text_encoder", "base")),
-                components=sorted(k for k, v in components.items() if k not in CORE_COMPONENTS and v),
+                default_text_encoder=components.default_text_encoder,
+                components=components.optional,
                 metrics=dict(manifest.metrics),
                 eval=_eval_annex(store, name, version),
                 auto=_auto_info(autos.get(f"{name}@{version}"), retimes.get(f"{name}@{version}")),

@@ -12,6 +12,7 @@ import torch
 from clipcore.methods.losses import yukino_matching_loss, yukino_oti_loss
 from clipcore.methods.yukino import paired_yes_no_scores, winoground, yes_no_scores
 from clipcore.models.clip_model import build_model
+from clipcore.models.components import Components
 from clipcore.models.yukino import NO_PROMPT, YES_PROMPT, Inverter, YukinoHead, prompt_features, prompt_tokens
 from training.train_yukino import OTIConfig, concept_embeddings, oti
 
@@ -92,8 +93,8 @@ def test_head_round_trips_through_files(tmp_path: Path) -> None:
     files, component = head.to_files()
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
-    loaded = YukinoHead.from_components(tmp_path, {"yukino": component})
+    loaded = YukinoHead.from_components(tmp_path, Components.from_manifest({"yukino": component}))
     assert loaded is not None and loaded.text_encoder == "semclip"
     x = torch.randn(2, 3, 4)
     torch.testing.assert_close(loaded.inverter(x), head.inverter.eval()(x), atol=2e-3, rtol=2e-3)  # fp16 on disk
-    assert YukinoHead.from_components(tmp_path, {}) is None
+    assert YukinoHead.from_components(tmp_path, Components()) is None
