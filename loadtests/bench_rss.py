@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     parser.add_argument("--infinity-batch-size", type=int, default=32)
     parser.add_argument("--breakdown", action="store_true", help="print each server's idle RSS by mapping")
+    parser.add_argument("--weights-dtype", choices=["float16", "float32"], default="float16",
+                        help="the versions' weight files: float16 as training publishes, float32 as `clip-train "
+                        "import` stores an open_clip model (Infinity reads fp32 files)")  # fmt: skip
     args = parser.parse_args(argv)
     servers = [("service", ROOT)]
     if args.baseline_root is not None:
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-rss-") as tmp:
         store, onnx_cache = Path(tmp) / "store", Path(tmp) / "onnx"
         t0 = time.perf_counter()
-        refs = publish_versions(store, args.arch, max(args.counts))
+        refs = publish_versions(store, args.arch, max(args.counts), fp16=args.weights_dtype == "float16")
         peers: list[Path] = []
         if exe is not None:
             for i in range(max(args.counts)):

@@ -43,8 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "bench"
 
 
-def publish_versions(root: Path, arch: str, count: int) -> list[str]:
-    """``count`` random-weights versions of ``arch`` as ``bench@v1..vN`` (each its own seed)."""
+def publish_versions(root: Path, arch: str, count: int, fp16: bool = True) -> list[str]:
+    """``count`` random-weights versions of ``arch`` as ``bench@v1..vN`` (each its own seed), with
+    fp16 weight files (as training publishes) or fp32 ones (``fp16=False``: as ``clip-train import``
+    stores an open_clip model)."""
     import open_clip
     import torch
 
@@ -57,7 +59,7 @@ def publish_versions(root: Path, arch: str, count: int) -> list[str]:
         manifest = publish_bundle(
             ModelStore(root),
             NAME,
-            TrainedModel(model, {"open_clip_name": arch}, fp16=True, notes=f"random {arch} for benchmarks"),
+            TrainedModel(model, {"open_clip_name": arch}, fp16=fp16, notes=f"random {arch} for benchmarks"),
             aliases=["production"] if seed == 0 else [],
         )
         refs.append(f"{NAME}@{manifest.version}")

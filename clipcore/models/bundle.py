@@ -67,8 +67,13 @@ def _dropped(tok: BoundedTokenizer, text: str, positions: int) -> bool:
 
 
 def load_weights(model: CLIP, path: Path, strict: bool = True) -> None:
+    """Load ``path`` into ``model`` in fp32. The loaded tensors become the parameters (``assign``)
+    rather than being copied into them: an fp32 file's tensors are safetensors' copy-on-write
+    mapping of the file, so its pages are read on first use, count as file-backed memory the
+    kernel may drop and read again, and rows nobody reads (most of a token-embedding table) never
+    take memory; an fp16 file is widened into new tensors either way."""
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
-    model.load_state_dict(state, strict=strict)
+    model.load_state_dict(state, strict=strict, assign=True)
 
 
 @dataclass
