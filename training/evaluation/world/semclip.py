@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from clipcore.methods.semclip import composite_score, original_over_negation, retrieval_top1
-from training.evaluation.base import EvalBase, generator_images
+from training.evaluation.world.base import EvalBase, generator_images
 from training.world.scene import Split
 from training.world.semantic import NEGATION_KINDS, triplet_set
 from training.world.vocab import SHAPES

@@ -16,7 +16,7 @@ import numpy as np
 
 from clipcore.methods.semclip import original_over_negation
 from training.evaluation.userdata.data import EvalSet, UserEvalConfig
-from training.evaluation.userdata.dense import negative_triples
+from training.evaluation.userdata.dcsm import negative_triples
 
 
 def negation_by_encoder(es: EvalSet, cfg: UserEvalConfig, encoders: Sequence[str], seed: int) -> dict[str, float]:

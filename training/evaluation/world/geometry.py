@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.evaluation.base import EvalBase
+from training.evaluation.world.base import EvalBase
 from training.probes import ATTRIBUTE_PROMPTS
 
 

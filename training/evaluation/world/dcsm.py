@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.dense_eval import dense_metrics
-from training.evaluation.base import EvalBase
+from training.evaluation.world.base import EvalBase
 
 
 class DenseEval(EvalBase):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from clipcore.methods.pairwise_rank import pair_scores
-from training.evaluation.base import EvalBase, ImageSource
+from training.evaluation.world.base import EvalBase, ImageSource
 from training.world.differences import eval_text
 from training.world.scene import Scene, Split, make_object, single_scene
 from training.world.vocab import SIZE_RANGES

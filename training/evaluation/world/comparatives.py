@@ -8,7 +8,7 @@ import numpy as np
 
 from clipcore.methods.comparative import apply_comparatives, confused_pairs, gated_probs
 from clipcore.methods.zero_shot import zero_shot_probs
-from training.evaluation.base import EvalBase, generator_images
+from training.evaluation.world.base import EvalBase, generator_images
 from training.probes import ATTRIBUTE_PROMPTS
 from training.world.differences import comparative_text
 from training.world.scene import Split, sample_scene

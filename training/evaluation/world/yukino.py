@@ -10,7 +10,7 @@ import torch
 from clipcore.methods.yukino import paired_yes_no_scores, winoground
 from clipcore.models.bundle import BASE_ENCODER
 from clipcore.models.yukino import prompt_features
-from training.evaluation.base import EvalBase, generator_images
+from training.evaluation.world.base import EvalBase, generator_images
 from training.train_yukino import OTIConfig, oti
 from training.world.hard_negatives import KINDS, hard_negative_set
 from training.world.scene import Split

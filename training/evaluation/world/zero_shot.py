@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from clipcore.methods.zero_shot import zero_shot_logits
-from training.evaluation.base import EvalBase
+from training.evaluation.world.base import EvalBase
 from training.probes import ATTRIBUTE_PROMPTS
 from training.world.scene import Scene
 
