@@ -15,7 +15,7 @@ from clipcore.models.clip_model import build_model
 from clipcore.models.components import Components
 from clipcore.models.dense import DCSMHead, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
-from training.dense_eval import dense_metrics
+from training.evaluation.world.dcsm import dense_metrics
 from training.train_dcsm import DCSMTrainConfig, train_dcsm
 
 SMOKE = Path(__file__).resolve().parents[2] / "training" / "configs" / "shapes-smoke.json"
@@ -109,15 +109,15 @@ def test_localisation_finds_patches_that_carry_the_words_features(model, monkeyp
     """An oracle image tower whose patches on each object are the sum of that object's word
     features: every word's best patch must then be on its object (checks grid order)."""
     from clipcore.models.dense import DenseEncoder
-    from training import dense_eval
     from training.alignment import patch_masks
+    from training.evaluation.world import dcsm as world_dcsm
     from training.world.captions import full_caption
     from training.world.scene import Split, sample_scene
 
     encoder = DenseEncoder(model, 32, {})
-    scenes = [sample_scene(Split.TEST, 0, dense_eval.SPAN_OFFSET + i) for i in range(40)]
+    scenes = [sample_scene(Split.TEST, 0, world_dcsm.SPAN_OFFSET + i) for i in range(40)]
 
-    words = dense_eval.WordSpans(encoder, (*dense_eval.COLOUR_NAMES, *dense_eval.SHAPES))
+    words = world_dcsm.WordSpans(encoder, (*world_dcsm.COLOUR_NAMES, *world_dcsm.SHAPES))
 
     def oracle(images):
         text = encoder.text_features([full_caption(s) for s in scenes])
@@ -132,6 +132,6 @@ def test_localisation_finds_patches_that_carry_the_words_features(model, monkeyp
         return torch.nn.functional.normalize(out, dim=-1)
 
     monkeypatch.setattr(encoder, "image_tokens", oracle)
-    result = dense_eval.localisation(encoder, seed=0, n=40)
+    result = world_dcsm.localisation(encoder, seed=0, n=40)
     assert result["colour"] > 0.9 and result["shape"] > 0.9
     assert 0.02 < result["chance"] < 0.2

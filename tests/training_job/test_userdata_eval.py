@@ -172,8 +172,8 @@ def test_caption_over_its_negation_is_one_figure_per_text_encoder(data: Path, ro
     ``negation.<encoder>`` is exactly that figure read with another encoder."""
     from clipcore.models.bundle import ModelBundle
     from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
-    from training.evaluation.userdata.dense import dense_vs_cosine
-    from training.evaluation.userdata.negation import negation_by_encoder
+    from training.evaluation.userdata.dcsm import dense_vs_cosine
+    from training.evaluation.userdata.semclip import negation_by_encoder
 
     store = ModelStore(root)
     es = load_eval_set(data / "test.jsonl", ModelBundle.load(store, with_pcclip), "all")

@@ -1,4 +1,5 @@
-"""The evaluation set of a user's dataset: which records, their images embedded once, seeded samples.
+"""The evaluation set of a user's dataset: which records, their images embedded once, seeded samples
+and the hard negatives of their captions.
 
 Figures are computed on one split of the dataset (``test`` by default; the split of each record is
 fixed by its image content, so it never overlaps what training read) or on the whole of a file kept
@@ -26,8 +27,10 @@ from training.datasets.dataset import Dataset, load_dataset, require_valid
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord, PairRecord
 from training.datasets.source import ImageRef, Item
 from training.generate.differences import article
+from training.generate.negatives import attribute_words, hard_negatives
 
 SplitChoice = Literal["train", "val", "test", "all"]
+Triple = tuple[int, str, str, str]  # index of the image in the sample, caption, negative, kind
 
 
 def label_caption(label: str) -> str:
@@ -133,3 +136,24 @@ def dataset_name(path: Path) -> str:
     path = path.resolve()
     stem = f"{path.parent.name}_{path.stem}" if path.suffix else path.name
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "data"
+
+
+def negative_triples(es: EvalSet, cfg: UserEvalConfig, seed: int) -> tuple[list, list[Triple]]:
+    """A seeded sample of the captioned records and, per caption, its hard negatives: one edit each
+    (``training.generate.negatives``), the user's own negatives, and for a labelled image another
+    label's caption (kind ``label``). DCSM's hard negatives and SemCLIP's negations read the same."""
+    picked = sample(es.captioned(), cfg.n_captions, seed, salt=4)
+    words = attribute_words(es.dataset.labels)
+    triples: list[Triple] = []
+    labels = sorted(es.dataset.labels)
+    rng = np.random.default_rng([seed, 4])
+    for index, (item, caption, own) in enumerate(picked):
+        for kind, negative in hard_negatives(caption, words).items():
+            triples.append((index, caption, negative, kind))
+        triples.extend((index, caption, negative, "user") for negative in own)
+        own_label = getattr(item.record, "label", None)
+        if own_label is not None and caption == label_caption(own_label):  # a labelled image: another label
+            others = [label for label in labels if label != own_label]
+            if others:
+                triples.append((index, caption, label_caption(others[int(rng.integers(len(others)))]), "label"))
+    return picked, triples

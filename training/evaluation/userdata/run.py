@@ -17,9 +17,9 @@ import numpy as np
 
 from clipcore.models.bundle import BASE_ENCODER, ModelBundle
 from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
-from training.evaluation.userdata.dense import dense_vs_cosine
-from training.evaluation.userdata.negation import negation_by_encoder
-from training.evaluation.userdata.pairs import pair_ranking
+from training.evaluation.userdata.dcsm import dense_vs_cosine
+from training.evaluation.userdata.pcclip import pair_ranking
+from training.evaluation.userdata.semclip import negation_by_encoder
 from training.evaluation.userdata.yukino import yukino_2x2
 from training.evaluation.userdata.zero_shot import ZeroShot
 

@@ -15,14 +15,14 @@ from collections.abc import Callable
 import numpy as np
 
 from clipcore.models.bundle import ModelBundle
-from training.evaluation.base import EvalConfig, generator_images, pil_images
-from training.evaluation.comparative import ComparativeEval
-from training.evaluation.dense import DenseEval
-from training.evaluation.geometry import GeometryEval
-from training.evaluation.pairs import PairRankEval
-from training.evaluation.semclip import SemClipEval
-from training.evaluation.yukino import YukinoEval
-from training.evaluation.zero_shot import ZeroShotEval
+from training.evaluation.world.base import EvalConfig, generator_images, pil_images
+from training.evaluation.world.comparatives import ComparativeEval
+from training.evaluation.world.dcsm import DenseEval
+from training.evaluation.world.geometry import GeometryEval
+from training.evaluation.world.pcclip import PairRankEval
+from training.evaluation.world.semclip import SemClipEval
+from training.evaluation.world.yukino import YukinoEval
+from training.evaluation.world.zero_shot import ZeroShotEval
 from training.world.scene import Split, sample_scene
 
 

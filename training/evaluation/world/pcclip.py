@@ -1,4 +1,6 @@
-"""PC-CLIP pair ranking: which of two images is the 'first' of a difference text (base vs finetuned)."""
+"""PC-CLIP pair ranking on the shapes world: pairs of single-object TEST scenes that differ in size
+(also within one size class), colour or shape, drawn by either renderer; the figure is
+``training.evaluation.methods.pcclip``'s."""
 
 from __future__ import annotations
 
@@ -6,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clipcore.methods.pairwise_rank import pair_scores
-from training.evaluation.base import EvalBase, ImageSource
+from training.evaluation.methods.pcclip import presented, ranked_right, swapped
+from training.evaluation.world.base import EvalBase, ImageSource
 from training.world.differences import eval_text
 from training.world.scene import Scene, Split, make_object, single_scene
 from training.world.vocab import SIZE_RANGES
@@ -48,9 +50,8 @@ class PairRankEval(EvalBase):
         rng = np.random.default_rng(3)
         for attribute, (firsts, seconds, texts) in sets.items():
             g1, g2 = self.images(source(firsts)), self.images(source(seconds))
-            swap = rng.random(len(texts)) < 0.5  # present the true first image as "b" half the time
-            ga, gb = np.where(swap[:, None], g2, g1), np.where(swap[:, None], g1, g2)
+            swap = swapped(rng, len(texts))  # one stream over the attributes, in their order
+            ga, gb = presented(g1, g2, swap)
             for enc in encoders:
-                s = pair_scores(ga, gb, self.texts(texts, enc))
-                out[enc][attribute] = float(np.mean((s > 0) != swap))
+                out[enc][attribute] = float(np.mean(ranked_right(ga, gb, self.texts(texts, enc), swap)))
         return out

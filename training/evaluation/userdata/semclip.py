@@ -4,19 +4,17 @@ The captions and their negations are exactly those of the hard-negative family's
 (the same seeded sample, ``training.generate.negatives.toggle_negation``: "with a hood" -> "without
 a hood", "a shirt" -> "no shirt"), so ``negation.<encoder>`` is that family's
 ``hard_negatives.cosine.negation`` (which uses the ``base`` encoder) read with another text encoder:
-PC-CLIP's, SemCLIP's, ... The figure is ``clipcore.methods.semclip.original_over_negation``: the
-share of images whose pooled embedding is closer to the caption than to its negation (chance 0.5).
+PC-CLIP's, SemCLIP's, ... The figure is ``training.evaluation.methods.semclip.caption_over_negation``:
+the share of images whose pooled embedding is closer to the caption than to its negation (chance
+0.5).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from clipcore.methods.semclip import original_over_negation
-from training.evaluation.userdata.data import EvalSet, UserEvalConfig
-from training.evaluation.userdata.dense import negative_triples
+from training.evaluation.methods.semclip import caption_over_negation
+from training.evaluation.userdata.data import EvalSet, UserEvalConfig, negative_triples
 
 
 def negation_by_encoder(es: EvalSet, cfg: UserEvalConfig, encoders: Sequence[str], seed: int) -> dict[str, float]:
@@ -29,5 +27,5 @@ def negation_by_encoder(es: EvalSet, cfg: UserEvalConfig, encoders: Sequence[str
     for enc in encoders:
         orig = es.bundle.encode_texts([t[1] for t in rows], enc)
         neg = es.bundle.encode_texts([t[2] for t in rows], enc)
-        out[f"negation.{enc}"] = float(np.mean(original_over_negation(images, orig, neg)))
+        out[f"negation.{enc}"] = caption_over_negation(images, orig, neg)
     return out

@@ -4,8 +4,8 @@ Texts are PC-CLIP's class-difference texts (``training.generate.differences``): 
 shows a shirt, while the second shows a coat." and, where the label set declares attributes, one
 per differing attribute. The two images are presented in a random order per pair (half the pairs
 swapped), so a model that ignores the text scores 0.5. The user's own pair records in the
-evaluated split are scored the same way. Scores are ``clipcore.methods.pairwise_rank.pair_scores``,
-what ``POST /rank-pair`` computes.
+evaluated split are scored the same way; the figure is ``training.evaluation.methods.pcclip``'s, as
+on the shapes world.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clipcore.methods.pairwise_rank import pair_scores
 from training.datasets.records import PairRecord
 from training.datasets.source import ImageRef
+from training.evaluation.methods.pcclip import presented, ranked_right, swapped
 from training.evaluation.userdata.data import EvalSet, UserEvalConfig
 from training.generate.differences import attribute_differences, label_difference
 
@@ -55,13 +55,12 @@ def ranking(es: EvalSet, pairs: Sequence[Pair], encoders: Sequence[str], seed: i
         return {}
     firsts = es.embed([p[0] for p in pairs])
     seconds = es.embed([p[1] for p in pairs])
-    swap = np.random.default_rng([seed, 3]).random(len(pairs)) < 0.5
-    ga, gb = np.where(swap[:, None], seconds, firsts), np.where(swap[:, None], firsts, seconds)
+    swap = swapped(np.random.default_rng([seed, 3]), len(pairs))
+    ga, gb = presented(firsts, seconds, swap)
     kinds = np.array([p[3] for p in pairs])
     out: dict[str, float] = {}
     for enc in encoders:
-        texts = es.bundle.encode_texts([p[2] for p in pairs], enc)
-        correct = (pair_scores(ga, gb, texts) > 0) != swap
+        correct = ranked_right(ga, gb, es.bundle.encode_texts([p[2] for p in pairs], enc), swap)
         for kind in sorted(set(kinds)):
             out[f"rank_pair.{kind}.{enc}"] = float(correct[kinds == kind].mean())
     return out

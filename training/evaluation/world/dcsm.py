@@ -1,4 +1,5 @@
-"""Evaluation of dense features and DCSM scoring on held-out shapes-world data.
+"""Evaluation of dense features and DCSM scoring on held-out shapes-world data (2-way wins:
+``training.evaluation.methods.dcsm``).
 
 * ``localisation``: for colour and shape words of full captions of 1-2 object TEST scenes,
   the share whose best-matching patch (class token excluded) lies on the named object.
@@ -26,6 +27,8 @@ from clipcore.methods.token_spans import find_word_spans
 from clipcore.models.dense import DCSMHead, DenseEncoder
 from clipcore.models.preprocess import fit_square
 from training.alignment import patch_masks
+from training.evaluation.methods.dcsm import encoder_wins
+from training.evaluation.world.base import EvalBase
 from training.world.captions import full_caption
 from training.world.hard_negatives import KINDS, HardNegative, sample_hard_negative
 from training.world.render import draw_scene_pil, render_batch
@@ -167,22 +170,6 @@ def _pil_images(scenes: Sequence[Scene], image_size: int) -> np.ndarray:
     )
 
 
-@torch.no_grad()
-def two_way(
-    encoder: DenseEncoder, head: DCSMHead | None, items: Sequence[HardNegative], images: np.ndarray
-) -> tuple[dict[str, np.ndarray], torch.Tensor]:
-    """Per item: DCSM and cosine wins (positive caption above the negative); image tokens."""
-    pooled, img_tok = encoder.image_features(images)
-    pos, neg = (
-        encoder.text_features([it.positive for it in items]),
-        encoder.text_features([it.negative for it in items]),
-    )
-    out = {"cosine": ((pooled * pos.pooled).sum(1) > (pooled * neg.pooled).sum(1)).numpy()}
-    if head is not None:
-        out["dcsm"] = (head.score(img_tok, pos) > head.score(img_tok, neg)).numpy()
-    return out, img_tok
-
-
 def dense_metrics(
     model: CLIP,
     head: DCSMHead | None,
@@ -217,7 +204,9 @@ def dense_metrics(
         images = (
             render_batch(scenes, image_size, seed=None) if source == "generator" else _pil_images(scenes, image_size)
         )
-        wins, img_tok = two_way(encoder, head, items, images)
+        wins, img_tok = encoder_wins(
+            encoder, head, [it.positive for it in items], [it.negative for it in items], images
+        )
         kinds = np.array([it.kind for it in items])
         details = np.array([it.detail for it in items])
         for method, win in wins.items():
@@ -234,3 +223,19 @@ def dense_metrics(
         {f"dense.localisation.{k}": v for k, v in localisation(encoder, seed, n, image_size=image_size).items()}
     )
     return flat
+
+
+class DenseEval(EvalBase):
+    def dense(self, seed: int) -> dict[str, float]:
+        """DCSM (when the version has a scorer) and plain cosine on binding, spatial and negation
+        hard negatives, plus the localisation of the dense features (``dense_metrics``)."""
+        return dense_metrics(
+            self.bundle.model,
+            getattr(self.bundle, "dcsm", None),
+            seed,
+            n=self.cfg.n_compositional,
+            context_length=self.bundle.context_length,
+            mean=self.bundle.mean,
+            std=self.bundle.std,
+            device=self.bundle.device,
+        )

@@ -1,4 +1,5 @@
-"""Zero-shot classification of shape, colour and size on held-out scenes (both renderers)."""
+"""Zero-shot classification of shape, colour and size on held-out scenes (both renderers); the
+figure is ``training.evaluation.methods.zero_shot.attribute_accuracy``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clipcore.methods.zero_shot import zero_shot_logits
-from training.evaluation.base import EvalBase
+from training.evaluation.methods.zero_shot import attribute_accuracy
+from training.evaluation.world.base import EvalBase
 from training.probes import ATTRIBUTE_PROMPTS
 from training.world.scene import Scene
 
@@ -17,7 +18,5 @@ class ZeroShotEval(EvalBase):
         out = {}
         for attribute, (labels, templates) in ATTRIBUTE_PROMPTS.items():
             truth = np.array([getattr(s.objects[0], attribute) for s in scenes])
-            keep = np.isin(truth, labels)
-            logits, _ = zero_shot_logits(emb[keep], self.classifier(labels, templates, encoder), 1.0)
-            out[attribute] = float(np.mean(np.asarray(labels)[logits.argmax(1)] == truth[keep]))
+            out[attribute] = attribute_accuracy(emb, self.classifier(labels, templates, encoder), labels, truth)
         return out

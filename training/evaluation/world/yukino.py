@@ -1,4 +1,6 @@
-"""YUKINO: Winoground-style 2x2 items and swap tests for plain cosine, OTI and the inverter."""
+"""YUKINO on the shapes world: 2x2 items of a TEST scene and its hard-negative scene, for plain
+cosine, OTI (optimised per image here) and the inverter; the figures are
+``training.evaluation.methods.yukino``'s."""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ import time
 import numpy as np
 import torch
 
-from clipcore.methods.yukino import paired_yes_no_scores, winoground
 from clipcore.models.bundle import BASE_ENCODER
 from clipcore.models.yukino import prompt_features
-from training.evaluation.base import EvalBase, generator_images
+from training.evaluation.methods.yukino import cosine_2x2, winoground_by_kind, yes_no_2x2
+from training.evaluation.world.base import EvalBase, generator_images
 from training.train_yukino import OTIConfig, oti
 from training.world.hard_negatives import KINDS, hard_negative_set
 from training.world.scene import Split
@@ -49,24 +51,10 @@ class YukinoEval(EvalBase):
             oti_prompts.append(np.stack([yes.float().cpu().numpy(), no.float().cpu().numpy()], axis=1))
         oti_ms = (time.perf_counter() - start) * 1000 / (2 * len(items))
 
-        def yn(prompts: np.ndarray, captions: np.ndarray) -> np.ndarray:
-            return paired_yes_no_scores(prompts[:, 0], prompts[:, 1], captions)
-
         scores = {
-            "base": [np.sum(g * c, axis=1) for g, c in ((g0, b0), (g0, b1), (g1, b0), (g1, b1))],
-            "oti": [
-                yn(p, c)
-                for p, c in ((oti_prompts[0], c0), (oti_prompts[0], c1), (oti_prompts[1], c0), (oti_prompts[1], c1))
-            ],
-            "yukino": [yn(p, c) for p, c in ((p0, c0), (p0, c1), (p1, c0), (p1, c1))],
+            "base": cosine_2x2(g0, g1, b0, b1),
+            "oti": yes_no_2x2(oti_prompts[0], oti_prompts[1], c0, c1),
+            "yukino": yes_no_2x2(p0, p1, c0, c1),
         }
-        flat: dict[str, float] = {}
-        for method, (s00, s01, s10, s11) in scores.items():
-            for name, hits in winoground(s00, s01, s10, s11).items():
-                flat[f"{method}.winoground.{name}"] = float(hits.mean())
-                for kind in KINDS:
-                    flat[f"{method}.winoground.{kind}.{name}"] = float(hits[kinds == kind].mean())
-            swap = np.concatenate([s00 > s01, s11 > s10])
-            for kind in KINDS:
-                flat[f"{method}.swap.{kind}"] = float(swap[np.concatenate([kinds, kinds]) == kind].mean())
+        flat = winoground_by_kind(scores, kinds, KINDS)
         return flat, {"oti_ms_per_image": oti_ms, "inverter_ms_per_image": inverter_ms}

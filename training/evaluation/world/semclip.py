@@ -1,4 +1,5 @@
-"""SemCLIP: original over negation, retrieval of originals and paraphrases, the composite score."""
+"""SemCLIP on the shapes world: caption triplets (original, paraphrase, negation) of TEST or HELDOUT
+scenes; the figures are ``training.evaluation.methods.semclip``'s."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clipcore.methods.semclip import composite_score, original_over_negation, retrieval_top1
-from training.evaluation.base import EvalBase, generator_images
+from training.evaluation.methods.semclip import prompt_accuracy, triplet_figures
+from training.evaluation.world.base import EvalBase, generator_images
 from training.world.scene import Split
 from training.world.semantic import NEGATION_KINDS, triplet_set
 from training.world.vocab import SHAPES
@@ -24,31 +25,19 @@ class SemClipEval(EvalBase):
         singles = [t.scene for t in triplets if len(t.scene.objects) == 1]
         single_images = images[[len(t.scene.objects) == 1 for t in triplets]]
         truth = np.array([s.objects[0].shape for s in singles])
+        kinds = np.array([t.negation_kind for t in triplets])
         out: dict[str, dict[str, float]] = {}
         for enc in encoders:
             orig = self.texts([t.original for t in triplets], enc)
             para = self.texts([t.paraphrase for t in triplets], enc)
             neg = self.texts([t.negation for t in triplets], enc)
-            correct = original_over_negation(images, orig, neg)
-            acc_o, acc_p = float(retrieval_top1(orig, images).mean()), float(retrieval_top1(para, images).mean())
-            acc_n = float(correct.mean())
-            figures = {
-                "orig_over_neg": acc_n,
-                "retrieval_orig": acc_o,
-                "retrieval_para": acc_p,
-                "composite": composite_score(acc_o, acc_p, acc_n),
-            }
-            kinds = np.array([t.negation_kind for t in triplets])
-            for kind in NEGATION_KINDS:
-                if (kinds == kind).any():
-                    figures[f"orig_over_neg.{kind}"] = float(correct[kinds == kind].mean())
+            figures = triplet_figures(images, orig, para, neg, kinds, NEGATION_KINDS)
             for form, template in (
                 ("photo", "this is a photo of a {}."),
                 ("not_photo", "this is not a photo of a {}."),
             ):
                 classes = self.texts([template.format(shape) for shape in SHAPES], enc)
-                pred = np.asarray(SHAPES)[np.argmax(single_images @ classes.T, axis=1)]
-                figures[f"zeroshot_{form}"] = float(np.mean(pred == truth))
+                figures[f"zeroshot_{form}"] = prompt_accuracy(single_images, classes, SHAPES, truth)
             figures["photo_minus_not"] = figures["zeroshot_photo"] - figures["zeroshot_not_photo"]
             out[enc] = figures
         return out
