@@ -51,7 +51,7 @@ def test_user_data_features_are_those_serving_computes(imported: tuple[ModelStor
     assert (bundle.mean, bundle.std) == (OTHER.mean, OTHER.std)
     refs = [item.images[0] for item in ctx.dataset.of_kind("label")]
     served = bundle.encode_images(np.stack([bundle.preprocess(upright(Image.open(r.path))) for r in refs]))  # type: ignore[arg-type]
-    np.testing.assert_allclose(ctx.features("pooled", refs), served, atol=1e-5)
+    np.testing.assert_allclose(ctx.features.of("pooled", refs), served, atol=1e-5)
 
     # The test has teeth: OpenAI's statistics or the default resize give other features.
     default = np.stack([fit_square(upright(Image.open(r.path)), bundle.image_size) for r in refs])  # type: ignore[arg-type]

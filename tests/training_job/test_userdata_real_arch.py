@@ -39,8 +39,8 @@ def test_vit_b_32_runs_pcclip_and_dcsm_on_user_data(tmp_path: Path) -> None:
     pcclip = run_pcclip(first, PCClipRun(steps=2, batch_size=4, generated_pairs=8))
     assert pcclip is not None
     second = ctx(pcclip.ref)
-    second.features("pooled", list(first.images.refs.values()))
-    assert second.cache.computed == {"pooled": 0}  # pcclip's version shares the base's features
+    second.features.of("pooled", list(first.features.images.refs.values()))
+    assert second.features.cache.computed == {"pooled": 0}  # pcclip's version shares the base's features
     dcsm = run_dcsm(second, DCSMRun(steps=2, batch_size=4, channels=8, hidden=16))
     assert dcsm is not None
     bundle = ModelBundle.load(store, dcsm.ref)

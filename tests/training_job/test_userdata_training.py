@@ -75,9 +75,9 @@ def test_bad_data_is_listed_with_file_and_line_and_nothing_trains(
 def test_features_are_computed_once_per_image_tower_and_reused(user_data: Path, tmp_path: Path, store: Path) -> None:
     first = context(store, user_data, tmp_path)
     refs = [item.images[0] for item in first.dataset.of_kind("label")]
-    pooled = first.features("pooled", refs)
-    dense = first.features("dense", refs[:5])
-    assert first.cache.computed == {"pooled": len(refs), "dense": 5}
+    pooled = first.features.of("pooled", refs)
+    dense = first.features.of("dense", refs[:5])
+    assert first.features.cache.computed == {"pooled": len(refs), "dense": 5}
     # What the service computes for the same files.
     pixels = np.stack([fit_square(Image.open(r.path), first.bundle.image_size) for r in refs])  # type: ignore[arg-type]
     np.testing.assert_allclose(pooled, first.bundle.encode_images(pixels), atol=1e-5)
@@ -86,19 +86,19 @@ def test_features_are_computed_once_per_image_tower_and_reused(user_data: Path, 
     np.testing.assert_allclose(dense, normalize(tokens).numpy(), atol=2e-3)  # stored as float16
 
     second = context(store, user_data, tmp_path, "again")  # another run, another process's view
-    np.testing.assert_array_equal(second.features("pooled", refs), pooled)
-    np.testing.assert_array_equal(second.features("dense", refs[:5]), dense)
-    assert second.cache.computed == {"pooled": 0, "dense": 0}
-    assert isinstance(second.cache.store("pooled")._chunk(0), np.memmap)
+    np.testing.assert_array_equal(second.features.of("pooled", refs), pooled)
+    np.testing.assert_array_equal(second.features.of("dense", refs[:5]), dense)
+    assert second.features.cache.computed == {"pooled": 0, "dense": 0}
+    assert isinstance(second.features.cache.store("pooled")._chunk(0), np.memmap)
 
     # A version derived from it keeps its image tower, hence its cache; another tower does not.
     derived = publish_derived(ModelStore(store), "tiny@production", DerivedParts(files={"comparatives.json": b"[]"}))
-    assert tower_key(derived) == tower_key(first.bundle.manifest) == first.cache.key
+    assert tower_key(derived) == tower_key(first.bundle.manifest) == first.features.cache.key
     third = context(store, user_data, tmp_path, "derived", model=derived.ref)
-    third.features("pooled", refs)
-    assert third.cache.computed == {"pooled": 0}
+    third.features.of("pooled", refs)
+    assert third.features.cache.computed == {"pooled": 0}
     other = ModelStore(store).manifest("tiny", "v1").model_copy(update={"architecture": {"changed": True}})
-    assert tower_key(other) != first.cache.key
+    assert tower_key(other) != first.features.cache.key
 
 
 def test_pcclip_resumes_to_the_uninterrupted_result(user_data: Path, tmp_path: Path, store: Path) -> None:

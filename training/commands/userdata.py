@@ -245,7 +245,8 @@ def train_base_on_data(
 ) -> None:
     """``clip-train base --data``: validate, train from scratch, publish."""
     from training.userdata.base import BaseRun, run_user_base
-    from training.userdata.context import check_device, load_valid_dataset
+    from training.userdata.context import load_valid_dataset
+    from training.userdata.device import check_device
 
     try:
         dataset = load_valid_dataset(data, labels)

@@ -32,7 +32,9 @@ from training.encode import Tokenize
 from training.from_scratch import image_size
 from training.methods import base
 from training.progress import StepProgress, loss_with_chance
-from training.userdata.context import Images, autocast, captioned_images, seed_everything
+from training.userdata.context import captioned_images
+from training.userdata.device import autocast, seed_everything
+from training.userdata.features import Images
 from training.userdata.publishing import data_summary, run_settings
 
 Log = Callable[[str], None]

@@ -65,12 +65,12 @@ def main() -> None:
         refs = [item.images[0] for item in ctx.dataset.of_kind("label")]
         for kind in ("pooled", "dense"):
             t0 = time.perf_counter()
-            ctx.features(kind, refs)  # type: ignore[arg-type]
+            ctx.features.of(kind, refs)  # type: ignore[arg-type]
             seconds = time.perf_counter() - t0
             rows.append((f"{kind} features, {len(refs)} images (decode + encode + write)",
                          f"{len(refs) / seconds:.2f} images/s"))  # fmt: skip
             t0 = time.perf_counter()
-            ctx.features(kind, refs)  # type: ignore[arg-type]
+            ctx.features.of(kind, refs)  # type: ignore[arg-type]
             rows.append((f"{kind} features again (cache)", f"{time.perf_counter() - t0:.3f} s, 0 computed"))
         t0 = time.perf_counter()
         train_user_pcclip(ctx, PCClipRun(steps=args.steps, batch_size=args.batch_size, generated_pairs=64))
@@ -80,7 +80,7 @@ def main() -> None:
         train_user_dcsm(ctx, DCSMRun(steps=args.steps, batch_size=args.batch_size))
         rows.append((f"dcsm, {args.steps} steps of batch {args.batch_size} (texts encoded first)",
                      f"{args.steps / (time.perf_counter() - t0):.2f} steps/s"))  # fmt: skip
-        assert ctx.cache.computed == {"pooled": len(refs), "dense": len(refs)}
+        assert ctx.features.cache.computed == {"pooled": len(refs), "dense": len(refs)}
     print(f"\n{args.arch}, random weights, {args.device}, {args.threads} thread(s), {cpu_name()}\n")
     print("| stage | speed |\n|---|---|")
     for stage, speed in rows:

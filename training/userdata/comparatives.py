@@ -59,7 +59,7 @@ def calibration_predictions(ctx: RunContext, split: str) -> tuple[list[str], np.
         raise ValueError("comparatives need labelled images (docs/data.md) of at least two labels")
     index = {label: i for i, label in enumerate(labels)}
     y_true = np.array([index[item.record.label] for item in items], dtype=np.int64)  # type: ignore[union-attr]
-    images = ctx.features("pooled", [item.images[0] for item in items])
+    images = ctx.features.of("pooled", [item.images[0] for item in items])
     prompts = label_prompts(labels)
     text = ctx.bundle.encode_texts(flat_prompts(prompts))
     class_emb, _ = label_embeddings(prompts, text)

@@ -97,7 +97,7 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     """(scorer state, scorer config, functional-row table)."""
     data = negative_items(ctx)
     ctx.log(f"dcsm: {len(data.images)} items ({data.generated} with generated hard negatives)")
-    images = torch.from_numpy(ctx.features("dense", data.images))  # (N, 1+P, D) float16
+    images = torch.from_numpy(ctx.features.of("dense", data.images))  # (N, 1+P, D) float16
     n_positions = images.shape[1]
     grid = math.isqrt(n_positions - 1)
     if grid * grid != n_positions - 1:

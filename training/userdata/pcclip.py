@@ -21,7 +21,8 @@ from training.distributed import is_main
 from training.encode import Tokenize
 from training.generate.differences import pairs_from_labels
 from training.methods import pcclip
-from training.userdata.context import RunContext, autocast, captioned_images, items_of
+from training.userdata.context import RunContext, captioned_images, items_of
+from training.userdata.device import autocast
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -72,10 +73,10 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
     """The finetuned model's state dict (text tower changed, image tower untouched)."""
     pairs = difference_pairs(ctx, cfg)
     ctx.log(f"pcclip: {len(pairs.texts)} pairs ({pairs.generated} with generated difference texts)")
-    g1 = torch.from_numpy(ctx.features("pooled", pairs.first))
-    g2 = torch.from_numpy(ctx.features("pooled", pairs.second))
+    g1 = torch.from_numpy(ctx.features.of("pooled", pairs.first))
+    g2 = torch.from_numpy(ctx.features.of("pooled", pairs.second))
     cap_refs, cap_texts = captioned_images(ctx.dataset)
-    g_cap = torch.from_numpy(ctx.features("pooled", cap_refs)) if cap_refs else None
+    g_cap = torch.from_numpy(ctx.features.of("pooled", cap_refs)) if cap_refs else None
     n, batch = len(pairs.texts), min(cfg.batch_size, len(pairs.texts))
     captions = cfg.caption_weight > 0 and g_cap is not None and len(cap_texts) >= 2
 

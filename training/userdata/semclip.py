@@ -19,7 +19,8 @@ from training.distributed import is_main
 from training.encode import Tokenize
 from training.generate.negatives import paraphrase, toggle_negation
 from training.methods import semclip
-from training.userdata.context import RunContext, autocast, captioned_images
+from training.userdata.context import RunContext, captioned_images
+from training.userdata.device import autocast
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
 
 
@@ -56,7 +57,7 @@ def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tens
     refs, _ = captioned_images(ctx.dataset)
     keep, orig, para, neg = triplets(ctx)
     ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
-    images = torch.from_numpy(ctx.features("pooled", [refs[i] for i in keep]))
+    images = torch.from_numpy(ctx.features.of("pooled", [refs[i] for i in keep]))
     batch = min(cfg.batch_size, len(keep))
 
     def rows(step: int) -> np.ndarray:  # from the step: a resumed run sees the same batches

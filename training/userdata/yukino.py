@@ -44,7 +44,7 @@ def train_user_yukino(ctx: RunContext, cfg: YukinoRun) -> YukinoHead:
     text_model = ctx.bundle.text_model(encoder).eval()
     for p in text_model.parameters():
         p.requires_grad_(False)
-    tokens = torch.from_numpy(ctx.features("dense", refs))  # (N, 1+P, D) float16
+    tokens = torch.from_numpy(ctx.features.of("dense", refs))  # (N, 1+P, D) float16
     cap = encode_texts(text_model, Tokenize.for_bundle(ctx.bundle), captions, device=ctx.device)
     n, batch = len(refs), min(cfg.batch_size, len(refs))
 
