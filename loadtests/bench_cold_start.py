@@ -26,23 +26,20 @@ gate, the timing rounds), and of a shared start (copy of the graphs, gate of the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
 
 import httpx
 
-from loadtests.benchmark import publish_random_arch, wait_ready
-from loadtests.local_stack import free_port, stop_process
+from loadtests.benchmark import publish_random_arch, store_service
 from loadtests.peer.benchmark import build_peer_model, infinity_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,24 +47,10 @@ KINDS = ("first", "restart", "shared", "infinity")
 LOADED = re.compile(r"loaded \S+ on \S+ in ([0-9.]+)s")
 
 
-@contextmanager
-def service(store: Path, ref: str, threads: int, cache: Path, log: Path) -> Iterator[str]:
+def service(store: Path, ref: str, threads: int, cache: Path, log: Path) -> contextlib.AbstractContextManager[str]:
     """A fresh ``python -m service`` with ``precision=auto``, its log (info) in ``log``."""
-    port = free_port()
-    env = {**os.environ, "CLIP_LOG_LEVEL": "info", "CLIP_PRECISION": "auto", "CLIP_TORCH_THREADS": str(threads),
-           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "CLIP_ONNX_CACHE_DIR": str(cache)}  # fmt: skip
-    env.pop("CLIP_REDIS_URL", None)
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-           "--model", ref]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, proc, timeout_s=900)
-            yield url
-        finally:
-            stop_process(proc)
+    settings = {"CLIP_LOG_LEVEL": "info", "CLIP_PRECISION": "auto"}
+    return store_service(store, ref, threads, cache, settings, log=log, timeout_s=900)
 
 
 def start_service(store: Path, ref: str, threads: int, cache: Path, log: Path) -> dict[str, object]:

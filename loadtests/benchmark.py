@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -117,6 +118,36 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, 
             pass
         time.sleep(0.25)
     raise SystemExit(f"{url} did not become ready")
+
+
+@contextmanager
+def store_service(
+    store: Path,
+    ref: str,
+    threads: int,
+    cache: Path,
+    settings: dict[str, str],
+    log: Path | None = None,
+    timeout_s: float = 1800,
+) -> Iterator[str]:
+    """A fresh ``python -m service`` serving ``ref`` from ``store`` with ``settings`` (``CLIP_*``
+    variables) and the ONNX cache ``cache``, its output in ``log`` (default: inherited); its URL once
+    ready, stopped (terminate, then kill) when the block ends."""
+    port = free_port()
+    env = {**os.environ, "CLIP_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads), "CLIP_ONNX_CACHE_DIR": str(cache), **settings}  # fmt: skip
+    env.pop("CLIP_REDIS_URL", None)
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
+           "--model", ref]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log.open("wb")) if log is not None else None
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, proc, timeout_s=timeout_s)
+            yield url
+        finally:
+            stop_process(proc)
 
 
 @contextmanager
