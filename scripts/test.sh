@@ -3,7 +3,8 @@
 # run the static checks and the whole suite.
 # Usage: scripts/test.sh [--fast] [pytest arguments]
 #   --fast  the everyday subset: the same installs and static checks, then every test not marked
-#           `slow` (pytest -m "not slow"), a few minutes instead of a quarter of an hour.
+#           `slow` (pytest -m "not slow"): about 2 minutes on 2 shared cores instead of a quarter
+#           of an hour (README says what it keeps and when to mark a test slow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()

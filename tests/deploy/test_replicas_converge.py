@@ -26,6 +26,8 @@ import pytest
 
 from loadtests.local_stack import free_port, stop_process
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 WATCH_S = 0.5
 BOUND_S = 120.0  # generous: only a replica that never converges fails the test

@@ -70,6 +70,7 @@ def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_fp32_bound_counts_every_matrix_product_of_a_vit_b_32() -> None:
     """8.73 GFLOP per image: the twelve blocks' projections and MLPs on 50 tokens, the 32 px patch
     convolution and the output projection, 2 FLOP per multiply-add (open_clip's table: 4.41 GMACs
@@ -216,6 +217,7 @@ def test_bench_shadow_compares_primary_latency_with_the_shadow_off_and_on(tiny_s
     assert int(shadow[1]) > 0 and float(shadow[3]) > 0.9999
 
 
+@pytest.mark.slow
 def test_the_peer_benchmark_names_what_auto_chose_for_the_service(
     tiny_store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

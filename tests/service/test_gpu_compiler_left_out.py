@@ -7,6 +7,10 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a Python that imports torch and the service
+
 SCRIPT = """
 import sys
 from service.__main__ import leave_out_gpu_compiler

@@ -138,6 +138,7 @@ def traffic(make_image: Any) -> Iterator[Callable[[str], Callable[[], list[int]]
     stopping.set()
 
 
+@pytest.mark.slow
 def test_a_deferred_decision_is_timed_again_while_idle_a_request_stops_it_and_the_winner_swaps_in(
     server: Any, make_image: Any, traffic: Any, tmp_path: Path
 ) -> None:

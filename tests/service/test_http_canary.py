@@ -164,6 +164,7 @@ def test_every_endpoint_names_the_version_that_answered(store_root: Path, serve_
                 assert r.status_code == 200  # an empty key is no key: routed at random
 
 
+@pytest.mark.slow
 def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve_app: Any) -> None:
     store = ModelStore(store_root)
     seen: list[tuple[float, int, str]] = []  # (sent at, status, version that answered)

@@ -57,6 +57,7 @@ def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_mo
         }
 
 
+@pytest.mark.slow
 def test_queue_full_is_429_with_retry_after(
     tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
 ) -> None:
@@ -318,6 +319,7 @@ def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
     assert any("cannot load flaky@v2 yet" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_the_watcher_backs_off_and_logs_once_while_polls_keep_failing(
     tmp_path: Path, serve_app: Any, publish_model: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 BODY_IDLE_S, BODY_S = 2.0, 4.0  # the server's body bounds: a gap between two pieces, the whole body
 MAX_BODY = 1024 * 1024

@@ -21,6 +21,8 @@ from prometheus_samples import metric_value
 
 from model_store import ModelStore
 
+pytestmark = pytest.mark.slow
+
 DECIDING = ("/classify", "/rank-pair", "/rank", "/score/dense")
 
 

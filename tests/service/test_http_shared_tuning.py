@@ -18,6 +18,8 @@ from clipcore.backends.onnx import OnnxTowers
 from clipcore.backends.tune import tune
 from model_store import ModelStore
 
+pytestmark = pytest.mark.slow
+
 REAL_TIME_ROUNDS = auto.time_rounds
 
 

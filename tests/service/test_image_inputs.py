@@ -499,6 +499,7 @@ def counting_host() -> Iterator[_CountingServer]:
     server.server_close()
 
 
+@pytest.mark.slow
 def test_the_urls_of_one_request_are_fetched_a_few_at_a_time(
     url_servers: tuple[str, str], counting_host: _CountingServer
 ) -> None:

@@ -102,6 +102,7 @@ def serve_both(
     return kept, freed, refs, bundle
 
 
+@pytest.mark.slow
 def test_onnx_frees_the_torch_towers_and_every_endpoint_answers_the_same(
     tmp_path: Path, serve_app: Any, publish_dense_model: Any, make_image: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,6 +127,7 @@ def test_onnx_frees_the_torch_towers_and_every_endpoint_answers_the_same(
         bundle.encode_images(np.zeros((1, bundle.image_size, bundle.image_size, 3), dtype=np.uint8))
 
 
+@pytest.mark.slow
 def test_yukino_keeps_the_image_tower_and_its_text_encoder(
     tmp_path: Path, serve_app: Any, make_image: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -278,6 +278,7 @@ def _split(url: str, name: str) -> dict[str, Any]:
     return {role: info.get(role) or {} for role in ("canary", "shadow")}
 
 
+@pytest.mark.slow
 def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reloads_them(
     tmp_path: Path, serve_app: Any, publish_model: Any
 ) -> None:

@@ -203,6 +203,7 @@ def cells(output: str, key: str) -> list[str]:
     return [cell.strip() for cell in row.strip().strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_compare_puts_another_versions_figures_beside(
     data: Path, root: Path, with_pcclip: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -97,6 +97,7 @@ def test_auto_serves_a_gated_candidate_and_remembers_the_choice(
         select_towers(bundle, backend="torch", precision="auto", device="cpu", onnx_cache_root=cache, threads=1)
 
 
+@pytest.mark.slow
 def test_a_candidate_that_fails_the_gate_is_never_chosen(
     bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,6 +199,7 @@ def test_backend_auto_with_bf16_builds_its_one_runtime_untimed(bundle: ModelBund
     assert check_parity(bundle, towers.pooled) >= PARITY_THRESHOLD
 
 
+@pytest.mark.slow
 def test_backend_auto_with_int8_times_both_int8_runtimes_and_without_onnxruntime_builds_torchs(
     bundle: ModelBundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

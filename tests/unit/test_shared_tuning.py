@@ -27,6 +27,8 @@ from clipcore.backends.tune import TuneError, tune
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 
+pytestmark = pytest.mark.slow
+
 REAL_TIME_ROUNDS = auto.time_rounds
 
 

@@ -1,5 +1,7 @@
 """Shared fixtures: a real store on each backend (a temporary directory, a real S3 server) and
-valid manifest fields. Every test that takes ``root`` or ``store`` runs on both backends."""
+valid manifest fields. Every test that takes ``root`` or ``store`` runs on both backends; the S3
+runs are marked slow (they need the session's SeaweedFS server, about 5 s to start, and a new
+bucket each), so the fast subset runs the store on a directory only."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def fields() -> dict[str, Any]:
     return manifest_fields()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
     if request.param == "local":
         return LocalRoot(tmp_path / "registry")

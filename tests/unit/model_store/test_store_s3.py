@@ -72,6 +72,7 @@ def test_credentials_in_the_location_are_refused_without_echoing_them() -> None:
     assert "supersecret" not in str(info.value) and "AWS" in str(info.value)
 
 
+@pytest.mark.slow
 def test_locations_map_to_backends(tmp_path: Path, s3_env: Any) -> None:
     assert str(ModelStore(tmp_path).backend.local_path("")) == str(tmp_path)
     backend = open_backend("s3://some-bucket/team/models/", cache_dir=tmp_path / "cache")
@@ -80,6 +81,7 @@ def test_locations_map_to_backends(tmp_path: Path, s3_env: Any) -> None:
     assert "secret" not in repr(backend).lower() and s3_env.secret_key not in repr(backend)
 
 
+@pytest.mark.slow
 def test_missing_bucket_is_a_clear_store_error(s3_env: Any) -> None:
     store = ModelStore("s3://no-such-bucket-here/models")
     with pytest.raises(StoreUnavailable, match="s3://no-such-bucket-here/models: NoSuchBucket"):
@@ -100,6 +102,7 @@ def _count_gets(store: ModelStore) -> list[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_restart_reuses_the_cache_without_downloading_weights(s3_root: S3Root, tmp_path: Path) -> None:
     weights = bytes(range(256)) * 4096  # 1 MiB
     s3_root.store().publish("clip", {"model.safetensors": weights, "text.safetensors": b"t" * 1000}, manifest_fields())
@@ -132,6 +135,7 @@ def _count_calls(store: ModelStore) -> Counter[str]:
     return calls
 
 
+@pytest.mark.slow
 def test_a_load_reads_each_file_once_and_a_warm_node_downloads_nothing(s3_root: S3Root, tmp_path: Path) -> None:
     files = {"model.safetensors": b"w" * 5000, "text.safetensors": b"t" * 1000, "tokenizer.json": b"{}"}
     s3_root.store().publish("clip", files, manifest_fields())
@@ -151,6 +155,7 @@ def test_a_load_reads_each_file_once_and_a_warm_node_downloads_nothing(s3_root: 
     assert "GetObject" not in calls and calls["HeadObject"] == 5  # everything, manifest included, from the cache
 
 
+@pytest.mark.slow
 def test_gc_deletes_a_version_without_copying_it(s3_root: S3Root) -> None:
     store = s3_root.store()
     for i in range(3):
@@ -162,6 +167,7 @@ def test_gc_deletes_a_version_without_copying_it(s3_root: S3Root) -> None:
     store.verify("clip", "v3")
 
 
+@pytest.mark.slow
 def test_gc_aborts_the_upload_a_killed_publish_left_incomplete(s3_root: S3Root) -> None:
     """A publish killed while a large file is uploading leaves that file as an incomplete
     multipart upload: its parts take space but appear in no listing. Removing the staging
@@ -188,6 +194,7 @@ def test_gc_aborts_the_upload_a_killed_publish_left_incomplete(s3_root: S3Root) 
     assert store.list_versions("clip") == ["v1"]
 
 
+@pytest.mark.slow
 def test_cache_admits_only_blobs_matching_their_digest(s3_root: S3Root, tmp_path: Path) -> None:
     s3_root.store().publish("clip", {"model.safetensors": b"good weights"}, manifest_fields())
     store = ModelStore(open_backend(s3_root.location, tmp_path / "cache"))
@@ -209,6 +216,7 @@ def test_cache_admits_only_blobs_matching_their_digest(s3_root: S3Root, tmp_path
 
 
 # ------------------------------------------------------------------ visibility
+@pytest.mark.slow
 def test_a_version_without_its_commit_marker_is_invisible_and_replaceable(s3_root: S3Root) -> None:
     store = s3_root.store()
     publish_simple(store, b"one")
@@ -222,6 +230,7 @@ def test_a_version_without_its_commit_marker_is_invisible_and_replaceable(s3_roo
     store.verify("clip", "v2")
 
 
+@pytest.mark.slow
 def test_local_copies_follow_annex_updates(s3_root: S3Root, tmp_path: Path) -> None:
     store = ModelStore(open_backend(s3_root.location, tmp_path / "cache"))
     publish_simple(store)
@@ -235,6 +244,7 @@ def test_local_copies_follow_annex_updates(s3_root: S3Root, tmp_path: Path) -> N
 
 
 # ------------------------------------------------------------------ locking
+@pytest.mark.slow
 def test_a_dead_holders_lock_is_taken_over_after_its_lease(s3_root: S3Root, tmp_path: Path) -> None:
     backend = open_backend(s3_root.location, tmp_path / "cache")
     assert isinstance(backend, S3Backend)
@@ -247,6 +257,7 @@ def test_a_dead_holders_lock_is_taken_over_after_its_lease(s3_root: S3Root, tmp_
     assert not s3_root.exists("clip/.lock")  # released
 
 
+@pytest.mark.slow
 def test_the_lock_excludes_other_holders(s3_root: S3Root, tmp_path: Path) -> None:
     backend = open_backend(s3_root.location, tmp_path / "cache")
     inside: list[int] = []

@@ -338,6 +338,7 @@ async def test_silent_redis_times_out_within_timeout(silent_server: int) -> None
     await cache.close()
 
 
+@pytest.mark.slow
 async def test_a_slow_moment_does_not_open_the_breaker_and_a_restart_does_not_flap(
     private_redis: RedisServer,
 ) -> None:

@@ -53,6 +53,7 @@ async def test_sentinel_url_with_passwords_caches_on_the_master(tmp_path: Path) 
         await broken.close()
 
 
+@pytest.mark.slow
 async def test_cluster_batch_spreads_over_the_masters_in_one_round_trip_per_node(
     redis_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
