@@ -237,7 +237,7 @@ class ShadowRunner:
         self._idle_since = idle_since
         self._quiet_s = quiet_s
         self._wait_s = wait_s
-        self.gaps = TrafficGaps()  # fed by the model's requests (``note_gap``)
+        self._gaps = TrafficGaps()  # fed by the model's requests (``note_gap``)
         self._run_length = _RunLength()
         self._queue: asyncio.Queue[ShadowJob[Any]] = asyncio.Queue(maxsize=capacity)
         self._task: asyncio.Task[None] | None = None
@@ -299,7 +299,7 @@ class ShadowRunner:
     def note_gap(self, seconds: float) -> None:
         """A request of the versions that answer callers started ``seconds`` after the last one
         ended, nothing being in flight meanwhile."""
-        self.gaps.add(seconds)
+        self._gaps.add(seconds)
 
     async def until_quiet(self) -> bool:
         """Wait until the versions that answer callers have been idle for ``quiet_s`` and the
@@ -313,7 +313,7 @@ class ShadowRunner:
             pause = self._quiet_s if since is None else self._quiet_s - (now - since)
             if pause <= 0:
                 assert since is not None
-                if self.gaps.fits(now - since, self._run_length.seconds):
+                if self._gaps.fits(now - since, self._run_length.seconds):
                     return True
                 pause = self._quiet_s / 4  # look again a little later in this gap
             if now + pause > deadline:
