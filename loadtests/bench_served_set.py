@@ -154,9 +154,13 @@ def rss(args: argparse.Namespace) -> None:
                 loaded = sum(m["state"] == "ready" for m in httpx.get(f"{url}/models").json()["served"])
                 print(f"| {count}, max_loaded_models={args.budget} | {loaded} | {now:.0f} (max over requests "
                       f"{max(samples):.0f}) | {peak:.0f} |")  # fmt: skip
+                spans = {
+                    "unloaded and loaded it": f"{min(loads):.1f}-{max(loads):.1f} s" if loads else "none",
+                    "with the model loaded": f"{min(hits):.2f}-{max(hits):.2f} s" if hits else "none",
+                }
                 print(f"\n{len(loads)} of {len(loads) + len(hits)} calls (a text, then an image) found their model "
-                      f"unloaded and loaded it: {min(loads):.1f}-{max(loads):.1f} s; with the model loaded: "
-                      f"{min(hits):.2f}-{max(hits):.2f} s")  # fmt: skip
+                      f"unloaded and loaded it: {spans['unloaded and loaded it']}; with the model loaded: "
+                      f"{spans['with the model loaded']}")  # fmt: skip
             finally:
                 stop_process(proc, grace_s=60)
 

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="default@production")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per server run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ceiling-seconds", type=float, default=3.0, help="seconds of batch-1 calls for the ceiling")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads of the ceiling and the servers")
     parser.add_argument("--baseline-root", type=Path, default=None, help="another checkout to run beside this one")
     args = parser.parse_args(argv)
@@ -127,8 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         def model_call() -> object:
             return towers.encode_images(one)
 
-        ceiling = model_ceiling(towers.encode_images, bundle.image_size, [1], 3.0)[1][0]
-        per_run = int(max(ceiling, 1.0) * args.duration * 3) + 20
+        ceiling = model_ceiling(towers.encode_images, bundle.image_size, [1], args.ceiling_seconds)[1][0]
+        # Enough new images for a run at three times the ceiling, and never more than a closed loop
+        # of HTTP requests can send (well under one per millisecond): a tiny model's ceiling is
+        # thousands of images/s, and encoding that many JPEGs would take longer than the run.
+        per_run = int(min(max(ceiling, 1.0) * 3, 1000) * args.duration) + 20
         images = jpegs(per_run * 2 * args.rounds + 20, px=224)
         print(f"\nmodel {ref}, backend {backend.split(' (')[0]}, threads {args.threads or 'default'}, "
               f"{os.cpu_count()} CPUs; one new JPEG per request\n")  # fmt: skip

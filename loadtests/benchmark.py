@@ -196,6 +196,12 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=None, help="distinct images (default from the ceiling)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32, 64])
     parser.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=None,
+        help="seconds of in-process calls per batch size for the ceiling (default 2, 4 with --arch)",
+    )
+    parser.add_argument(
         "--torch-threads",
         type=int,
         default=None,
@@ -226,7 +232,7 @@ def main() -> None:
         bundle = ModelBundle.load(ModelStore(store_root), ref, device)
         # Kept for the run: the service reuses the exports and the precision=auto decision made here.
         towers, backend = served_towers(bundle, device, Path(onnx_dir.name), args.torch_threads)
-        min_s = 2.0 if args.arch is None else 4.0
+        min_s = args.ceiling_seconds or (2.0 if args.arch is None else 4.0)
         ceiling = model_ceiling(towers.encode_images, bundle.image_size, args.batch_sizes, min_s)
         reference = (
             model_ceiling(bundle.encode_images, bundle.image_size, args.batch_sizes, min_s)

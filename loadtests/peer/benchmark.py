@@ -170,10 +170,13 @@ def measure(
     )
 
 
-def service_ceiling(store: Path, ref: str, threads: int | None, device: str, onnx_cache: Path) -> tuple[float, str]:
+def service_ceiling(
+    store: Path, ref: str, threads: int | None, device: str, onnx_cache: Path, min_s: float = 4.0
+) -> tuple[float, str]:
     """Batch-1 images/s (median call, in-process) of the image tower this service serves, and its
     backend: backend and precision from the environment, behind the parity gate, as the service
-    reads them. The exports and any auto decision made here are those the service then reuses."""
+    reads them. The exports and any auto decision made here are those the service then reuses.
+    ``min_s``: seconds of calls the median is taken over."""
     import torch
 
     from clipcore.models.bundle import ModelBundle
@@ -183,7 +186,7 @@ def service_ceiling(store: Path, ref: str, threads: int | None, device: str, onn
         torch.set_num_threads(threads)
     bundle = ModelBundle.load(ModelStore(store), ref, device)
     towers, backend = served_towers(bundle, device, onnx_cache, threads)
-    return model_ceiling(towers.encode_images, bundle.image_size, [1], 4.0)[1][0], backend.split(" (")[0]
+    return model_ceiling(towers.encode_images, bundle.image_size, [1], min_s)[1][0], backend.split(" (")[0]
 
 
 def main(argv: list[str] | None = None) -> None:

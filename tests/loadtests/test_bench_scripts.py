@@ -90,8 +90,8 @@ def test_the_fp32_bound_counts_every_matrix_product_of_a_vit_b_32() -> None:
 @pytest.mark.slow
 def test_benchmark_runs_service_and_naive_server_with_the_services_backend_as_ceiling(tiny_store: Path) -> None:
     out = run_script("benchmark.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
-                     "--concurrency", "2", "--batch-sizes", "1", "4", "--torch-threads", "1",
-                     env_extra={"CLIP_BACKEND": "onnx", "CLIP_PRECISION": "int8"})  # fmt: skip
+                     "--concurrency", "2", "--batch-sizes", "1", "4", "--torch-threads", "1", "--ceiling-seconds",
+                     "0.2", env_extra={"CLIP_BACKEND": "onnx", "CLIP_PRECISION": "int8"})  # fmt: skip
     assert "service backend onnx int8" in out
     ceiling, results = (table(part) for part in out.split("ceiling:"))
     assert [row[0] for row in ceiling] == ["1", "4"]
@@ -191,7 +191,7 @@ def test_bench_cuda_points_a_cpu_to_bench_backends() -> None:
 @pytest.mark.slow
 def test_bench_single_splits_a_lone_requests_latency_against_the_batch_1_ceiling(tiny_store: Path) -> None:
     out = run_script("bench_single.py", "--store", str(tiny_store), "--model", "tiny@production", "--duration", "1",
-                     "--rounds", "1", "--threads", "1")  # fmt: skip
+                     "--rounds", "1", "--threads", "1", "--ceiling-seconds", "0.2")  # fmt: skip
     (row,) = table(out)
     label, per_round, ceiling, share, p50, model, outside, direct = row
     assert label == "this tree" and float(per_round) > 0 and float(ceiling) > 0
@@ -246,13 +246,13 @@ def test_the_peer_benchmark_ceiling_is_the_served_backends(
     and an auto decision made for the ceiling lands where the service then finds it."""
     from loadtests.peer.benchmark import service_ceiling
 
-    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "a")
+    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "a", min_s=0.2)
     assert backend == "torch fp32" and rate > 0
     monkeypatch.setenv("CLIP_PRECISION", "int8")
-    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "b")
+    rate, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "b", min_s=0.2)
     assert backend == "torch int8" and rate > 0
     monkeypatch.setenv("CLIP_BACKEND", "auto")
-    _, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "c")
+    _, backend = service_ceiling(tiny_store, "tiny@production", 1, "cpu", tmp_path / "c", min_s=0.2)
     assert backend.endswith("int8") and len(list((tmp_path / "c").glob("auto/tiny/*.json"))) == 1
 
 

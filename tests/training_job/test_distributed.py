@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -89,10 +90,12 @@ def test_pcclip_on_user_data_under_torchrun(tmp_path: Path) -> None:
     data = write_user_dataset(tmp_path / "data", per_label=8, scenes=4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     weights = {}
+    # One random starting version, copied: both runs train the same weights.
+    init = [sys.executable, "-m", "training.cli", "init-random", "fruit", "--store", str(tmp_path / "store-init")]
+    subprocess.run(init, env=env, check=True, capture_output=True, timeout=300)
     for runs, name in ((1, "single"), (2, "ranks")):
         store = tmp_path / f"store-{name}"
-        init = [sys.executable, "-m", "training.cli", "init-random", "fruit", "--store", str(store)]
-        subprocess.run(init, env=env, check=True, capture_output=True, timeout=300)
+        shutil.copytree(tmp_path / "store-init", store)
         launcher = [sys.executable] if runs == 1 else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
             "--master_port", str(_free_port())]  # fmt: skip
