@@ -64,6 +64,7 @@ class SeaweedS3:
         # Created by the first start only: after a kill -9, SeaweedFS can answer a create of the
         # bucket it holds with BucketAlreadyExists (a collection of that name) for a long while.
         self.created = False
+        self._client: Any = None
 
     @property
     def endpoint(self) -> str:
@@ -133,6 +134,13 @@ class SeaweedS3:
         raise RuntimeError(f"SeaweedFS S3 did not start within {timeout_s}s:\n{tail}")
 
     def client(self) -> Any:
+        """A boto3 client of this server's identity: one for the server's life (clients are
+        thread-safe, and it reconnects across a kill and restart on the same port)."""
+        if self._client is None:
+            self._client = self._new_client()
+        return self._client
+
+    def _new_client(self) -> Any:
         import boto3
         from botocore.config import Config
 

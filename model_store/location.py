@@ -13,9 +13,12 @@ credentials file, or a web identity (Kubernetes service account) token.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import threading
 from pathlib import Path
+from typing import Any
 
 from model_store.backends import LocalBackend, StorageBackend
 from model_store.errors import InvalidStoreLocation
@@ -86,9 +89,21 @@ def open_backend(location: str | os.PathLike[str], cache_dir: str | os.PathLike[
     return S3Backend(bucket, prefix, Path(cache_dir) if cache_dir else default_cache_dir(), s3_client())
 
 
+_session_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _session(aws_environment: tuple[tuple[str, str], ...]) -> Any:
+    """One boto3 session per AWS environment, as boto3's own default session: a new session parses
+    the S3 API description again (a tenth of a second and more per store opened); the key makes a
+    changed ``AWS_*`` variable (another endpoint, other keys) take a session of its own."""
+    import boto3
+
+    return boto3.session.Session()
+
+
 def s3_client() -> object:
     """A boto3 S3 client configured from the standard AWS environment and profile."""
-    import boto3
     from botocore.config import Config
 
     custom_endpoint = any(os.environ.get(v) for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
@@ -103,4 +118,6 @@ def s3_client() -> object:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    return boto3.session.Session().client("s3", config=config)
+    aws_environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _session_lock:  # a boto3 session is not thread-safe; the clients it makes are
+        return _session(aws_environment).client("s3", config=config)

@@ -50,6 +50,28 @@ def test_unknown_schemes_are_refused_never_a_local_folder(
     assert list(tmp_path.iterdir()) == []  # no folder named 'gs:', 'http:' or 's3:'
 
 
+def test_each_client_reads_the_aws_environment_of_its_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients share a session per AWS environment (parsing the S3 API once), so a changed
+    endpoint or key pair must still reach the next client opened, and the same one a shared session."""
+    from model_store.location import s3_client
+
+    def opened(endpoint: str, key: str) -> Any:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", f"secret-{key}")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        return s3_client()
+
+    first, again = opened("http://127.0.0.1:9101", "a"), opened("http://127.0.0.1:9101", "a")
+    other_endpoint, other_key = opened("http://127.0.0.1:9102", "a"), opened("http://127.0.0.1:9101", "b")
+    assert [c.meta.endpoint_url for c in (first, again, other_endpoint, other_key)] == [
+        "http://127.0.0.1:9101", "http://127.0.0.1:9101", "http://127.0.0.1:9102", "http://127.0.0.1:9101",
+    ]  # fmt: skip
+    keys = [c._request_signer._credentials.access_key for c in (first, again, other_endpoint, other_key)]
+    assert keys == ["a", "a", "a", "b"]
+    assert first.meta.config.s3["addressing_style"] == "path"  # the store's own settings, on every client
+
+
 def test_service_settings_refuse_unknown_schemes() -> None:
     from pydantic import ValidationError
 
