@@ -1,7 +1,8 @@
 """Acceptance: users' open_clip models imported with one command each and served by real uvicorn.
 
-A random-weights ViT-B-32 saved as a wrapped state-dict ``.pt``, a ``.safetensors`` and an
-open_clip hub-style folder; a random MobileCLIP-S1 (a CustomTextCLIP: timm image tower, open_clip
+A random-weights ViT-S-32 (the smallest open_clip ViT: ViT-B-32's code at 63 M parameters instead
+of 151 M, so three copies import quickly) saved as a wrapped state-dict ``.pt``, a ``.safetensors``
+and an open_clip hub-style folder; a random MobileCLIP-S1 (a CustomTextCLIP: timm image tower, open_clip
 BPE tokenizer, so it needs nothing from the network) as a pretrained tag found in a Hugging Face
 cache; a random ViT-B-32-256. Each is served and ``/embed``, ``/classify``,
 ``/rank-pair`` (and ``/rank``) answer with embeddings equal (cosine >= 0.9999) to those of
@@ -38,14 +39,14 @@ from model_store import ModelStore
 pytestmark = pytest.mark.slow
 
 
-# ----------------------------------------------------------------------------- ViT-B-32
+# ----------------------------------------------------------------------------- ViT-S-32
 @pytest.fixture(scope="module")
-def vit_b32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One random ViT-B-32 in three formats, each imported with one command into one store."""
+def vit_s32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One random ViT-S-32 in three formats, each imported with one command into one store."""
     torch.set_num_threads(2)
-    work = tmp_path_factory.mktemp("vitb32")
+    work = tmp_path_factory.mktemp("vits32")
     torch.manual_seed(0)
-    model = open_clip.create_model("ViT-B-32")
+    model = open_clip.create_model("ViT-S-32")
     state = model.state_dict()
     del model
     files = {
@@ -55,21 +56,21 @@ def vit_b32(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}, "epoch": 32}, files["pt"])
     save_file({k: v.contiguous() for k, v in state.items()}, files["safetensors"])
-    save_hub(files["hub"], open_clip.get_model_config("ViT-B-32"), state, OPENAI_PREPROCESS)
+    save_hub(files["hub"], open_clip.get_model_config("ViT-S-32"), state, OPENAI_PREPROCESS)
     del state
     store = work / "store"
-    import_model(store, "vitb", "--arch", "ViT-B-32", "--weights", str(files["pt"]), "--alias", "production")
-    import_model(store, "vitb", "--arch", "ViT-B-32", "--weights", str(files["safetensors"]))
-    import_model(store, "vitb", "--hf-dir", str(files["hub"]))
+    import_model(store, "vits", "--arch", "ViT-S-32", "--weights", str(files["pt"]), "--alias", "production")
+    import_model(store, "vits", "--arch", "ViT-S-32", "--weights", str(files["safetensors"]))
+    import_model(store, "vits", "--hf-dir", str(files["hub"]))
     return {"store": store, "files": files}
 
 
-def test_vit_b32_in_every_format_serves_open_clip_embeddings(
-    vit_b32: dict[str, Any], serve_app: Any, caplog: pytest.LogCaptureFixture
+def test_vit_s32_in_every_format_serves_open_clip_embeddings(
+    vit_s32: dict[str, Any], serve_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = ModelStore(vit_b32["store"])
-    assert store.list_versions("vitb") == ["v1", "v2", "v3"]
-    files = vit_b32["files"]
+    store = ModelStore(vit_s32["store"])
+    assert store.list_versions("vits") == ["v1", "v2", "v3"]
+    files = vit_s32["files"]
     # open_clip reads the same tensors from the three files, so its embeddings of one are those of
     # all three: one reference model (forward passes are the cost on a small CPU), three served versions.
     from open_clip.factory import load_state_dict
@@ -80,13 +81,13 @@ def test_vit_b32_in_every_format_serves_open_clip_embeddings(
         assert read.keys() == wrapped.keys() and all(torch.equal(read[k], wrapped[k]) for k in read)
     del wrapped, read
     images = [sample_image(224, 1), sample_image(224, 2)]
-    ref = open_clip_reference("ViT-B-32", files["pt"], images, OPENAI_PREPROCESS)
+    ref = open_clip_reference("ViT-S-32", files["pt"], images, OPENAI_PREPROCESS)
     caplog.set_level(logging.INFO)
-    with serve_app(store=str(vit_b32["store"]), model="vitb@production", watch_interval_s=0.2) as running:
+    with serve_app(store=str(vit_s32["store"]), model="vits@production", watch_interval_s=0.2) as running:
         for version in ("v1", "v2", "v3"):
-            store.promote("vitb", "production", version)
-            wait_serving(running.url, f"vitb@{version}")
-            check_served_equals_open_clip(running.url, ref, images, f"vitb@{version}")
+            store.promote("vits", "production", version)
+            wait_serving(running.url, f"vits@{version}")
+            check_served_equals_open_clip(running.url, ref, images, f"vits@{version}")
     # Weights are loaded from the version right after the model is built: no "random" warning.
     assert not [r for r in caplog.records if "initialized randomly" in r.getMessage()]
 
