@@ -91,3 +91,16 @@ def test_every_cli_prints_its_version(cmd: list[str]) -> None:
     proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == version("clip-difference-service")
+
+
+@pytest.mark.parametrize(
+    ("program", "module"),
+    [("clip-train", "training.cli"), ("clip-train show-eval", "training.report"), ("model-store", "model_store.cli")],
+)
+def test_a_cli_loads_torch_only_for_the_commands_that_run_models(program: str, module: str) -> None:
+    """`--help`, `--version`, `data validate` and `show-eval` answer at once: each command imports
+    torch, numpy and open_clip when it runs a model, not when the program starts."""
+    probe = f"import sys, {module}; print(' '.join(m for m in ('torch', 'numpy', 'open_clip') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"{program} loads {proc.stdout.strip()} at start"

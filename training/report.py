@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from training.evaluation.userdata.command import summary_lines
+from training.evaluation.userdata.figures import summary_lines
 
 DATA_PREFIX = "data."  # figures of a user's dataset: data.<dataset>.<figure>
 

@@ -11,15 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
-from clipcore.models.importing import ModelImportError, load_planned_model, plan_import
-from clipcore.models.publish import TrainedModel, publish_bundle
-from clipcore.models.validate import validate_version
 from model_store import ModelStore, StoreError
 from model_store.digest import sha256_stream
 from training.options import StoreOpt
@@ -41,6 +36,8 @@ def _floats(text: str | None, option: str) -> list[float] | None:
 
 def tokenizer_fields(files: dict[str, Path]) -> dict[str, Any]:
     """``TrainedModel`` fields that carry a Hugging Face tokenizer into the version."""
+    from clipcore.models.hf_tokenizer import HF_TOKENIZER_PREFIX, TOKENIZER_DIR
+
     if not files:
         return {}
     return {
@@ -125,6 +122,12 @@ def import_cmd(
     """Import an open_clip model into the store: weights copied into a new version as safetensors,
     a manifest written from the open_clip and pretrained configs, the model built from that manifest
     and run on one image and two texts before anything is published."""
+    import torch
+
+    from clipcore.models.importing import ModelImportError, load_planned_model, plan_import
+    from clipcore.models.publish import TrainedModel, publish_bundle
+    from clipcore.models.validate import validate_version
+
     new_store = _check_store_location(store)
     overrides: dict[str, Any] = {}
     for key, value in (("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std")),

@@ -9,7 +9,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from clipcore.backends.tune import TuneError, tune
 from model_store import ModelStore
 from training.options import StoreOpt
 
@@ -36,6 +35,8 @@ def tune_cmd(
     """Decide `auto` once for this node's CPU kind: time the candidates here (run it on a quiet node,
     or as the clip-tune Job) and write the decision and the winner's exported graphs into the store,
     where every server of this CPU kind and these settings reads them instead of exporting and timing."""
+    from clipcore.backends.tune import TuneError, tune
+
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("clipcore").setLevel(logging.INFO)  # the candidates' figures and the decision
     console = Console(soft_wrap=True, highlight=False)

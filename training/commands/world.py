@@ -12,28 +12,15 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
-import torch
 import typer
 from rich.console import Console
 
-from clipcore.models.bundle import ModelBundle
-from clipcore.models.clip_model import build_model
-from clipcore.models.publish import TrainedModel, publish_bundle
-from clipcore.models.validate import validate_version
 from model_store import ModelStore
 from model_store.errors import StoreError
-from training.datasets.dataset import InvalidDataset
-from training.evaluation import EvalConfig, Evaluator, evaluate, generator_images
-from training.evaluation.userdata.command import evaluate_on_data, summary_lines
-from training.evaluation.userdata.data import UserEvalConfig
 from training.options import StoreOpt
-from training.recipe import DefaultRecipe, build_default_version, model_config
-from training.report import print_report
-from training.train_base import BaseTrainConfig, train_base
-from training.train_pcclip import PCClipConfig, train_pcclip
-from training.world.render import render_batch
-from training.world.scene import Split, sample_scene
+
+# Each command imports what it runs (torch, open_clip, the trainers) when it runs: `clip-train
+# --help`, `data validate` or `show-eval` should not wait seconds for libraries they never use.
 
 # soft_wrap: lines are never broken at the width rich assumes for a pipe (80 columns), so a
 # markdown table piped to a file or another program keeps one row per line.
@@ -51,6 +38,9 @@ def world_bench(
     seed: Annotated[int, typer.Option(help="Seed of the scenes.")] = 0,
 ) -> None:
     """Measure scene sampling and rendering speed (scenes/s)."""
+    from training.world.render import render_batch
+    from training.world.scene import Split, sample_scene
+
     t0 = time.perf_counter()
     scenes = [sample_scene(Split.TRAIN, seed, i) for i in range(n)]
     t1 = time.perf_counter()
@@ -86,6 +76,11 @@ def base_cmd(
 ) -> None:
     """Train a base CLIP from scratch: on the shapes world (resumes from OUT/checkpoint.pt), or with --data on
     your captions at the config's own image size, publishing a version (resumes from OUT/base.checkpoint.pt)."""
+    import torch
+
+    from training.recipe import DefaultRecipe, model_config
+    from training.train_base import BaseTrainConfig, train_base
+
     if threads:
         torch.set_num_threads(threads)
     if data is not None:
@@ -127,6 +122,14 @@ def build_default(
 ) -> None:
     """Train every stage from scratch (base CLIP, PC-CLIP, SemCLIP, YUKINO, DCSM), evaluate on held-out
     data, publish a version with its figures; point aliases at it only when --promote names them."""
+    import numpy as np
+    import torch
+
+    from clipcore.models.validate import validate_version
+    from training.evaluation import EvalConfig
+    from training.recipe import DefaultRecipe, build_default_version
+    from training.report import print_report
+
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -177,6 +180,16 @@ def evaluate_cmd(
     version's comparatives, pair ranking, DCSM, SemCLIP, YUKINO where the version has them),
     written under data.<name>. in eval.json with an HTML report (report.html) beside it; the table
     names each figure in words with its key and chance level, and --compare adds a column."""
+    import torch
+
+    from clipcore.models.bundle import ModelBundle
+    from training.datasets.dataset import InvalidDataset
+    from training.evaluation import EvalConfig, evaluate
+    from training.evaluation.userdata.command import evaluate_on_data
+    from training.evaluation.userdata.data import UserEvalConfig
+    from training.evaluation.userdata.figures import summary_lines
+    from training.report import print_report
+
     if threads:
         torch.set_num_threads(threads)
     model_store = ModelStore(store)
@@ -205,6 +218,8 @@ def evaluate_cmd(
 
 def show_eval(ref: RefArg, store: StoreOpt = "models") -> None:
     """Print the stored evaluation table of a version (no computation)."""
+    from training.report import print_report
+
     model_store = ModelStore(store)
     name, version = model_store.resolve(ref)
     raw = model_store.read_annex(name, version, "eval.json")
@@ -228,6 +243,16 @@ def pcclip_sweep(
     threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
 ) -> None:
     """Sweep the PC-CLIP difference temperature (and loss) on held-out pair ranking + zero-shot."""
+    import torch
+
+    from clipcore.models.bundle import ModelBundle
+    from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import TrainedModel, publish_bundle
+    from training.evaluation import EvalConfig, Evaluator, generator_images
+    from training.recipe import DefaultRecipe, model_config
+    from training.train_pcclip import PCClipConfig, train_pcclip
+    from training.world.scene import Split, sample_scene
+
     if threads:
         torch.set_num_threads(threads)
     arch = model_config(config)
@@ -284,6 +309,7 @@ def heatmap(
     from PIL import Image
 
     from clipcore.heatmap import render_heatmap_png
+    from clipcore.models.bundle import ModelBundle
 
     bundle = ModelBundle.load(ModelStore(store), ref)
     out.write_bytes(render_heatmap_png(bundle, Image.open(image), text))
@@ -298,6 +324,13 @@ def init_random(
     alias: Annotated[list[str] | None, typer.Option(help="Aliases to point at it (default: production).")] = None,
 ) -> None:
     """Publish a randomly initialised model (for load tests of real-sized architectures)."""
+    import torch
+
+    from clipcore.models.clip_model import build_model
+    from clipcore.models.publish import TrainedModel, publish_bundle
+    from clipcore.models.validate import validate_version
+    from training.recipe import model_config
+
     torch.manual_seed(seed)
     try:
         manifest = publish_bundle(

@@ -17,7 +17,7 @@ from typing import Any
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 from training.evaluation.userdata.data import UserEvalConfig, dataset_name
-from training.evaluation.userdata.figures import confused_lines, relative, table_lines
+from training.evaluation.userdata.figures import relative
 from training.evaluation.userdata.report import REPORT_FILE, render_report
 from training.evaluation.userdata.run import evaluate_user_data, merge_into_eval
 
@@ -90,22 +90,3 @@ def evaluate_on_data(
         store.write_annex(bundle.name, bundle.version, REPORT_FILE, page.encode())
         log(f"wrote eval.json and {REPORT_FILE} into {bundle.ref}")
     return report, name
-
-
-def summary_lines(report: dict, name: str) -> list[str]:
-    """One dataset's figures as a markdown table (prose names, their eval.json keys, mean ± standard
-    error over seeds, the compared version and the change when there is one, chance), then the
-    confused classes and what was skipped."""
-    section = report["datasets"][name]
-    lines = [f"\n{report['model']} on {name} ({section['path']}, split {section['split']}, "
-             f"{section['records']} records); keys under data.{name}. in eval.json\n"]  # fmt: skip
-    lines += table_lines(report["metrics"], section, f"data.{name}.", str(report["model"]))
-    confused = confused_lines(section)
-    if confused:
-        lines.append("")
-        lines += confused
-    skipped = section.get("skipped", {})
-    if skipped:
-        lines.append("")
-        lines += [f"skipped {family}: {reason}" for family, reason in skipped.items()]
-    return lines

@@ -207,3 +207,22 @@ def default_encoders(section: Mapping[str, Any], ref: str) -> str:
 
 def chance(f: Figure) -> str:
     return "" if f.chance is None else f"{f.chance:.3f}"
+
+
+def summary_lines(report: dict, name: str) -> list[str]:
+    """One dataset's figures as a markdown table (prose names, their eval.json keys, mean ± standard
+    error over seeds, the compared version and the change when there is one, chance), then the
+    confused classes and what was skipped."""
+    section = report["datasets"][name]
+    lines = [f"\n{report['model']} on {name} ({section['path']}, split {section['split']}, "
+             f"{section['records']} records); keys under data.{name}. in eval.json\n"]  # fmt: skip
+    lines += table_lines(report["metrics"], section, f"data.{name}.", str(report["model"]))
+    confused = confused_lines(section)
+    if confused:
+        lines.append("")
+        lines += confused
+    skipped = section.get("skipped", {})
+    if skipped:
+        lines.append("")
+        lines += [f"skipped {family}: {reason}" for family, reason in skipped.items()]
+    return lines
