@@ -112,6 +112,10 @@ class SeaweedS3:
             "-master.electionTimeout=1s",
             "-volume.preStopSeconds=0",
             "-volume.max=64",
+            # SeaweedFS turns every volume read-only (each write then fails with InternalError) when
+            # the disk has less than 1 % free by default: 2.5 GB on a 250 GB disk, far more than a
+            # test's data, and a shared machine's disk can be that full.
+            "-volume.minFreeSpace=256MiB",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
         ]
         self.log = (self.workdir / "weed.log").open("ab")  # a restart appends to the first run's log
