@@ -52,8 +52,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         logger.warning(warning)
 
     leave_out_gpu_compiler(settings.device)
-    # The application imports torch and open_clip (seconds): only once the settings are known to be good.
     from service import http_server
+
+    # A port in use is said before the seconds of importing torch and open_clip, as bad settings are.
+    http_server.check_can_listen(settings.host, settings.port)
+    # The application imports torch and open_clip (seconds): only once the settings are known to be good.
     from service.app import create_app
 
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler

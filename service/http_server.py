@@ -311,7 +311,7 @@ def run(
     **options: Any,
 ) -> None:
     """``uvicorn.run`` with the head and body bounds and the keep-alive timeout."""
-    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
+    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))  # taken meanwhile?
     uvicorn.run(
         app,
         http=guarded_protocol(max_header_bytes, header_timeout_s, body_idle_timeout_s, body_timeout_s),  # type: ignore[arg-type]

@@ -50,20 +50,22 @@ def test_the_sdk_with_a_wrong_base_path_says_which_url_was_not_found(base_url: s
 
 @pytest.mark.slow
 def test_a_port_in_use_is_refused_at_once_with_what_to_do(tiny_store: Path) -> None:
-    """It exited 3 after 12.8 s (the model load) with uvicorn's errno text; now before any loading,
-    naming the address and the --port flag."""
+    """It exited 3 after 12.8 s (the model load) with uvicorn's errno text; now before the model
+    load and before importing torch, naming the address and the --port flag."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "service", "--port", str(port), "--store", str(tiny_store), "--model",
-             "tiny@production"],
+            [sys.executable, "-X", "importtime", "-m", "service", "--port", str(port), "--store", str(tiny_store),
+             "--model", "tiny@production"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
     assert proc.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "--port (CLIP_PORT)" in proc.stderr, proc.stderr
     assert "loaded" not in proc.stderr  # refused before the model was loaded
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "uvicorn" in imported and "torch" not in imported  # and before the seconds of importing torch
 
 
 def test_a_count_below_its_minimum_reads_as_english(base_url: str) -> None:
