@@ -311,7 +311,9 @@ def run(
     **options: Any,
 ) -> None:
     """``uvicorn.run`` with the head and body bounds and the keep-alive timeout."""
-    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))  # taken meanwhile?
+    # python -m service probes before importing the app; again here, for the port may have been
+    # taken meanwhile, and for callers that start here.
+    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
     uvicorn.run(
         app,
         http=guarded_protocol(max_header_bytes, header_timeout_s, body_idle_timeout_s, body_timeout_s),  # type: ignore[arg-type]
