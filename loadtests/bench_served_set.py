@@ -116,6 +116,11 @@ def _use(client: httpx.Client, ref: str, image: dict[str, str]) -> None:
         r.raise_for_status()
 
 
+def _span(seconds: list[float], digits: int) -> str:
+    """``min-max s`` of the calls, or ``none`` when there were none (every call found its model loaded, or none did)."""
+    return f"{min(seconds):.{digits}f}-{max(seconds):.{digits}f} s" if seconds else "none"
+
+
 def rss(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         store = Path(tmp)
@@ -154,13 +159,9 @@ def rss(args: argparse.Namespace) -> None:
                 loaded = sum(m["state"] == "ready" for m in httpx.get(f"{url}/models").json()["served"])
                 print(f"| {count}, max_loaded_models={args.budget} | {loaded} | {now:.0f} (max over requests "
                       f"{max(samples):.0f}) | {peak:.0f} |")  # fmt: skip
-                spans = {
-                    "unloaded and loaded it": f"{min(loads):.1f}-{max(loads):.1f} s" if loads else "none",
-                    "with the model loaded": f"{min(hits):.2f}-{max(hits):.2f} s" if hits else "none",
-                }
-                print(f"\n{len(loads)} of {len(loads) + len(hits)} calls (a text, then an image) found their model "
-                      f"unloaded and loaded it: {spans['unloaded and loaded it']}; with the model loaded: "
-                      f"{spans['with the model loaded']}")  # fmt: skip
+                print(f"\n{len(loads)} of {len(loads) + len(hits)} calls (a text, then an image) found their "
+                      f"model unloaded and loaded it: {_span(loads, 1)}; "
+                      f"with the model loaded: {_span(hits, 2)}")  # fmt: skip
             finally:
                 stop_process(proc, grace_s=60)
 

@@ -311,8 +311,8 @@ def run(
     **options: Any,
 ) -> None:
     """``uvicorn.run`` with the head and body bounds and the keep-alive timeout."""
-    # python -m service probes before importing the app; again here, for the port may have been
-    # taken meanwhile, and for callers that start here.
+    # python -m service probed before importing the app; again here, for the port may have been taken
+    # during those seconds, and uvicorn would only say so after the model load, with the bare errno.
     check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
     uvicorn.run(
         app,

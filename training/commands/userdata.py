@@ -18,7 +18,7 @@ from rich.console import Console
 from model_store import Manifest, ModelStore
 from model_store.errors import StoreError
 from training.datasets.dataset import InvalidDataset
-from training.options import StoreOpt
+from training.options import StoreOpt, set_threads
 
 if TYPE_CHECKING:
     from training.userdata.context import RunContext
@@ -60,14 +60,6 @@ CacheOpt = Annotated[
         "--feature-cache", envvar="CLIP_FEATURE_CACHE", help="Frozen image features (default ~/.cache/clip-train)."
     ),
 ]
-
-
-def set_threads(threads: int) -> None:
-    """torch's intra-op threads for this process (0: leave torch's default)."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def open_context(

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from model_store import ModelStore
 from model_store.errors import StoreError
-from training.options import StoreOpt
+from training.options import StoreOpt, set_threads
 
 # Each command imports what it runs (torch, open_clip, the trainers) when it runs: `clip-train
 # --help`, `data validate` or `show-eval` should not wait seconds for libraries they never use.
@@ -76,13 +76,10 @@ def base_cmd(
 ) -> None:
     """Train a base CLIP from scratch: on the shapes world (resumes from OUT/checkpoint.pt), or with --data on
     your captions at the config's own image size, publishing a version (resumes from OUT/base.checkpoint.pt)."""
-    import torch
-
     from training.recipe import DefaultRecipe, model_config
     from training.train_base import BaseTrainConfig, train_base
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     if data is not None:
         from training.commands.userdata import train_base_on_data
 
@@ -130,8 +127,7 @@ def build_default(
     from training.recipe import DefaultRecipe, build_default_version
     from training.report import print_report
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     torch.manual_seed(seed)
     np.random.seed(seed)
     recipe = DefaultRecipe(
@@ -180,8 +176,6 @@ def evaluate_cmd(
     version's comparatives, pair ranking, DCSM, SemCLIP, YUKINO where the version has them),
     written under data.<name>. in eval.json with an HTML report (report.html) beside it; the table
     names each figure in words with its key and chance level, and --compare adds a column."""
-    import torch
-
     from clipcore.models.bundle import ModelBundle
     from training.datasets.dataset import InvalidDataset
     from training.evaluation import EvalConfig, evaluate
@@ -190,8 +184,7 @@ def evaluate_cmd(
     from training.evaluation.userdata.figures import summary_lines
     from training.report import print_report
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     model_store = ModelStore(store)
     if data is not None:
         if split not in ("train", "val", "test", "all"):
@@ -253,8 +246,7 @@ def pcclip_sweep(
     from training.train_pcclip import PCClipConfig, train_pcclip
     from training.world.scene import Split, sample_scene
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     arch = model_config(config)
     base = build_model(arch)
     base.load_state_dict(torch.load(run_dir / "base" / "model.pt", map_location="cpu"))
