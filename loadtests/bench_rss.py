@@ -71,7 +71,9 @@ def tree_rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def service_set(store: Path, refs: list[str], threads: int, cwd: Path, onnx_cache: Path) -> Iterator[tuple[int, str]]:
+def service_set(
+    store: Path, refs: list[str], threads: int, cwd: Path, onnx_cache: Path, python: str = sys.executable
+) -> Iterator[tuple[int, str]]:
     """``python -m service`` from ``cwd`` serving ``refs`` as a set; (pid, url) once every one is ready."""
     port = free_port()
     env = {**os.environ, "CLIP_LOG_LEVEL": "warning", "CLIP_STORE": str(store), "CLIP_MODEL": ",".join(refs),
@@ -80,7 +82,7 @@ def service_set(store: Path, refs: list[str], threads: int, cwd: Path, onnx_cach
            "CLIP_BATCHING__REQUEST_TIMEOUT_S": "600"}  # fmt: skip
     env.pop("CLIP_REDIS_URL", None)
     env.pop("PYTHONPATH", None)  # the checkout in cwd is what runs
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port)], cwd=cwd, env=env)
+    proc = subprocess.Popen([python, "-m", "service", "--port", str(port)], cwd=cwd, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, timeout_s=1800)
@@ -191,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=32, help="image (and text) requests per model")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--baseline-root", type=Path, default=None, help="another checkout measured beside this one")
+    parser.add_argument("--service-python", type=Path, default=None,
+                        help="another interpreter running this checkout, measured beside (e.g. a virtualenv "
+                        "with PyTorch's CPU build: its torch libraries differ from the CUDA build's)")  # fmt: skip
     parser.add_argument("--infinity", action="store_true", help="measure Infinity with the same counts")
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     parser.add_argument("--infinity-batch-size", type=int, default=32)
@@ -199,9 +204,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="the versions' weight files: float16 as training publishes, float32 as `clip-train "
                         "import` stores an open_clip model (Infinity reads fp32 files)")  # fmt: skip
     args = parser.parse_args(argv)
-    servers = [("service", ROOT)]
+    servers = [("service", ROOT, sys.executable)]
+    if args.service_python is not None:
+        servers.append((f"service ({args.service_python})", ROOT, str(args.service_python)))
     if args.baseline_root is not None:
-        servers.append(("service (baseline)", args.baseline_root.resolve()))
+        servers.append(("service (baseline)", args.baseline_root.resolve(), sys.executable))
     exe = ensure_infinity(args.infinity_venv) if args.infinity else None
     backend = f"CLIP_BACKEND={os.environ.get('CLIP_BACKEND', 'torch')} " + (
         f"CLIP_PRECISION={os.environ.get('CLIP_PRECISION', 'fp32')}"
@@ -221,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         figures: dict[tuple[str, int], tuple[float, float]] = {}
         for count in args.counts:
             pool = JpegPool(seed=count)
-            for label, cwd in servers:
-                with service_set(store, refs[:count], args.threads, cwd, onnx_cache) as (pid, url):
+            for label, cwd, python in servers:
+                with service_set(store, refs[:count], args.threads, cwd, onnx_cache, python) as (pid, url):
                     idle = settle_rss(pid)
                     if args.breakdown:
                         parts = describe_mappings(rss_by_mapping(pid))
