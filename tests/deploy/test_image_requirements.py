@@ -62,16 +62,21 @@ def wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
             archive.writestr(path, body)
 
 
+def pip_in(env: Path) -> list[str]:
+    """This interpreter's pip, acting on the virtualenv ``env`` (which has no pip of its own)."""
+    return [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python")]
+
+
 def installed(env: Path) -> dict[str, str]:
-    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "list",
-                          "--format=freeze"], capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run([*pip_in(env), "list", "--format=freeze"], capture_output=True, text=True, check=True)
     return dict(line.split("==") for line in out.stdout.splitlines() if "==" in line)
 
 
 def test_pip_keeps_the_cpu_builds_when_the_whole_list_follows(tmp_path: Path) -> None:
     """The Dockerfile's two installs, with pip: the second, from an index that has only the
     CUDA builds (no local label), must find the CPU builds' pins already satisfied."""
-    pins = dict(line.split("==") for line in lines("cpu", "--torch"))
+    torch_lines = lines("cpu", "--torch")
+    pins = dict(line.split("==") for line in torch_lines)
     cpu_index, default_index = tmp_path / "cpu-index", tmp_path / "default-index"
     cpu_index.mkdir()
     default_index.mkdir()
@@ -79,13 +84,13 @@ def test_pip_keeps_the_cpu_builds_when_the_whole_list_follows(tmp_path: Path) ->
     wheel(cpu_index, "torchvision", f"{pins['torchvision']}+cpu", [f"torch=={pins['torch']}"])
     wheel(default_index, "torch", pins["torch"], [])
     wheel(default_index, "torchvision", pins["torchvision"], [f"torch=={pins['torch']}"])
-    (tmp_path / "torch.txt").write_text("\n".join(lines("cpu", "--torch")) + "\n")
+    (tmp_path / "torch.txt").write_text("\n".join(torch_lines) + "\n")
     # The whole list's torch lines, plus a package that depends on torch as open_clip does.
     wheel(default_index, "needs-torch", "1.0", ["torch>=2.0", "torchvision"])
-    (tmp_path / "requirements.txt").write_text("\n".join([*lines("cpu", "--torch"), "needs-torch"]) + "\n")
+    (tmp_path / "requirements.txt").write_text("\n".join([*torch_lines, "needs-torch"]) + "\n")
     env = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    pip = [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--no-index", "-q"]
+    pip = [*pip_in(env), "install", "--no-index", "-q"]
     subprocess.run([*pip, "--find-links", str(cpu_index), "-r", str(tmp_path / "torch.txt")], check=True)
     subprocess.run([*pip, "--find-links", str(default_index), "-r", str(tmp_path / "requirements.txt")], check=True)
     got = installed(env)
