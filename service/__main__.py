@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from service.cli import describe_errors, parse_args, unknown_variables
 from service.config import Settings
+from service.logs import install_logging
 
 __all__ = ["main", "parse_args"]
 
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         hints = "".join(f"\nwarning: {warning}" for warning in warnings)
         print(f"invalid settings:\n{describe_errors(exc)}{hints}", file=sys.stderr)
         raise SystemExit(2) from None
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    install_logging(settings.log_level)
     for warning in warnings:
         logger.warning(warning)
 

@@ -34,6 +34,7 @@ from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
+from service.runtime.heap import settle
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
 from service.runtime.served import ServedModels
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "redis at the configured redis_url is unreachable; serving with the in-process cache "
                 "only until it comes back"
             )
+        settle()  # what the imports made lives as long as the process: kept out of collections
         await services.models.start()
         try:
             yield

@@ -60,6 +60,7 @@ from service.runtime.assembly import (
     warm_up,
 )
 from service.runtime.canary import SideLoad
+from service.runtime.heap import settle
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.retime import Result, Retimer
 from service.runtime.shadow import ShadowRunner
@@ -86,9 +87,11 @@ def may_pass(exc: BaseException) -> bool:
 
 
 def release_freed_memory() -> None:
-    """Give the pages of freed memory back to the system. glibc's allocator keeps what an
-    unloaded model freed for its own reuse: without this the process's RSS stays as high as if the
-    model were still loaded (no effect, and no error, with another C library)."""
+    """Collect an unloaded version's reference cycles (``heap.settle``: frozen objects are only
+    collected after a thaw), then give the pages of freed memory back to the system. glibc's
+    allocator keeps what an unloaded model freed for its own reuse: without this the process's RSS
+    stays as high as if the model were still loaded (no effect, and no error, with another C library)."""
+    settle(full=True)
     trim_heap()
 
 
@@ -575,6 +578,7 @@ class ModelManager:
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
         self._count_decision(runtime)
         await runtime.start()
+        settle()  # the new version's objects join the frozen ones (only what is new is walked)
         runtime.load_s = time.perf_counter() - started
         log.info(
             "loaded %s on %s in %.2fs (backend %s; text encoders: %s; dcsm: %s)",
@@ -762,7 +766,14 @@ class ModelManager:
             return
         task = asyncio.get_running_loop().create_task(self._retire(runtime))
         self._retiring[task] = runtime
-        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+        task.add_done_callback(self._retired)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.pop(task, None)
+        # Once the task's frame and this table no longer hold the version: its cycles are collected
+        # and its pages handed back (``heap.settle``), in a worker thread as an unload does.
+        with contextlib.suppress(RuntimeError):  # the loop's executor is gone at shutdown
+            asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
 
     async def _retire(self, runtime: ModelRuntime) -> None:
         try:
