@@ -58,9 +58,9 @@ def test_the_counter_is_base64_on_its_own_and_leaves_the_picture_alone() -> None
 
 def test_service_variants_are_parsed_from_name_and_environment() -> None:
     assert parse_variant("torch-fp32").env == {}
-    variant = parse_variant("w2:CLIP_WORKERS=2,CLIP_PRECISION=auto")
-    assert (variant.name, variant.env) == ("w2", {"CLIP_WORKERS": "2", "CLIP_PRECISION": "auto"})
-    for bad in ("infinity", "x:CLIP_WORKERS", "a b:X=1", ":X=1"):
+    variant = parse_variant("d4:CLIP_BATCHING__DECODE_WORKERS=4,CLIP_PRECISION=auto")
+    assert (variant.name, variant.env) == ("d4", {"CLIP_BATCHING__DECODE_WORKERS": "4", "CLIP_PRECISION": "auto"})
+    for bad in ("infinity", "x:CLIP_PRECISION", "a b:X=1", ":X=1"):
         with pytest.raises(Exception, match="ENV=VALUE"):
             parse_variant(bad)
 
