@@ -7,7 +7,7 @@ JSON, base64, validation, image decode and preprocessing, batching, serialisatio
 - **Infinity** serving the same dimensions (``loadtests.peer``: its own virtualenv, created on
   first use, a ``transformers.CLIPModel`` built from the same config, torch engine, CPU;
   ``--no-infinity`` skips it), on ``POST /embeddings``;
-- **the decode-only ceiling**: in this process's code, on the same cores, the service's own path
+- **the decode-only ceiling**: in-process, on the same cores, the service's own code path
   for one image (``service.images.decode_base64`` of the same base64, ``decode_image`` with the
   service's default limits, ``bundle.preprocess`` to 64 px) looped for ``--ceiling-duration``
   seconds in 1 and in ``os.cpu_count()`` worker processes, images/s.
@@ -534,8 +534,9 @@ def main(argv: list[str] | None = None) -> None:
         bases = tmp / "bases.txt"
         write_bases(bases, jpegs)
         sizes = sorted(len(j) for j in jpegs)
-        print(f"published a random {TINY_VIT.name} as {ref}; {len(jpegs)} base JPEGs of {sizes[0]}-{sizes[-1]} bytes "
-              f"(median {sizes[len(sizes) // 2]}) in {time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
+        print(f"published a random {TINY_VIT.name} as {ref} (bench@production); {len(jpegs)} base JPEGs of "
+              f"{sizes[0]}-{sizes[-1]} bytes (median {sizes[len(sizes) // 2]}) in {time.perf_counter() - t0:.1f} s",
+              flush=True)  # fmt: skip
         peer_dir = tmp / "hf-clip"
         if exe is not None:
             from loadtests.peer.benchmark import build_peer_model
@@ -573,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
                     context = infinity_process(exe, {SERVED_NAME: peer_dir}, args.threads, args.infinity_batch_size)
                 else:
                     variant = next(v for v in variants if v.name == server)
-                    context = service_process(store, ref, args.threads, variant.env, onnx_cache, log)
+                    context = service_process(store, "bench@production", args.threads, variant.env, onnx_cache, log)
                 with context as (proc, url), _explain_failure(server, proc, log):
                     idle = None
                     for endpoint in args.endpoints if kind == "service" else ["embed"]:
