@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -53,21 +54,29 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = {"classify": ("/classify", 1), "rank-pair": ("/rank-pair", 2)}  # scenario -> (name, images/request)
 
 
-def publish_random_arch(root: Path, arch: str) -> str:
-    """Publish a random-weights open_clip ``arch`` as ``bench@production``; returns its ref."""
-    import open_clip
+def publish_random_arch(root: Path, arch: str | Path) -> str:
+    """Publish a random-weights (seed 0) ``arch`` as ``bench@production``; returns its ref. ``arch``:
+    an open_clip model name, or the path of an open_clip model config JSON (what ``--arch`` of the
+    import command takes: ``clipcore.models.importing.resolve_architecture``)."""
     import torch
 
+    from clipcore.models.clip_model import build_model
+    from clipcore.models.importing import resolve_architecture
+    from clipcore.models.preprocess import PreprocessConfig
     from clipcore.models.publish import TrainedModel, publish_bundle
 
+    architecture, preprocess = resolve_architecture(str(arch))
     torch.manual_seed(0)
-    model = open_clip.create_model(arch, pretrained=None)
-    manifest = publish_bundle(
-        ModelStore(root),
-        "bench",
-        TrainedModel(model, {"open_clip_name": arch}, fp16=True, notes=f"random {arch} for benchmarks"),
-        aliases=["production"],
-    )
+    if "open_clip_name" in architecture:
+        import open_clip
+
+        model: Any = open_clip.create_model(str(arch), pretrained=None)
+    else:
+        model = build_model(architecture)
+    label = Path(arch).stem if str(arch).endswith(".json") else str(arch)
+    trained = TrainedModel(model, architecture, fp16=True, notes=f"random {label} for benchmarks",
+                           preprocess=PreprocessConfig.from_manifest(preprocess))  # fmt: skip
+    manifest = publish_bundle(ModelStore(root), "bench", trained, aliases=["production"])
     return f"bench@{manifest.version}"
 
 

@@ -16,7 +16,8 @@ fi
 # redis-sentinel (the cache behind Sentinel, failing over), qemu-user (runs the int8
 # graphs on an emulated AVX2-only CPU, whatever CPU this is), chromium and chromium-driver (the
 # playground's browser test), dataset-fashion-mnist (real photos for the tutorial and the
-# evaluation on one's own data). Installed when missing.
+# evaluation on one's own data), wrk (the load generator of loadtests/bench_host_path.py).
+# Installed when missing.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-sentinel >/dev/null || missing+=(redis-sentinel)
@@ -24,6 +25,7 @@ command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)
+command -v wrk >/dev/null || missing+=(wrk)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -106,11 +106,14 @@ def ensure_infinity(venv: Path) -> Path:
     return exe
 
 
-def build_peer_model(venv: Path, arch: str, out: Path) -> None:
+def build_peer_model(venv: Path, arch: str | Path, out: Path) -> None:
+    """A Hugging Face CLIP folder (random weights) in ``out`` with the dimensions of ``arch``: an
+    open_clip model name, or the path of an open_clip model config JSON."""
     import open_clip
 
     package = Path(open_clip.__file__).parent
-    config = package / "model_configs" / f"{arch}.json"
+    named = package / "model_configs" / f"{arch}.json"
+    config = Path(arch) if isinstance(arch, Path) or not named.is_file() else named
     bpe = package / "bpe_simple_vocab_16e6.txt.gz"
     script = Path(__file__).with_name("hf_clip_folder.py")
     cmd = [str(venv / "bin" / "python"), str(script), "--config", str(config), "--bpe", str(bpe), "--out", str(out)]
@@ -249,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
                         print_auto_decision(onnx_cache)
                     for kind in args.kinds:
                         for c in args.concurrency:
-                            s = measure(url, server_kind, kind, c, args.duration, pool, names[server_kind])
-                            s = s.summary()[kind]
+                            run = measure(url, server_kind, kind, c, args.duration, pool, names[server_kind])
+                            s = run.summary()[kind]
                             results.setdefault((server_kind, kind, c), []).append(s["throughput"])
                             print(
                                 f"round {r + 1} {server_kind:8s} {kind:5s} c={c:<3d} {s['throughput']:.2f} req/s "
@@ -285,7 +288,7 @@ def print_auto_decision(onnx_cache: Path) -> None:
         decision = record["decision"]
         verb = "deferred, serving" if decision["outcome"] == "deferred" else "chose"
         chosen = f"{verb} {decision['backend']} {decision['precision']}"
-        measured = next((t["images_per_s"] for t in record["trials"] if t["images_per_s"]), {})
+        measured: dict[str, float] = next((t["images_per_s"] for t in record["trials"] if t["images_per_s"]), {})
         print(f"service auto {chosen} (images/s at batch {' / '.join(measured)}: {trials})")
 
 

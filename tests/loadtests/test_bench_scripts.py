@@ -273,3 +273,43 @@ def test_bench_served_set_measures_memory_per_set_and_one_models_latency_beside_
         ("one per model", "idle"), ("one per model", "busy"), ("one shared", "idle"), ("one shared", "busy"),
     ]  # fmt: skip
     assert all(0 < float(r[2]) <= float(r[3]) <= float(r[4]) for r in rows)
+
+
+def table_after(output: str, heading: str) -> list[list[str]]:
+    """The rows (without the header) of the first markdown table from ``heading`` on."""
+    lines = output[output.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return table("\n".join(lines[start:end]))
+
+
+@pytest.mark.slow
+def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_ceiling(tmp_path: Path) -> None:
+    import json
+
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    out = run_script("bench_host_path.py", "--no-infinity", "--duration", "1", "--warmup", "0", "--concurrency", "2",
+                     "--rounds", "1", "--endpoints", "embed", "classify", "rank-pair", "--bases", "8",
+                     "--ceiling-duration", "0.5", "--threads", "1", "--json", str(tmp_path / "out.json"))  # fmt: skip
+    assert re.search(r"^command: .*-m loadtests.bench_host_path --no-infinity", out, re.M), out
+    assert re.search(r"^machine: .+, \d+ cores.*avx2 (yes|no), avx512f (yes|no), avx512_vnni (yes|no)", out, re.M)
+    for endpoint in ("embed", "classify", "rank-pair"):
+        rows = {row[0]: row[1:] for row in table_after(out, f"### /{endpoint}:")}
+        assert set(rows) == {"torch-fp32", f"torch-fp32: % of decode-only ceiling ({os.cpu_count()} proc.)",
+                             "torch-fp32: wrk CPU ms per request", "torch-fp32: non-2xx + socket errors"}  # fmt: skip
+        (rate,) = rows["torch-fp32"]
+        assert float(rate.split(" (")[0]) > 0, (endpoint, rate)
+        assert rows["torch-fp32: non-2xx + socket errors"] == ["0"], endpoint
+        assert float(rows["torch-fp32: wrk CPU ms per request"][0]) > 0, endpoint
+    ((label, idle, after),) = table_after(out, "| server | RSS idle")
+    assert label == "torch-fp32" and float(idle) > 50 and float(after) > 50
+    record = json.loads((tmp_path / "out.json").read_text())
+    assert all(v > 0 for v in record["decode_ceiling_images_per_s"].values())
+    assert [(c["endpoint"], c["concurrency"]) for c in record["cells"]] == [
+        ("embed", 2), ("classify", 2), ("rank-pair", 2),
+    ]  # fmt: skip
+    for cell in record["cells"]:
+        assert cell["req_per_s"] > 0 and cell["ok"] > 0, cell
+        assert cell["status_503"] == cell["status_other"] == cell["socket_errors"] == 0, cell
+        assert cell["images_per_s"] == pytest.approx(cell["req_per_s"] * cell["images_per_request"])
