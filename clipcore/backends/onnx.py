@@ -104,6 +104,11 @@ def load_towers(out_dir: Path, device: str = "auto", threads: int | None = None)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads is not None:
         options.intra_op_num_threads = threads
+    # Worker threads sleep between operators instead of spinning for the next one: a server's cores
+    # also decode images and run the HTTP path, and spinning threads took them (tiny model at 64
+    # clients: 2.2 instead of 2.8-3.9 ms of CPU per request; ViT-B-32 beside other work 2.25x the
+    # batch-1 images/s; docs/benchmarks.md, "Host path").
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     files = {"image": "image.onnx", "text": "text.onnx", **sidecar.get("variants", {})}
     dense_files = {f"dense:{kind}": name for kind, name in sidecar.get("dense", {}).items()}
     files |= dense_files

@@ -54,6 +54,14 @@ def test_parity_and_dynamic_batch(bundle: ModelBundle, export_dir: Path) -> None
     np.testing.assert_allclose(towers.encode_tokens(tokens), bundle.encode_tokens(tokens), atol=1e-4)
 
 
+def test_worker_threads_sleep_between_operators(export_dir: Path) -> None:
+    """Spinning threads take the cores the server decodes images and answers HTTP on."""
+    towers = load_towers(export_dir, device="cpu")
+    for session in (towers.image, towers.text):
+        options = session.get_session_options()  # type: ignore[attr-defined]
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_corrupted_weights_fail_the_parity_gate(
     bundle: ModelBundle, export_dir: Path, tmp_path: Path, perturb_onnx_weights: Any
 ) -> None:
