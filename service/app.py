@@ -21,6 +21,7 @@ from model_store.version import package_version
 from service.api.deps import Services
 from service.api.errors import install_error_handlers
 from service.api.middleware import (
+    AdmissionMiddleware,
     AuthMiddleware,
     BodyLimitMiddleware,
     HeadMiddleware,
@@ -112,12 +113,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.playground:
         install_playground(app)
     # Added last = outermost. Order of a request: security headers -> observe -> HEAD as GET -> CORS
-    # -> auth -> body cap -> multipart forms to JSON -> routes, so every answer carries the security
-    # headers, metrics and the access log see every answer (a HEAD as a HEAD, on its route), CORS
-    # preflights need no key and an upload is counted by the cap before it is parsed.
+    # -> admission -> auth -> body cap -> multipart forms to JSON -> routes, so every answer carries
+    # the security headers, metrics and the access log see every answer (a HEAD as a HEAD, on its
+    # route), CORS preflights need no key, a request over the in-flight bound costs no key check
+    # and an upload is counted by the cap before it is parsed.
     app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
+    app.add_middleware(AdmissionMiddleware, limit=settings.limits.max_concurrent_requests)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -63,6 +63,13 @@ class Limits(BaseModel):
         default=64, ge=1, description="Templates per request and descriptions per label."
     )
     max_comparatives: int = Field(default=256, ge=0, description="Comparatives per /classify request.")
+    max_concurrent_requests: int = Field(
+        default=512,
+        ge=1,
+        description="Requests of the API (not the probes, metrics or pages) that one server process holds at "
+        "once; past it a request is answered 429 `overloaded` with `Retry-After` before its body is read. "
+        "The batch queues bound the work, this bounds the bodies held meanwhile.",
+    )
 
 
 class Batching(BaseModel):

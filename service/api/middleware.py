@@ -123,6 +123,36 @@ class BodyLimitMiddleware:
         await self.app(scope, counted, send)
 
 
+class AdmissionMiddleware:
+    """At most ``limit`` API requests in the process at once (the probes, metrics and pages are not
+    counted): past it, 429 ``overloaded`` with ``Retry-After`` at once, before the body is read,
+    so a flood of clients costs their connections, not their bodies and decodes (TEI's
+    ``--max-concurrent-requests`` does the same)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.held = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_public(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        if self.held >= self.limit:
+            response = error_response(
+                ErrorCode.overloaded,
+                f"server is overloaded: {self.held} requests in progress (limits.max_concurrent_requests); retry later",
+                headers={"Retry-After": "1"},
+            )
+            await response(scope, receive, send)
+            return
+        self.held += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.held -= 1
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, auth: ApiKeyAuth) -> None:
         self.app = app
