@@ -144,7 +144,19 @@ class Settings(BaseSettings):
         description="Models of the served set held in memory at once (0: all of them). Beyond it, the first ones "
         "load at start and the others on their first request (which waits for the load, within "
         "`batching.request_timeout_s`, else 503 with Retry-After), unloading the least recently used model that "
-        "has no request in flight. The first model is never unloaded, so a set of several needs at least 2.",
+        "has no request in flight, once the new one has loaded: a load that fails unloads nothing, and its model is "
+        "quarantined (503 with Retry-After, no load) until its backoff ends, or, for a version refused by its "
+        "checksums, manifest, warm-up or parity gate, until its alias names another version. While a load on "
+        "request runs, one model more than the budget is in memory, as during a hot swap (one such load at a "
+        "time). The first model is never unloaded, so a set of several needs at least 2.",
+    )
+    max_loads_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description="Loads on request (under `max_loaded_models`) that may start in any 60 s, all models of the set "
+        "together; beyond it a request for a model that is not loaded answers 503 with Retry-After (when the "
+        "oldest of those loads leaves the window) instead of loading it. Loads at start and hot swaps are not "
+        "counted. 0: no bound.",
     )
     device: str = Field(
         default="cpu",

@@ -510,11 +510,29 @@ class CacheInfo(BaseModel):
     lru_items: int = Field(description="embeddings held in this replica's in-process cache")
 
 
-ServedState = Literal["ready", "loading", "failed", "unloaded"]
+ServedState = Literal["ready", "loading", "failed", "unloaded", "quarantined"]
 SERVED_STATE = (
-    "`ready` (serving), `loading`, `failed` (its load failed and is retried; the server log says why) or "
-    "`unloaded` (held out of memory by `max_loaded_models` until a request names it)"
+    "`ready` (serving), `loading`, `failed` (its load failed and is retried; the server log says why), "
+    "`unloaded` (held out of memory by `max_loaded_models` until a request names it) or `quarantined` (loaded on "
+    "request under `max_loaded_models`, and its last load failed: requests for it get 503 without a load until "
+    "`quarantine.until`)"
 )
+
+
+class QuarantineInfo(BaseModel):
+    """Why a model loaded on request serves nothing, and until when no request loads it."""
+
+    version: str | None = Field(description="the version whose load failed (null: the ref could not be resolved)")
+    reason: str = Field(description="why the load failed, without paths (the server log has the error)")
+    refused: bool = Field(
+        description="true: the version failed its checksums, manifest, warm-up or parity gate, and is not loaded "
+        "again until the entry's alias names another version (read again at `until`); false: it may pass (files "
+        "unreadable or not there yet, memory), and the first request after `until` loads it again"
+    )
+    failures: int = Field(description="failed loads of this version in a row (each doubles the wait, up to 300 s)")
+    until: str = Field(
+        description="UTC, ISO 8601: before it, requests get 503 `not_ready` with Retry-After and no load is tried"
+    )
 
 
 class ServedModel(BaseModel):
@@ -537,6 +555,9 @@ class ServedModel(BaseModel):
         description="the `name@version` that answers the caller of this request when it names this entry, by its "
         "`X-Canary-Key` header, else its API key (send the same headers as your requests); null while not loaded, "
         "or while a canary splits the callers and this request carries neither key (routed at random)",
+    )
+    quarantine: QuarantineInfo | None = Field(
+        default=None, description="while `state` is `quarantined`: why its load failed and until when; else null"
     )
 
 

@@ -14,6 +14,12 @@ repeats), waits longer after each failure in a row, and polls on.
 
 One ``ModelManager`` serves one entry of the served set (``service.runtime.served``): the set
 starts, stops and, under a memory budget, unloads entries; everything above holds per entry.
+An entry the set loads on request (``loads_on_request``: under a memory budget, every entry but
+the first) tries its first load once per launch: a load that fails *quarantines* the entry
+(``Quarantine``) with the same refuse-or-retry policy as a hot swap (``may_pass``): a version that
+may pass is tried again by the next request after ``backoff_s`` (the watch interval, doubling with
+each failure in a row), a refused one not until its alias names another version (read again at
+most once per watch interval). Meanwhile its requests get 503 at once and nothing is loaded.
 
 The alias entry may also name a canary (a weighted share of the callers) and a shadow (re-runs
 a sample of the requests after they were answered). Each is loaded beside the primary with its own
@@ -34,17 +40,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from clipcore.backends.auto import Interrupted
-from clipcore.backends.base import ServingTowers
+from clipcore.backends.base import BackendError, ServingTowers
 from clipcore.backends.residency import trim_heap
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
-from model_store import ChecksumMismatch, ModelNotFound, ModelStore, parse_ref
+from model_store import ChecksumMismatch, InvalidManifest, ModelNotFound, ModelStore, parse_ref
 from model_store.aliases import AliasEntry
 from model_store.location import missing_directory
 from model_store.routing import route, shadow_target
@@ -65,7 +74,7 @@ from service.runtime.metrics import ServiceMetrics
 from service.runtime.retime import Result, Retimer
 from service.runtime.shadow import ShadowRunner
 
-__all__ = ["ModelManager", "ModelRuntime", "ModelState"]
+__all__ = ["ModelManager", "ModelRuntime", "ModelState", "Quarantine"]
 
 log = logging.getLogger("service.lifecycle")
 
@@ -74,7 +83,7 @@ STORE_SETTING = "CLIP_STORE / --store"
 TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, MemoryError, ModelNotFound)
 MAX_BACKOFF_S = 300.0
 LOG_REPEAT_S = 60.0  # the same error again is logged once a minute at most
-ModelState = Literal["ready", "loading", "failed", "unloaded"]
+ModelState = Literal["ready", "loading", "failed", "unloaded", "quarantined"]
 
 
 def may_pass(exc: BaseException) -> bool:
@@ -84,6 +93,56 @@ def may_pass(exc: BaseException) -> bool:
     if isinstance(exc, ChecksumMismatch):
         return all(why == "missing" or why.startswith("unreadable") for why in exc.problems.values())
     return isinstance(exc, TRANSIENT_LOAD_ERRORS)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The ``reason`` label of ``clip_model_load_failures_total``: a few words, never a message."""
+    if isinstance(exc, MemoryError):
+        return "memory"
+    if isinstance(exc, ModelNotFound):
+        return "not_found"
+    if isinstance(exc, ChecksumMismatch):
+        return "unreadable" if may_pass(exc) else "checksum"
+    if isinstance(exc, InvalidManifest):
+        return "manifest"
+    if isinstance(exc, BackendError):
+        return "gate"
+    if isinstance(exc, OSError):
+        return "unreadable"
+    return "other"  # a failed warm-up among others: the log says which
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Why an entry loaded on request serves nothing, and until when no request tries again.
+
+    From a failed load until a load succeeds (or, refused, its alias names another version)."""
+
+    version: str | None  # the version whose load failed; None when the ref could not be resolved
+    reason: str  # for callers: no paths (the log has the error)
+    refused: bool  # may not pass as it is: not loaded again until the alias names another version
+    failures: int  # failed loads of this version in a row
+    until: float  # monotonic: no load (refused: no read of the alias) before it
+
+    def left_s(self, now: float | None = None) -> float:
+        return max(0.0, self.until - (time.monotonic() if now is None else now))
+
+    def until_epoch(self) -> float:
+        """``until`` as Unix time, for /models."""
+        return time.time() + (self.until - time.monotonic())
+
+    def describe(self, ref: str) -> str:
+        """The 503 message for a request naming the entry ``ref``."""
+        if self.refused:
+            return (
+                f"model {ref} is quarantined ({self.reason}): version {self.version} is refused until its alias "
+                "names another version; the server log says why"
+            )
+        left = max(1, math.ceil(self.left_s()))
+        times = f", {self.failures} failed loads in a row" if self.failures > 1 else ""
+        return (
+            f"model {ref} is quarantined ({self.reason}{times}): not tried again for {left}s; the server log says why"
+        )
 
 
 def release_freed_memory() -> None:
@@ -125,6 +184,11 @@ class ModelManager:
         self._loading = 0  # loads in progress (first load or a hot swap's)
         self._retiming = 0  # re-timing attempts holding a second copy of the version
         self.waiting = 0  # requests waiting for it to load (under a memory budget)
+        # Set by the served set for the entries it loads on request: a failed first load ends the
+        # launch and quarantines the entry, instead of being retried in the background.
+        self.loads_on_request = False
+        self.quarantine: Quarantine | None = None
+        self._recheck = asyncio.Lock()  # one read of a refused entry's alias at a time
         self.device = resolve_device(settings.device)
         self.current: ModelRuntime | None = None
         self.alias: str | None = None  # set once we know the selector names an alias
@@ -179,11 +243,13 @@ class ModelManager:
     @property
     def state(self) -> ModelState:
         """``ready`` (serving), ``loading``, ``failed`` (no version loaded; retrying, the log says
-        why) or ``unloaded`` (not loaded: past the memory budget, until a request names it)."""
+        why), ``quarantined`` (loaded on request, and its last load failed: ``quarantine`` says
+        until when no request tries again) or ``unloaded`` (not loaded: past the memory budget,
+        until a request names it)."""
         if self.current is not None:
             return "ready"
         if self._task is None or self._task.done():
-            return "unloaded"
+            return "quarantined" if self.quarantine is not None else "unloaded"
         return "failed" if self.last_error is not None else "loading"
 
     @property
@@ -405,22 +471,84 @@ class ModelManager:
             return f"{exc} in the model store set by {STORE_SETTING}"
         return f"loading failed ({type(exc).__name__})"
 
+    # ------------------------------------------------------------------ quarantine
+    def _quarantine(self, version: str | None, exc: BaseException, error: str) -> None:
+        """A first load on request failed: the launch ends (the entry holds nothing) and no request
+        tries again before the quarantine ends; the policy is the hot swaps' (``may_pass``)."""
+        previous = self.quarantine
+        failures = previous.failures + 1 if previous is not None and previous.version == version else 1
+        refused = version is not None and not may_pass(exc)
+        interval = self.settings.watch_interval_s
+        delay = interval if refused else backoff_s(interval, failures)
+        reason = self.not_ready_reason = self._not_ready_reason(exc)
+        self._set_quarantine(Quarantine(version, reason, refused, failures, time.monotonic() + delay))
+        self.last_error = None  # the entry is not retrying in the background: its state says quarantined
+        self._task = None  # this launch ends here (the caller returns): the entry holds no slot
+        if refused:
+            log.error("cannot load %s on request (%s); %s@%s is refused until the alias names another version",
+                      self.ref, error, self.name, version)  # fmt: skip
+        else:
+            log.error("cannot load %s on request (%s); quarantined for %.1fs (failure %d in a row)",
+                      self.ref, error, delay, failures)  # fmt: skip
+        self._changed()
+
+    def _set_quarantine(self, quarantine: Quarantine | None) -> None:
+        self.quarantine = quarantine
+        self.metrics.set_quarantined(quarantine is not None, model=self.ref)
+
+    async def check_quarantine(self) -> Quarantine | None:
+        """The quarantine a request for this entry must respect now (it answers 503), or None when
+        the request may load it: no quarantine, its backoff is over, or (refused) its alias names
+        another version now. A refused entry's alias is read at most once per watch interval,
+        whatever the number of requests."""
+        quarantine = self.quarantine
+        if quarantine is None or time.monotonic() < quarantine.until:
+            return quarantine
+        if not quarantine.refused:
+            return None  # kept until a load succeeds: the next failure doubles the backoff
+        async with self._recheck:
+            quarantine = self.quarantine
+            if quarantine is None or time.monotonic() < quarantine.until:
+                return quarantine  # read meanwhile by another request
+            version: str | None
+            try:
+                _, version = await asyncio.to_thread(self.store.resolve, self.ref)
+            except Exception as exc:  # the store cannot be read now: the version stays refused
+                log.warning("cannot read %s to see whether it moved (%s: %s)", self.ref, type(exc).__name__, exc)
+                version = quarantine.version
+            if version == quarantine.version and self.quarantine is quarantine:
+                renewed = dataclasses.replace(quarantine, until=time.monotonic() + self.settings.watch_interval_s)
+                self._set_quarantine(renewed)
+                return renewed
+            if self.quarantine is quarantine:
+                log.info("%s now names %s@%s, not the refused %s: the next request loads it", self.ref, self.name,
+                         version, quarantine.version)  # fmt: skip
+                self._set_quarantine(None)
+                self._changed()
+            return self.quarantine
+
     # ------------------------------------------------------------------ loading
     async def _run(self) -> None:
         last_logged = 0.0
         while self.current is None:
+            target: str | None = None  # the version tried, once the ref is resolved
             try:
                 name, version = await asyncio.to_thread(self.store.resolve, self.ref)
+                target = version
                 aliases = await asyncio.to_thread(self.store.aliases, name)
                 runtime = await self._load(name, version)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep retrying: the store may be mounted or filled later
+                self.metrics.model_load_failed(self.ref, failure_reason(exc))
                 error = f"{type(exc).__name__}: {exc}"
                 if self.store_missing():
                     error = f"the model store directory {self.settings.store!r} ({STORE_SETTING}) does not exist"
                 elif isinstance(exc, ModelNotFound):
                     error += f"; {await asyncio.to_thread(self._store_contents)}"
+                if self.loads_on_request:  # no retry in the background: quarantined until a request
+                    self._quarantine(target, exc, error)
+                    return
                 # A new problem is an error; the same one again is repeated once a minute at most.
                 if error != self.last_error or time.monotonic() - last_logged >= LOG_REPEAT_S:
                     log.error(
@@ -439,6 +567,9 @@ class ModelManager:
             self.alias = self.selector if self.selector in aliases else None
             self._install(runtime, initial=True)
             self.metrics.model_loaded(self.ref)
+            if self.quarantine is not None:
+                log.info("%s loaded: out of quarantine", self.ref)
+                self._set_quarantine(None)
             # The watcher below runs in this frame for good: it must not keep the first version
             # alive after a swap (that held ~190 MB per swap for ViT-sized models).
             del runtime

@@ -194,6 +194,28 @@ class ServiceMetrics:
             ["model"],
             registry=r,
         )
+        self.model_load_failures_total = Counter(
+            "clip_model_load_failures_total",
+            "Loads of a model of the served set (at start, or on a request under max_loaded_models) that failed, by "
+            "reason (checksum, manifest, gate, not_found, unreadable, memory, other); failed hot swaps are counted by "
+            "clip_model_swaps_total.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_quarantined = Gauge(
+            "clip_model_quarantined",
+            "1 while a model loaded on request is quarantined (its last load failed: requests for it get 503 without "
+            "a load until its backoff ends, or, for a refused version, until its alias names another one), else 0.",
+            ["model"],
+            registry=r,
+        )
+        self.model_loads_skipped_total = Counter(
+            "clip_model_loads_skipped_total",
+            "Requests for a model that is not loaded answered 503 without a load, by reason: quarantined (its last "
+            "load failed) or rate_limited (max_loads_per_minute loads were started on request in the last minute).",
+            ["model", "reason"],
+            registry=r,
+        )
         self.inflight_requests = Gauge(
             "clip_inflight_requests",
             "HTTP requests being handled right now.",
@@ -349,6 +371,15 @@ class ServiceMetrics:
 
     def model_unloaded(self, model: str) -> None:
         self.model_unloads_total.labels(model=model).inc()
+
+    def model_load_failed(self, model: str, reason: str) -> None:
+        self.model_load_failures_total.labels(model=model, reason=reason).inc()
+
+    def set_quarantined(self, quarantined: bool, model: str) -> None:
+        self.model_quarantined.labels(model=model).set(1 if quarantined else 0)
+
+    def model_load_skipped(self, model: str, reason: str) -> None:
+        self.model_loads_skipped_total.labels(model=model, reason=reason).inc()
 
     def image_decoded(self, count: int = 1) -> None:
         self.images_decoded_total.inc(count)

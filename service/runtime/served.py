@@ -19,10 +19,28 @@ has its own canary, shadow and shadow runner, ``service.runtime.lifecycle``):
 
 Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
 their first request. That request waits for the load, within the request's time budget, else it
-gets 503 with Retry-After while the load goes on. To make room, the least recently used entry with
-no request in flight (on its primary, canary or shadow), none waiting for it to load and no load
-in progress is unloaded with its canary, shadow and shadow runner; the default entry never is.
-When every loaded entry is busy, the request waits for one to finish.
+gets 503 with Retry-After while the load goes on.
+
+Only a load that succeeded makes room, and only by unloading an idle model: the new version is
+loaded first, beside the models already in memory, and once it serves, the least recently used
+entry with no request in flight (on its primary, canary or shadow), none waiting for it to load
+and no load in progress is unloaded with its canary, shadow and shadow runner; the default entry
+never is. So a load that fails (a corrupt version) unloads nothing: callers of the healthy models
+never pay for it. The price is memory: while a load on request runs, the budget's models and the
+one loading are in memory, which is what a hot swap of any entry (the new version loaded beside
+the old) costs too. It stays bounded: a load beyond the budget starts only while no other one
+runs (loads within the budget, when a model was unloaded or failed, start at once), and only when
+an idle model is there to make room for it; otherwise the request waits for one. Once loaded,
+the set is over budget until a model is idle, and the first one that is (least recently used
+first) is unloaded. (Unloading first, then loading, would keep to the budget during the load,
+but a load that then fails has already thrown out a healthy model: a caller could empty the set
+of its loaded models by naming a broken one every few seconds.)
+
+A failed load on request quarantines its entry (``lifecycle.Quarantine``): requests for it get
+503 at once with Retry-After and the reason, nothing is loaded, until its backoff ends (or, for a
+refused version, its alias names another version). Loads on request are also bounded in rate,
+all entries together (``max_loads_per_minute``): past it, 503 with Retry-After instead of a load.
+Each entry has at most one load in progress (its own task).
 """
 
 from __future__ import annotations
@@ -32,6 +50,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +59,7 @@ from clipcore.errors import ClipError, ErrorCode
 from model_store import ModelStore
 from service.config import Settings
 from service.runtime.assembly import CANARY, ModelRuntime
-from service.runtime.lifecycle import ModelManager, ModelState
+from service.runtime.lifecycle import ModelManager, ModelState, Quarantine
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES
 
@@ -49,6 +68,7 @@ __all__ = ["EntryStatus", "Selection", "ServedModels"]
 log = logging.getLogger("service.served")
 
 WAKE_S = 1.0  # a waiting request looks again at least this often, whatever it was told
+RATE_WINDOW_S = 60.0  # max_loads_per_minute counts the loads started in this window
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class EntryStatus:
     # The name@version that answers the caller ``status`` was asked for, when it names this entry:
     # None while not loaded, or while a canary splits and the caller has no key (random per request).
     answers: str | None = None
+    quarantine: Quarantine | None = None  # while quarantined: why, and until when
 
 
 @dataclass(frozen=True)
@@ -89,8 +110,15 @@ class ServedModels:
         for entry in self.entries:  # one server: a request for any model stops every entry's re-timing
             entry.peers = self.entries
             entry.retimer.turn = retiming
+        self.metrics = metrics
         self._waiters: set[asyncio.Future[None]] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
+        self._load_starts: deque[float] = deque()  # monotonic starts of the loads on request in the window
+        self._enforcing = False
+        if self.on_demand:
+            for entry in self.entries[1:]:  # the default entry loads at start and retries until it serves
+                entry.loads_on_request = True
+                metrics.set_quarantined(False, model=entry.ref)
 
     @property
     def default(self) -> ModelManager:
@@ -178,6 +206,7 @@ class ServedModels:
                     canary=canary.ref if canary is not None else None,
                     canary_created_at=canary.bundle.manifest.created_at if canary is not None else None,
                     answers=entry.answers(key),
+                    quarantine=entry.quarantine if current is None else None,
                 )
             )
         return out
@@ -222,18 +251,27 @@ class ServedModels:
     async def _wait_for_load(self, entry: ModelManager, deadline: float) -> None:
         loop = asyncio.get_running_loop()
         waited_for_room = False
+        saw_load = False  # whether this request waited for a load (its failure, not a skip, answers then)
         while entry.current is None:
             if not entry.started:
                 if not self.on_demand:  # every model loads at start; this one stopped (shutting down)
                     raise ClipError(ErrorCode.not_ready, entry.not_ready_message(), retry_after=1)
-                if self._make_room():
-                    log.info("loading %s on request (max_loaded_models=%d)", entry.ref, self.budget)
-                    entry.launch()
+                quarantine = await entry.check_quarantine()  # may read a refused entry's alias
+                if quarantine is not None:
+                    if not saw_load:
+                        self.metrics.model_load_skipped(entry.ref, "quarantined")
+                    raise ClipError(ErrorCode.not_ready, quarantine.describe(entry.ref),
+                                    retry_after=quarantine.left_s())  # fmt: skip
+                if entry.started or entry.current is not None:
+                    continue  # launched by another request during that read
+                if self._room_for_load():
+                    self._launch_on_request(entry)
                 else:
                     waited_for_room = True
             elif entry.state == "failed":
                 # The load failed and is retried in the background: no point holding the request.
                 raise ClipError(ErrorCode.not_ready, entry.not_ready_message(), retry_after=1)
+            saw_load = saw_load or entry.started
             left = deadline - loop.time()
             if left <= 0:
                 raise ClipError(
@@ -241,19 +279,53 @@ class ServedModels:
                 )
             await self._wait(min(left, WAKE_S))
 
-    def _make_room(self) -> bool:
-        """Room for one more loaded model: at once under the budget, else by unloading the least
-        recently used idle entry (never the default); False when every loaded one is busy."""
+    def _launch_on_request(self, entry: ModelManager) -> None:
+        """Start loading ``entry`` for a request, unless ``max_loads_per_minute`` loads on request
+        started within the last minute (503 with Retry-After then)."""
+        limit = self.settings.max_loads_per_minute
+        now = time.monotonic()
+        while self._load_starts and now - self._load_starts[0] >= RATE_WINDOW_S:
+            self._load_starts.popleft()
+        if limit and len(self._load_starts) >= limit:
+            self.metrics.model_load_skipped(entry.ref, "rate_limited")
+            wait_s = RATE_WINDOW_S - (now - self._load_starts[0])
+            raise ClipError(
+                ErrorCode.not_ready,
+                f"model {entry.ref} is not loaded, and {len(self._load_starts)} models were loaded on request in the "
+                f"last minute (max_loads_per_minute={limit}); retry later",
+                retry_after=wait_s,
+            )
+        self._load_starts.append(now)
+        log.info("loading %s on request (max_loaded_models=%d)", entry.ref, self.budget)
+        entry.launch()
+
+    def _room_for_load(self) -> bool:
+        """Whether one more model may start loading: at once while fewer than the budget are held
+        (loaded or loading); one beyond it while no other load beyond it runs and an idle model is
+        there to be unloaded once it has loaded (``_enforce_budget``); False otherwise."""
         held = [e for e in self.entries if e.started]
         if len(held) < self.budget:
             return True
-        idle = [e for e in held if e is not self.default and e.evictable]
-        if not idle:
-            return False
-        victim = min(idle, key=lambda e: e.last_used)
-        log.info("unloading %s, the least recently used idle model, to make room", victim.ref)
-        self._track(victim.unload())  # lets go of its version now; stops it in the background
-        return True
+        if len(held) > self.budget:
+            return False  # a load beyond the budget runs, or its model waits for another to be idle
+        return any(e is not self.default and e.current is not None and e.evictable for e in held)
+
+    def _enforce_budget(self) -> None:
+        """While more models are loaded than the budget holds (a load on request succeeded), unload
+        the least recently used idle one (never the default); none idle: again at the next change."""
+        if not self.on_demand or self._enforcing:
+            return
+        self._enforcing = True  # unload() reports a change itself
+        try:
+            while len(loaded := [e for e in self.entries if e.current is not None]) > self.budget:
+                idle = [e for e in loaded if e is not self.default and e.evictable]
+                if not idle:
+                    return
+                victim = min(idle, key=lambda e: e.last_used)
+                log.info("unloading %s, the least recently used idle model, to make room", victim.ref)
+                self._track(victim.unload())  # lets go of its version now; stops it in the background
+        finally:
+            self._enforcing = False
 
     def _track(self, stopping: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(stopping)
@@ -270,11 +342,15 @@ class ServedModels:
     def _not_loaded_message(self, entry: ModelManager, waited_for_room: bool) -> str:
         budget_s = self.settings.batching.request_timeout_s
         if waited_for_room and not entry.started:
-            why = f"every loaded model has requests in flight (max_loaded_models={self.budget})"
+            why = (
+                f"every loaded model has requests in flight, or another model is loading beyond the budget "
+                f"(max_loaded_models={self.budget})"
+            )
             return f"model {entry.ref} is not loaded and {why}; retry"
         return f"model {entry.ref} is still loading (it was not in memory); not ready within {budget_s:g}s, retry"
 
     def _wake(self) -> None:
+        self._enforce_budget()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -313,3 +313,15 @@ def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_cei
         assert cell["req_per_s"] > 0 and cell["ok"] > 0, cell
         assert cell["status_503"] == cell["status_other"] == cell["socket_errors"] == 0, cell
         assert cell["images_per_s"] == pytest.approx(cell["req_per_s"] * cell["images_per_request"])
+
+
+@pytest.mark.slow
+def test_bench_broken_neighbour_shows_the_healthy_model_kept_in_memory() -> None:
+    out = run_script("bench_broken_neighbour.py", "--seconds", "1", "--interval", "0.2")
+    rows = table(out)
+    assert [row[0] for row in rows] == ["alone", "broken neighbour"]
+    for _, answered, failed, p50, p99 in rows:
+        assert int(answered) > 0 and failed == "0" and 0 < float(p50) <= float(p99)
+    assert "bench@v2: unloaded 0x, loaded again 0x" in out, out
+    assert re.search(r"bench@v3: loads tried and failed 1, 503s without a load [1-9]", out), out
+    assert "bench@v3 quarantined" in out, out

@@ -39,6 +39,7 @@ def test_health_ready_metrics(client: httpx.Client) -> None:
                 "store": "ok",
                 "canary": None,
                 "answers": "tiny@v1",
+                "quarantine": None,
             }
         ],
     }

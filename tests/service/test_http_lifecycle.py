@@ -26,7 +26,7 @@ def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
     """One entry of /readyz's ``models``: the only, default, model of the set, serving (no canary:
     its primary answers every caller)."""
     return {"ref": ref, "serving": serving, "state": "ready", "default": True, "store": store, "canary": None,
-            "answers": serving}  # fmt: skip
+            "answers": serving, "quarantine": None}  # fmt: skip
 
 
 @pytest.mark.slow

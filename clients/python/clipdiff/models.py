@@ -153,11 +153,12 @@ class ModelInfo(_Result):
 class ServedModel(_Result):
     """One model a server serves: ``ref`` as configured (what ``model=`` may name), the
     ``name@version`` it answers with now (None while not loaded) and its ``state`` (``ready``,
-    ``loading``, ``failed`` or ``unloaded``: held out of memory until a request names it), the
-    ``name@version`` of a canary loaded beside it (``model=`` may name it too), and ``answers``:
-    the ``name@version`` that answers this client's calls naming it (by the ``X-Canary-Key`` in
-    ``headers``, else the API key; None while a canary splits the callers and the client sends
-    neither)."""
+    ``loading``, ``failed``, ``unloaded``: held out of memory until a request names it, or
+    ``quarantined``: its last load on request failed, and ``quarantine`` says why and until when
+    calls naming it get 503 without a load), the ``name@version`` of a canary loaded beside it
+    (``model=`` may name it too), and ``answers``: the ``name@version`` that answers this client's
+    calls naming it (by the ``X-Canary-Key`` in ``headers``, else the API key; None while a canary
+    splits the callers and the client sends neither)."""
 
     ref: str
     serving: str | None = None
@@ -165,6 +166,7 @@ class ServedModel(_Result):
     default: bool = False
     canary: str | None = None
     answers: str | None = None
+    quarantine: dict[str, Any] | None = None  # version, reason, refused, failures, until (UTC ISO 8601)
 
 
 class ModelsInfo(_Result):

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -22,6 +23,7 @@ from service.api.schemas import (
     CanaryInfo,
     ModelInfo,
     ModelsResponse,
+    QuarantineInfo,
     RetimeInfo,
     ServedModel,
     ShadowEndpointInfo,
@@ -30,6 +32,7 @@ from service.api.schemas import (
 )
 from service.config import Limits
 from service.runtime.assembly import CANARY, SHADOW
+from service.runtime.lifecycle import Quarantine
 from service.runtime.retime import RetimeState
 from service.runtime.served import EntryStatus
 
@@ -127,9 +130,18 @@ def served_models(served: list[EntryStatus]) -> list[ServedModel]:
             store="ok" if entry.store_ok else "unreadable",
             canary=entry.canary,
             answers=entry.answers,
+            quarantine=_quarantine_info(entry.quarantine),
         )
         for entry in served
     ]
+
+
+def _quarantine_info(quarantine: Quarantine | None) -> QuarantineInfo | None:
+    if quarantine is None:
+        return None
+    until = datetime.fromtimestamp(quarantine.until_epoch(), UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return QuarantineInfo(version=quarantine.version, reason=quarantine.reason, refused=quarantine.refused,
+                          failures=quarantine.failures, until=until)  # fmt: skip
 
 
 def _auto_info(decision: AutoDecision | None, retime: RetimeState | None = None) -> AutoInfo | None:

@@ -34,6 +34,9 @@ NAMES = [
     "clip_store_watch_ok",
     "clip_model_loads_total",
     "clip_model_unloads_total",
+    "clip_model_load_failures_total",
+    "clip_model_quarantined",
+    "clip_model_loads_skipped_total",
     "clip_images_decoded_total",
     "clip_texts_truncated_total",
     "clip_version_requests_total",
@@ -71,6 +74,7 @@ DIMENSIONLESS = {
     "clip_batch_size": "items per batch",
     "clip_queue_depth": "a count of queued items",
     "clip_store_watch_ok": "a 0/1 state",
+    "clip_model_quarantined": "a 0/1 state",
     "clip_shadow_cosine": "a cosine similarity",
     "clip_shadow_score_correlation": "a Pearson correlation",
 }
