@@ -344,7 +344,9 @@ def service_process(
     env.update(extra_env)
     url = f"http://127.0.0.1:{port}"
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out)
+        # -P: the working directory is not put first on sys.path, so PYTHONPATH (a variant may set it
+        # to another checkout) decides which code serves.
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out)
         try:
             try:
                 wait_ready(url, proc, timeout_s=600)
@@ -375,6 +377,28 @@ class Cell:
     concurrency: int
     images_per_request: int
     result: WrkResult
+    server_cpu_s: float = float("nan")  # CPU time of the server's process tree during the cell
+
+    @property
+    def server_cpu_ms_per_request(self) -> float:
+        return 1000 * self.server_cpu_s / self.result.ok if self.result.ok else float("nan")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants so far (what the server spent,
+    whatever else shares the machine: a figure other work moves much less than req/s)."""
+    from loadtests.bench_rss import _children
+
+    ticks, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        todo += _children(p)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> dict[str, Any]:
@@ -464,6 +488,12 @@ def endpoint_table(
             runs = by.get((s, k), [])
             costs.append(f"{median(c.result.wrk_cpu_ms_per_request for c in runs):.3f}" if runs else "-")
         lines.append(f"| {s}: wrk CPU ms per request | " + " | ".join(costs) + " |")
+    for s in present:
+        costs = []
+        for k in concurrency:
+            runs = by.get((s, k), [])
+            costs.append(f"{median(c.server_cpu_ms_per_request for c in runs):.2f}" if runs else "-")
+        lines.append(f"| {s}: server CPU ms per answer | " + " | ".join(costs) + " |")
     for s in present:
         failed = [str(sum(c.result.failed for c in by.get((s, k), []))) for k in concurrency]
         lines.append(f"| {s}: non-2xx + socket errors | " + " | ".join(failed) + " |")
@@ -587,13 +617,18 @@ def main(argv: list[str] | None = None) -> None:
                             if idle is None:
                                 idle = settle_rss(proc.pid, 1.0)
                             cell_id += 1
+                            cpu_before = tree_cpu_s(proc.pid)
                             res = run_wrk(url + path, bases, template, cell_id, c, args.duration, args.wrk_threads,
                                           args.wrk_timeout)  # fmt: skip
-                            cells.append(Cell(server, r, endpoint, c, ENDPOINTS[endpoint], res))
+                            cell = Cell(
+                                server, r, endpoint, c, ENDPOINTS[endpoint], res, tree_cpu_s(proc.pid) - cpu_before
+                            )
+                            cells.append(cell)
                             print(f"round {r} {server} {endpoint} c={c}: {res.req_per_s:.1f} req/s, p50 "
                                   f"{res.p50_ms:.1f} p90 {res.p90_ms:.1f} p99 {res.p99_ms:.1f} ms; 2xx {res.ok}, 503 "
                                   f"{res.status_503}, other {res.status_other}, socket errors {res.socket_errors}; "
-                                  f"wrk CPU {res.wrk_cpu_ms_per_request:.3f} ms/request", flush=True)  # fmt: skip
+                                  f"wrk CPU {res.wrk_cpu_ms_per_request:.3f} ms/request; server CPU "
+                                  f"{cell.server_cpu_ms_per_request:.2f} ms/request", flush=True)  # fmt: skip
                     rss[server].append((idle or tree_rss_mib(proc.pid), settle_rss(proc.pid, 1.0)))
 
     print()
@@ -622,6 +657,7 @@ def main(argv: list[str] | None = None) -> None:
                     "req_per_s": c.result.req_per_s,
                     "images_per_s": c.result.req_per_s * c.images_per_request,
                     "wrk_cpu_ms_per_request": c.result.wrk_cpu_ms_per_request,
+                    "server_cpu_ms_per_request": c.server_cpu_ms_per_request,
                     "share_of_ceiling": c.result.req_per_s * c.images_per_request / ceiling if ceiling else None,
                 }
                 for c in cells
