@@ -401,8 +401,8 @@ class AutoInfo(BaseModel):
 
     outcome: Literal["chosen", "remembered", "deferred", "shared"] = Field(
         description="chosen: measured at this load and kept; remembered: read from the kept decision; deferred: the "
-        "measurement's noise could not settle it, the reference serves, measured again while idle (`retime`) or at "
-        "the next load; shared: "
+        "measurement's noise could not settle whether any candidate beats the reference, the reference serves, "
+        "measured again while idle (`retime`) or at the next load; shared: "
         "read from the model store, where `clip-train tune` measured it for this CPU kind (nothing timed here)"
     )
     decision: str = Field(
@@ -412,14 +412,25 @@ class AutoInfo(BaseModel):
     backend: str
     precision: str
     margin: float | None = Field(
-        default=None, description="speed over the reference, median of the per-round ratios (deferred: the unclear one)"
+        default=None,
+        description="speed over the reference, median of the per-round ratios (deferred: the one in doubt)",
     )
     spread: float | None = Field(default=None, description="interquartile range / median of those ratios: the noise")
     rounds: int = Field(description="interleaved timing rounds")
     seconds: float = Field(description="time the rounds took")
-    reason: str | None = Field(default=None, description="deferred: why")
+    reason: str | None = Field(
+        default=None,
+        description="deferred: why the rounds could not tell whether any candidate beats the reference; chosen with a "
+        "`tie`: which leaders tied and why this one serves",
+    )
     at: float = Field(description="when it was decided (Unix time)")
     tuned_on: str | None = Field(default=None, description="shared: the machine `clip-train tune` measured on")
+    tie: list[str] | None = Field(
+        default=None,
+        description="the leaders the rounds could not rank (each clearly faster than the reference, within each "
+        "other's noise; `backend precision`), when there were several: one serves, the least memory first, then "
+        "the fewest moving parts",
+    )
     retime: RetimeInfo | None = Field(
         default=None,
         description="the serving primary only: its re-timing while the server is idle (`auto_retime_attempts`; "
