@@ -49,8 +49,8 @@ tests/unit/test_auto_noise.py), 16 had a candidate "clearly" faster than the ref
 had such an unclear candidate beside it, 2 a tie as noisy as the margin (the 2 left over were taken
 by the rule before ties were split as well, which took 3 in all). A real tie is far clear of it:
 two int8 runtimes at 3.8x torch fp32, 1.10x apart with a spread of 0.18. Then the reference serves,
-nothing is kept, and the next load of the version measures again (a server also does while it
-is idle, below). When no candidate is faster in any round, the reference is chosen.
+nothing is kept, and the next load of the version measures again (a server also does in the
+background, below). When no candidate is faster in any round, the reference is chosen.
 
 The decision is kept as JSON under ``<onnx cache>/auto/<name>/<version>-<key>.json``, keyed by the
 version's manifest, the torch and onnxruntime versions, the export scheme, the device, the thread
@@ -65,9 +65,12 @@ Before any of this, a server reads the decision ``clip-train tune`` shared in th
 its CPU kind and settings, if there is one (``clipcore.backends.shared``): then nothing is
 exported or timed here, and the decision says ``shared`` instead of ``local``.
 
-A server may measure a deferred decision again while it is idle (``service.runtime.retime``): it
+A server measures a deferred decision again in the background (``service.runtime.retime``): it
 passes ``interrupted``, checked before each candidate is built and before each timed call, and the
-measurement stops with ``TimingInterrupted`` as soon as it says so (a request arrived).
+measurement stops with ``TimingInterrupted`` as soon as it says so (a request arrived while the
+server was idle). Under steady traffic it passes ``pace`` instead: called after each build and each
+timed call with the seconds that work took, it sleeps long enough to keep the measurement to a
+share of a core (the pauses are not counted in a candidate's timing).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,8 +124,12 @@ KERNEL_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_M
 
 # (backend, precision) -> (towers, description): ``clipcore.backends.select.select_towers``.
 Build = Callable[[str, str], tuple[ServingTowers, str]]
-# Whether a measurement must stop now (a request arrived while the server re-timed in its idle time).
+# Whether a measurement must stop now (a request arrived while the server re-timed in its idle time, or a
+# version started loading while it re-timed under traffic).
 Interrupted = Callable[[], bool]
+# Called after each piece of a measurement's work (a build, a timed call) with the seconds it took:
+# it pauses the measuring thread to keep it to a share of a core (re-timing under traffic).
+Pace = Callable[[float], None]
 
 
 class TimingInterrupted(Exception):
@@ -244,19 +252,32 @@ def time_rounds(
     rounds: int = ROUNDS,
     batch_sizes: Sequence[int] = TIMED_BATCHES,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> list[list[dict[str, float]]]:
     """Per encoder, its images/s per timed batch size in each of ``rounds`` interleaved rounds: every
     round times every encoder at every batch size, A B C A B C ..., so a burst of other work on the
     cores lands on all of them alike instead of on whichever was being timed. Each encoder gets about
     ``seconds`` in all, split over the rounds and batch sizes; a slot is the median of its calls (at
     least one). ``interrupted`` is asked before every call: when it says so, ``TimingInterrupted``
-    is raised at once (no call waits for the rest of a round)."""
+    is raised at once (no call waits for the rest of a round). ``pace`` is called after every call
+    (warm-up ones too) with its duration; the time it pauses does not count in a slot."""
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in batch_sizes]
+
+    def paced(started: float) -> float:
+        """Hand the call that started at ``started`` to ``pace``; the seconds it paused."""
+        if pace is None:
+            return 0.0
+        ended = time.perf_counter()
+        pace(ended - started)
+        return time.perf_counter() - ended
+
     for encode in encoders:
         for batch in batches:
             _check(interrupted)
+            t0 = time.perf_counter()
             encode(batch)  # warm-up: first calls allocate
+            paced(t0)
     slot = seconds / (rounds * len(batches))
     figures: list[list[dict[str, float]]] = [[] for _ in encoders]
     for _ in range(rounds):
@@ -264,12 +285,14 @@ def time_rounds(
             figure = {}
             for batch in batches:
                 times: list[float] = []
+                paused = 0.0
                 start = time.perf_counter()
-                while not times or time.perf_counter() - start < slot:
+                while not times or time.perf_counter() - start - paused < slot:
                     _check(interrupted)
                     t0 = time.perf_counter()
                     encode(batch)
                     times.append(time.perf_counter() - t0)
+                    paused += paced(t0)
                 figure[str(len(batch))] = len(batch) / max(float(np.median(times)), 1e-12)
             figures[i].append(figure)
     return figures
@@ -314,6 +337,7 @@ def fastest_towers(
     seconds: float | None = None,
     max_batch: int = 64,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
     gate, and a description for the log; ``towers.auto`` says how it was decided. The first candidate
@@ -325,7 +349,8 @@ def fastest_towers(
     (never for fp32: torch fp32 is the reference). ``max_batch``: the batcher's largest image batch
     (on CUDA the timed batch sizes go up to it); ``seconds``: timing per candidate (default 1 on a
     CPU, 2 on CUDA, where more batch sizes share it); ``interrupted``: asked before each candidate is
-    built and each timed call, ``TimingInterrupted`` once it says so (nothing is decided or kept)."""
+    built and each timed call, ``TimingInterrupted`` once it says so (nothing is decided or kept);
+    ``pace``: called after each build and each timed call with the seconds it took (``Pace``)."""
     contenders = candidates(device, precision)
     batch_sizes = timed_batches(device, max_batch)
     weights = batch_weights(batch_sizes, device)
@@ -349,6 +374,7 @@ def fastest_towers(
     built: list[tuple[Trial, ServingTowers, str]] = []
     for backend, arithmetic in contenders:
         _check(interrupted)
+        building = time.perf_counter()
         try:
             towers, described = build(backend, arithmetic)
         except BackendError as exc:
@@ -360,6 +386,9 @@ def fastest_towers(
             log.exception("auto: %s %s failed to build for %s", backend, arithmetic, bundle.ref)
             trials.append(Trial(backend, arithmetic, refused=f"{type(exc).__name__}: {exc}"))
             continue
+        finally:
+            if pace is not None:  # a build (an export, a parity gate) is work to pace too
+                pace(time.perf_counter() - building)
         trial = Trial(backend, arithmetic, weights=weights)
         trials.append(trial)
         built.append((trial, towers, described))
@@ -368,11 +397,13 @@ def fastest_towers(
         raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
     started = time.perf_counter()
     encoders = [t.encode_images for _, t, _ in built]
-    # Passed only when set: a replaced ``time_rounds`` (a test's) need not know the argument.
-    if interrupted is None:
-        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes)
-    else:
-        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes, interrupted=interrupted)
+    # Passed only when set: a replaced ``time_rounds`` (a test's) need not know the arguments.
+    optional: dict[str, Any] = {}
+    if interrupted is not None:
+        optional["interrupted"] = interrupted
+    if pace is not None:
+        optional["pace"] = pace
+    figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes, **optional)
     elapsed = time.perf_counter() - started
     scores = [[geometric_mean(f, weights) for f in per_round] for per_round in figures]
     measured = {id(trial): _measured(trial, f) for (trial, _, _), f in zip(built, figures, strict=True)}

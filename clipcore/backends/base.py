@@ -42,7 +42,7 @@ class AutoDecision:
     ``outcome``: ``chosen`` (measured now and kept), ``remembered`` (read from the kept decision),
     ``deferred`` (the rounds could not tell whether any candidate beats the reference, see
     ``clipcore.backends.auto``: the safe default serves and nothing is kept, so the server measures
-    again while idle or at the next load), ``shared`` (read from the model store, where
+    again in the background or at the next load), ``shared`` (read from the model store, where
     ``clip-train tune`` wrote it for this CPU kind: ``tuned_on`` names the machine it was measured
     on). ``margin``: the serving candidate's images/s over the reference's, the median of the
     per-round ratios (for ``deferred``: the comparison in doubt); ``spread``: their interquartile
