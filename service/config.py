@@ -320,8 +320,9 @@ class Settings(BaseSettings):
         default=3,
         ge=0,
         description="With `precision=auto` / `backend=auto`: how many times a serving version whose decision was "
-        "deferred (the timing rounds could not tell the candidates apart) is measured again in the background "
-        "while the server is idle; a decided version is looked up in the model store as often, in case "
+        "deferred (the timing rounds could not tell whether any candidate beats the reference) is measured again in "
+        "the background, while the server is idle or, failing that, paced under the traffic "
+        "(`auto_retime_busy_share`); a decided version is looked up in the model store as often, in case "
         "`clip-train tune` shared a decision for this CPU kind since. A winner replaces the serving towers the way "
         "a version swap does (drained, no request fails). A measurement interrupted by a request is not counted. "
         "0 turns re-timing off: a deferred decision is measured again only at the version's next load.",
@@ -329,8 +330,24 @@ class Settings(BaseSettings):
     auto_retime_idle_s: float = Field(
         default=30.0,
         gt=0,
-        description="Re-timing starts only once the server has had no request in flight (for any model it serves) "
+        description="Re-timing starts once the server has had no request in flight (for any model it serves) "
         "for this long, and stops (nothing decided, tried again at the next idle spell) as soon as a request arrives.",
+    )
+    auto_retime_busy_after_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="An attempt that has found no idle spell (`auto_retime_idle_s`) for this long runs under the "
+        "traffic instead, paced to `auto_retime_busy_share` of a core, and requests no longer stop it (a version "
+        "loading does).",
+    )
+    auto_retime_busy_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="The share of one core a re-timing under traffic may use: after each piece of its work (a "
+        "candidate built, a timed call) the measuring thread pauses long enough that the work, counted on every "
+        "thread it may use (`torch_threads`, or every core), is at most this share of the time that passed. 0: "
+        "re-time only while the server is idle, however long that takes.",
     )
     auto_retime_backoff_s: float = Field(
         default=60.0,
@@ -342,7 +359,9 @@ class Settings(BaseSettings):
         default=120.0,
         gt=0,
         description="CPU seconds (the process's, all threads) that re-timing may spend per served version, "
-        "interrupted measurements included; once spent, no attempt starts.",
+        "interrupted measurements included; once spent, no attempt starts. An attempt under traffic counts the "
+        "pacing's bound instead (its work's seconds times the threads it may use): the process's CPU time then "
+        "holds the requests' too.",
     )
     shadow_quiet_ms: float = Field(
         default=5.0,

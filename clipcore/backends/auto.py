@@ -24,12 +24,33 @@ other processes lands on all of them alike. The timed batch sizes and the score 
   server spends its time in large batches, so they weigh most, and batch 1 keeps a weight, so a
   candidate much slower for a lone request has to make it up several times over under load.
 
-A candidate
-replaces the best so far only when the median of its per-round ratios to it is at least
-``MIN_GAIN`` and that gain exceeds the ratios' spread (``compare``). When the rounds cannot tell
-(some round says faster, the median and spread do not), the decision is deferred: the reference
-serves, nothing is kept, and the next load of the version measures again (a server also does
-while it is idle, below).
+Leaving the reference (the first candidate that builds: torch fp32, or torch int8 for
+``backend=auto`` with int8) needs a margin over it: a candidate's per-round ratios to the reference
+must have a median of at least ``MIN_GAIN`` and a gain that exceeds their spread (``compare``:
+``faster``). Among the candidates clearly faster than the reference, the *leaders* are the best one
+(the largest median ratio to the reference) and every one that the best is not clearly faster than
+(their own comparison is unclear or within ``MIN_GAIN``): the rounds cannot rank them, but each of
+them is clearly faster than the reference. One leader serves, taken by a fixed tie-break
+(``tie_break``): the least memory first (``WEIGHT_BYTES``), then the fewest moving parts
+(``MOVING_PARTS``), then the candidates' order; the decision names the leaders that tied and why
+the one that serves won (``tie``, ``reason``). A candidate whose comparison with the reference is
+itself unclear is no leader.
+
+The decision is **deferred** only when it is unclear whether any candidate beats the reference at
+all: none is clearly faster than it, and some round put one above ``MIN_GAIN`` (``unclear``); or
+the best is, but a candidate whose own comparison with the reference is unclear is one the best is
+not clearly faster than (that candidate cannot be told from the best nor from the reference); or
+leaders tie and the serving leader's gain over the reference (margin - 1) is no larger than the
+spread of its comparison with the reference plus the tie's noise (how far the leaders' median ratio
+strays from 1, plus its spread: the rounds cannot rank them, so both are noise). Either way the
+rounds' noise is as large as the margin, and that is how a false margin shows: of 124 measurements
+of three equal candidates beside processes spinning on the same cores (as in
+tests/unit/test_auto_noise.py), 16 had a candidate "clearly" faster than the reference; 12 of them
+had such an unclear candidate beside it, 2 a tie as noisy as the margin (the 2 left over were taken
+by the rule before ties were split as well, which took 3 in all). A real tie is far clear of it:
+two int8 runtimes at 3.8x torch fp32, 1.10x apart with a spread of 0.18. Then the reference serves,
+nothing is kept, and the next load of the version measures again (a server also does in the
+background, below). When no candidate is faster in any round, the reference is chosen.
 
 The decision is kept as JSON under ``<onnx cache>/auto/<name>/<version>-<key>.json``, keyed by the
 version's manifest, the torch and onnxruntime versions, the export scheme, the device, the thread
@@ -44,9 +65,12 @@ Before any of this, a server reads the decision ``clip-train tune`` shared in th
 its CPU kind and settings, if there is one (``clipcore.backends.shared``): then nothing is
 exported or timed here, and the decision says ``shared`` instead of ``local``.
 
-A server may measure a deferred decision again while it is idle (``service.runtime.retime``): it
+A server measures a deferred decision again in the background (``service.runtime.retime``): it
 passes ``interrupted``, checked before each candidate is built and before each timed call, and the
-measurement stops with ``TimingInterrupted`` as soon as it says so (a request arrived).
+measurement stops with ``TimingInterrupted`` as soon as it says so (a request arrived while the
+server was idle). Under steady traffic it passes ``pace`` instead: called after each build and each
+timed call with the seconds that work took, it sleeps long enough to keep the measurement to a
+share of a core (the pauses are not counted in a candidate's timing).
 """
 
 from __future__ import annotations
@@ -60,6 +84,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,19 +100,36 @@ log = logging.getLogger(__name__)
 REFERENCE = ("torch", "fp32")
 TIMED_BATCHES = (1, 8)  # on a CPU
 CUDA_FIRST_BATCHES = (1, 8, 32)  # on CUDA, then x4 until the batcher's largest image batch
-MIN_GAIN = 1.1  # how much faster than the best so far a candidate must be to replace it
+MIN_GAIN = 1.1  # how much faster than the reference (or another candidate) a candidate must be to beat it
 # Interleaved rounds: five give a median that ignores two disturbed rounds, and a spread to compare with.
 ROUNDS = 5
 # 3: torch int8 became a candidate; 4: interleaved rounds, a margin must exceed the rounds' spread
-# (decisions of format 3 may have been taken on a busy machine: they are measured again).
-DECISION_FORMAT = 4
+# (decisions of format 3 may have been taken on a busy machine: they are measured again); 5: leaders
+# that tie are split by ``tie_break`` instead of deferring or keeping the earlier candidate (a kept
+# decision of format 4 may name another leader than this rule takes: measured again, and
+# ``clip-train tune`` runs again for the shared ones, whose key holds the format).
+DECISION_FORMAT = 5
+# Breaking a tie between leaders (``tie_break``), least memory first: the bytes the serving towers
+# keep per weight. int8 keeps the image tower's linear weights in one byte (torch's and ONNX
+# Runtime's alike); bf16 and fp16 are autocast, which keeps the fp32 weights and casts them per call,
+# so they hold what fp32 holds.
+WEIGHT_BYTES = {"int8": 1, "bf16": 4, "fp16": 4, "fp32": 4}
+# Then the fewest moving parts: plain torch runs the version's own towers (nothing exported, one
+# runtime); CUDA graphs replay those towers from a capture per batch bucket (static buffers, a
+# second path); ONNX Runtime serves an export kept on disk in a second runtime (its own sessions,
+# threads and memory arena). A backend not listed here comes last.
+MOVING_PARTS = {"torch": 0, "torch-graphs": 1, "onnx": 2}
 # Set, these make the libraries pick other kernels than the CPU would get (fbgemm's, MKL's, oneDNN's).
 KERNEL_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 # (backend, precision) -> (towers, description): ``clipcore.backends.select.select_towers``.
 Build = Callable[[str, str], tuple[ServingTowers, str]]
-# Whether a measurement must stop now (a request arrived while the server re-timed in its idle time).
+# Whether a measurement must stop now (a request arrived while the server re-timed in its idle time, or a
+# version started loading while it re-timed under traffic).
 Interrupted = Callable[[], bool]
+# Called after each piece of a measurement's work (a build, a timed call) with the seconds it took:
+# it pauses the measuring thread to keep it to a share of a core (re-timing under traffic).
+Pace = Callable[[float], None]
 
 
 class TimingInterrupted(Exception):
@@ -210,19 +252,32 @@ def time_rounds(
     rounds: int = ROUNDS,
     batch_sizes: Sequence[int] = TIMED_BATCHES,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> list[list[dict[str, float]]]:
     """Per encoder, its images/s per timed batch size in each of ``rounds`` interleaved rounds: every
     round times every encoder at every batch size, A B C A B C ..., so a burst of other work on the
     cores lands on all of them alike instead of on whichever was being timed. Each encoder gets about
     ``seconds`` in all, split over the rounds and batch sizes; a slot is the median of its calls (at
     least one). ``interrupted`` is asked before every call: when it says so, ``TimingInterrupted``
-    is raised at once (no call waits for the rest of a round)."""
+    is raised at once (no call waits for the rest of a round). ``pace`` is called after every call
+    (warm-up ones too) with its duration; the time it pauses does not count in a slot."""
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 256, (bs, image_size, image_size, 3), dtype=np.uint8) for bs in batch_sizes]
+
+    def paced(started: float) -> float:
+        """Hand the call that started at ``started`` to ``pace``; the seconds it paused."""
+        if pace is None:
+            return 0.0
+        ended = time.perf_counter()
+        pace(ended - started)
+        return time.perf_counter() - ended
+
     for encode in encoders:
         for batch in batches:
             _check(interrupted)
+            t0 = time.perf_counter()
             encode(batch)  # warm-up: first calls allocate
+            paced(t0)
     slot = seconds / (rounds * len(batches))
     figures: list[list[dict[str, float]]] = [[] for _ in encoders]
     for _ in range(rounds):
@@ -230,12 +285,14 @@ def time_rounds(
             figure = {}
             for batch in batches:
                 times: list[float] = []
+                paused = 0.0
                 start = time.perf_counter()
-                while not times or time.perf_counter() - start < slot:
+                while not times or time.perf_counter() - start - paused < slot:
                     _check(interrupted)
                     t0 = time.perf_counter()
                     encode(batch)
                     times.append(time.perf_counter() - t0)
+                    paused += paced(t0)
                 figure[str(len(batch))] = len(batch) / max(float(np.median(times)), 1e-12)
             figures[i].append(figure)
     return figures
@@ -280,17 +337,20 @@ def fastest_towers(
     seconds: float | None = None,
     max_batch: int = 64,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers of the fastest candidate (of ``precision``, or of any with ``auto``) that passes the
     gate, and a description for the log; ``towers.auto`` says how it was decided. The first candidate
     that builds is the reference a later one must clearly beat (``compare``): torch fp32 for fp32 and
-    ``auto``, torch int8 (no export) for int8. When the rounds cannot tell whether a candidate beats
-    the winner (``unclear``), the decision is deferred: the reference serves and no decision is kept,
-    so the next load of the version measures again. Raises ``BackendError`` when no candidate passes
+    ``auto``, torch int8 (no export) for int8. Leaders that the rounds cannot rank are split by
+    ``tie_break`` (``_decide``). When the rounds cannot tell whether any candidate beats the reference
+    (``unclear``), the decision is deferred: the reference serves and no decision is kept, so the next
+    load of the version measures again. Raises ``BackendError`` when no candidate passes
     (never for fp32: torch fp32 is the reference). ``max_batch``: the batcher's largest image batch
     (on CUDA the timed batch sizes go up to it); ``seconds``: timing per candidate (default 1 on a
     CPU, 2 on CUDA, where more batch sizes share it); ``interrupted``: asked before each candidate is
-    built and each timed call, ``TimingInterrupted`` once it says so (nothing is decided or kept)."""
+    built and each timed call, ``TimingInterrupted`` once it says so (nothing is decided or kept);
+    ``pace``: called after each build and each timed call with the seconds it took (``Pace``)."""
     contenders = candidates(device, precision)
     batch_sizes = timed_batches(device, max_batch)
     weights = batch_weights(batch_sizes, device)
@@ -314,6 +374,7 @@ def fastest_towers(
     built: list[tuple[Trial, ServingTowers, str]] = []
     for backend, arithmetic in contenders:
         _check(interrupted)
+        building = time.perf_counter()
         try:
             towers, described = build(backend, arithmetic)
         except BackendError as exc:
@@ -325,6 +386,9 @@ def fastest_towers(
             log.exception("auto: %s %s failed to build for %s", backend, arithmetic, bundle.ref)
             trials.append(Trial(backend, arithmetic, refused=f"{type(exc).__name__}: {exc}"))
             continue
+        finally:
+            if pace is not None:  # a build (an export, a parity gate) is work to pace too
+                pace(time.perf_counter() - building)
         trial = Trial(backend, arithmetic, weights=weights)
         trials.append(trial)
         built.append((trial, towers, described))
@@ -333,11 +397,13 @@ def fastest_towers(
         raise BackendError(f"no {precision} runtime passes for {bundle.ref} ({refusals or 'none on ' + device})")
     started = time.perf_counter()
     encoders = [t.encode_images for _, t, _ in built]
-    # Passed only when set: a replaced ``time_rounds`` (a test's) need not know the argument.
-    if interrupted is None:
-        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes)
-    else:
-        figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes, interrupted=interrupted)
+    # Passed only when set: a replaced ``time_rounds`` (a test's) need not know the arguments.
+    optional: dict[str, Any] = {}
+    if interrupted is not None:
+        optional["interrupted"] = interrupted
+    if pace is not None:
+        optional["pace"] = pace
+    figures = time_rounds(encoders, bundle.image_size, seconds, batch_sizes=batch_sizes, **optional)
     elapsed = time.perf_counter() - started
     scores = [[geometric_mean(f, weights) for f in per_round] for per_round in figures]
     measured = {id(trial): _measured(trial, f) for (trial, _, _), f in zip(built, figures, strict=True)}
@@ -354,10 +420,11 @@ def fastest_towers(
         log.warning("auto for %s: %s; deferred (%s): %s %s serves, measured again while idle or at the next load",
                     bundle.ref, summary, decision.reason, decision.backend, decision.precision)  # fmt: skip
         return towers, f"{described}; auto: {summary}; deferred: {decision.reason}; decision: local"
-    log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds; kept in %s); decision: local",
+    tied = f"; {decision.reason}" if decision.tie else ""
+    log.info("auto for %s: %s; chose %s %s (%.2fx, spread %.2f over %d rounds%s; kept in %s); decision: local",
              bundle.ref, summary, decision.backend, decision.precision, decision.margin, decision.spread,
-             decision.rounds, path)  # fmt: skip
-    return towers, f"{described}; auto: {summary}; decision: local"
+             decision.rounds, tied, path)  # fmt: skip
+    return towers, f"{described}; auto: {summary}{tied}; decision: local"
 
 
 def _measured(trial: Trial, figures: list[dict[str, float]]) -> Trial:
@@ -369,32 +436,95 @@ def _measured(trial: Trial, figures: list[dict[str, float]]) -> Trial:
     return replace(trial, images_per_s=per_batch, rounds=[round(s, 3) for s in scores], spread=round(spread, 4))
 
 
+def tie_break(pair: tuple[str, str]) -> tuple[int, int]:
+    """Where a (backend, precision) stands when leaders tie, lowest first: the bytes its towers keep
+    per weight (``WEIGHT_BYTES``), then its moving parts (``MOVING_PARTS``). Equal keys fall back on
+    the candidates' order (``_decide``)."""
+    backend, precision = pair
+    return WEIGHT_BYTES.get(precision, max(WEIGHT_BYTES.values()) + 1), MOVING_PARTS.get(backend, len(MOVING_PARTS))
+
+
+def _name(trial: Trial) -> str:
+    return f"{trial.backend} {trial.precision}"
+
+
 def _decide(trials: list[Trial], scores: list[list[float]], elapsed: float) -> tuple[AutoDecision, int]:
-    """Which measured trial serves (an index), and the decision: the reference (index 0) unless a
-    later candidate is clearly faster than the best before it; deferred when an unclear comparison
-    could change the winner (the winner is not clearly faster than that candidate either)."""
-    best, unclear = 0, []
-    for i in range(1, len(trials)):
-        _, _, verdict = compare(scores[i], scores[best])
-        if verdict == "faster":
-            best = i
-        elif verdict == "unclear":
-            unclear.append((i, best))
+    """Which measured trial serves (an index), and the decision (module doc). The reference (index 0)
+    unless a candidate is clearly faster than it; among those, the leaders (the best, the largest
+    median ratio to the reference, and each that it is not clearly faster than) are split by
+    ``tie_break``, then by the candidates' order, never falling back on the reference. Deferred only
+    when it is unclear whether any candidate beats the reference: none is clearly faster than it and
+    some comparison with it is unclear; or the best is, but a candidate whose comparison with the
+    reference is unclear is one that the best is not clearly faster than; or leaders tie and the
+    serving one's gain over the reference is no larger than its spread and the tie's noise together."""
     rounds = len(scores[0])
-    for i, against in unclear:
-        if i == best or compare(scores[best], scores[i])[2] == "faster":
-            continue  # the winner is clearly faster than it anyway: the doubt changes nothing
-        margin, spread, _ = compare(scores[i], scores[against])
-        name, other = trials[i], trials[against]
-        reason = (f"{name.backend} {name.precision} over {other.backend} {other.precision}: {margin:.2f}x "
+    ref = trials[0]
+    against_ref = {i: compare(scores[i], scores[0]) for i in range(1, len(trials))}
+    faster = [i for i, (_, _, verdict) in against_ref.items() if verdict == "faster"]
+    if not faster:
+        unclear = [i for i, (_, _, verdict) in against_ref.items() if verdict == "unclear"]
+        if not unclear:  # no candidate was faster than the reference in any round
+            return AutoDecision("chosen", ref.backend, ref.precision, 1.0, 0.0, rounds, elapsed, None,
+                                time.time()), 0  # fmt: skip
+        doubt = max(unclear, key=lambda i: against_ref[i][0])
+        margin, spread, _ = against_ref[doubt]
+        reason = (f"{_name(trials[doubt])} over {_name(ref)}: {margin:.2f}x "
                   f"with a spread of {spread:.2f} over {rounds} rounds")  # fmt: skip
-        ref = trials[0]
         return AutoDecision("deferred", ref.backend, ref.precision, margin, spread, rounds, elapsed, reason,
                             time.time()), 0  # fmt: skip
-    margin, spread, _ = compare(scores[best], scores[0])
-    winner = trials[best]
-    return AutoDecision("chosen", winner.backend, winner.precision, margin, spread, rounds, elapsed, None,
-                        time.time()), best  # fmt: skip
+    best = max(faster, key=lambda i: (against_ref[i][0], -i))  # the largest margin; the earlier on a tie
+    shadows = [i for i, (_, _, verdict) in against_ref.items()
+               if verdict == "unclear" and compare(scores[best], scores[i])[2] != "faster"]  # fmt: skip
+    if shadows:
+        doubt = max(shadows, key=lambda i: against_ref[i][0])
+        margin, spread, _ = against_ref[doubt]
+        reason = (f"{_name(trials[best])} over {_name(ref)}: {against_ref[best][0]:.2f}x, but "
+                  f"{_name(trials[doubt])}, which the rounds cannot tell from it, over {_name(ref)}: "
+                  f"{margin:.2f}x with a spread of {spread:.2f} over {rounds} rounds")  # fmt: skip
+        return AutoDecision("deferred", ref.backend, ref.precision, margin, spread, rounds, elapsed, reason,
+                            time.time()), 0  # fmt: skip
+    leaders = [i for i in faster if i == best or compare(scores[best], scores[i])[2] != "faster"]
+    chosen = min(leaders, key=lambda i: (*tie_break((trials[i].backend, trials[i].precision)), i))
+    margin, spread, _ = against_ref[chosen]
+    winner = trials[chosen]
+    if len(leaders) == 1:
+        return AutoDecision("chosen", winner.backend, winner.precision, margin, spread, rounds, elapsed, None,
+                            time.time()), chosen  # fmt: skip
+    closest = [i for i in leaders if i != best]
+    # The leaders' comparisons with each other show the rounds' noise too: as the rounds cannot rank
+    # them, how far their median ratio strays from 1, plus its spread, is noise. The serving one's gain
+    # over the reference must exceed that on top of its own comparison's spread.
+    tie_noise = max(abs(m - 1) + sp for m, sp, _ in (compare(scores[best], scores[i]) for i in closest))
+    if margin - 1 <= spread + tie_noise:
+        reason = (f"{_name(winner)} over {_name(ref)}: {margin:.2f}x with a spread of {spread:.2f}, within "
+                  f"that and the noise of {tie_noise:.2f} between the leaders "
+                  f"{', '.join(_name(trials[i]) for i in leaders)}, over {rounds} rounds")  # fmt: skip
+        return AutoDecision("deferred", ref.backend, ref.precision, margin, spread, rounds, elapsed, reason,
+                            time.time()), 0  # fmt: skip
+    why = "; ".join(_tie_against(trials, scores, best, i, rounds) for i in closest)
+    reason = (f"leaders within each other's noise, all clearly faster than {_name(ref)}: "
+              f"{', '.join(_name(trials[i]) for i in leaders)} ({why}); {_name(winner)} serves: "
+              f"{_why_first(winner, [trials[i] for i in leaders])}")  # fmt: skip
+    return AutoDecision("chosen", winner.backend, winner.precision, margin, spread, rounds, elapsed, reason,
+                        time.time(), tie=tuple(_name(trials[i]) for i in leaders)), chosen  # fmt: skip
+
+
+def _tie_against(trials: list[Trial], scores: list[list[float]], best: int, other: int, rounds: int) -> str:
+    margin, spread, _ = compare(scores[best], scores[other])
+    return (f"{_name(trials[best])} over {_name(trials[other])}: {margin:.2f}x "
+            f"with a spread of {spread:.2f} over {rounds} rounds")  # fmt: skip
+
+
+def _why_first(winner: Trial, leaders: list[Trial]) -> str:
+    """Which rule of ``tie_break`` put ``winner`` ahead of the other leaders."""
+    key = tie_break((winner.backend, winner.precision))
+    others = [tie_break((t.backend, t.precision)) for t in leaders if t is not winner]
+    memory = f"the least memory ({winner.precision}, bytes per weight: {WEIGHT_BYTES.get(winner.precision, '?')})"
+    if all(key[0] < other[0] for other in others):
+        return memory
+    if all(key < other for other in others):
+        return f"{memory}, then the fewest moving parts ({winner.backend})"
+    return f"{memory} and the fewest moving parts ({winner.backend}), then the candidates' order"
 
 
 def _read_decision(path: Path) -> tuple[tuple[str, str], AutoDecision] | None:
@@ -403,9 +533,11 @@ def _read_decision(path: Path) -> tuple[tuple[str, str], AutoDecision] | None:
         chosen = record["chosen"]
         pair = (str(chosen["backend"]), str(chosen["precision"]))
         kept = record.get("decision") or {}
+        tie = kept.get("tie")
         decision = AutoDecision("remembered", *pair, margin=kept.get("margin"), spread=kept.get("spread"),
                                 rounds=int(kept.get("rounds", 0)), seconds=float(kept.get("seconds", 0.0)),
-                                at=float(record.get("at", 0.0)))  # fmt: skip
+                                reason=kept.get("reason") if tie else None, at=float(record.get("at", 0.0)),
+                                tie=tuple(map(str, tie)) if tie else None)  # fmt: skip
         return pair, decision
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

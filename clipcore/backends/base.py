@@ -40,12 +40,16 @@ class AutoDecision:
     """How ``precision=auto`` / ``backend=auto`` picked what serves (``clipcore.backends.auto``).
 
     ``outcome``: ``chosen`` (measured now and kept), ``remembered`` (read from the kept decision),
-    ``deferred`` (the measurement could not tell the candidates apart from its noise: the safe default
-    serves and nothing is kept, so the server measures again while idle or at the next load),
-    ``shared`` (read from the model store, where ``clip-train tune`` wrote it for this CPU kind:
-    ``tuned_on`` names the machine it was measured on). ``margin``: the serving candidate's images/s
-    over the reference's, the median of the per-round ratios (for ``deferred``: the unclear
-    comparison's); ``spread``: their interquartile range / median, the noise the margin had to beat."""
+    ``deferred`` (the rounds could not tell whether any candidate beats the reference, see
+    ``clipcore.backends.auto``: the safe default serves and nothing is kept, so the server measures
+    again in the background or at the next load), ``shared`` (read from the model store, where
+    ``clip-train tune`` wrote it for this CPU kind: ``tuned_on`` names the machine it was measured
+    on). ``margin``: the serving candidate's images/s over the reference's, the median of the
+    per-round ratios (for ``deferred``: the comparison in doubt); ``spread``: their interquartile
+    range / median, the noise the margin had to beat. ``tie``: the leaders the rounds could not
+    rank (each clearly faster than the reference, within each other's noise), when there were
+    several: one of them serves, taken by ``clipcore.backends.auto.tie_break``, and ``reason`` says
+    which tied and why it won (for ``deferred``, ``reason`` says which comparison was unclear)."""
 
     outcome: Literal["chosen", "remembered", "deferred", "shared"]
     backend: str
@@ -57,6 +61,7 @@ class AutoDecision:
     reason: str | None = None
     at: float = 0.0
     tuned_on: str | None = None
+    tie: tuple[str, ...] | None = None
 
     @property
     def provenance(self) -> str:

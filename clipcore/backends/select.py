@@ -5,11 +5,12 @@ measured for this CPU kind when the version's store holds it (``clipcore.backend
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
 
-from clipcore.backends.auto import Interrupted, candidates, fastest_towers
+from clipcore.backends.auto import Interrupted, Pace, candidates, fastest_towers
 from clipcore.backends.base import BackendError, ServingTowers
 from clipcore.backends.cuda_graphs import GraphedTorchTowers
 from clipcore.backends.onnx import ensure_towers
@@ -34,6 +35,7 @@ def select_towers(
     store: ModelStore | None = None,
     seconds: float = 1.0,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers of ``backend`` at ``precision``, behind the parity gate, and a description for
     the log. Raises ``BackendError`` for a version that fails the gate. ``precision="auto"`` ignores
@@ -43,7 +45,8 @@ def select_towers(
     With ``store`` (the version's), a decision ``clip-train tune`` shared there for this CPU kind
     and these settings is used, with its exported graphs, instead of timing here; ``seconds``: how
     long each candidate is timed when it is timed here; ``interrupted``: asked while timing, which
-    stops with ``TimingInterrupted`` once it says so (``clipcore.backends.auto``)."""
+    stops with ``TimingInterrupted`` once it says so; ``pace``: called after each build (the shared
+    decision's too) and each timed call with the seconds it took (``clipcore.backends.auto``)."""
     if backend == "auto" and precision != "auto":
         runtimes = candidates(device, precision)
         if len(runtimes) <= 1:  # one runtime of this precision here (bf16 and fp16 are torch's): nothing to time
@@ -54,14 +57,22 @@ def select_towers(
             return select_towers(bundle, backend=candidate_backend, precision=candidate_precision, device=device,
                                  onnx_cache_root=onnx_cache_root, threads=threads, max_batch=max_batch)  # fmt: skip
 
+        def paced_build(candidate_backend: str, candidate_precision: str) -> tuple[ServingTowers, str]:
+            started = time.perf_counter()
+            try:
+                return build(candidate_backend, candidate_precision)
+            finally:
+                if pace is not None:
+                    pace(time.perf_counter() - started)
+
         if store is not None:
-            shared = adopt_shared(store, bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
-                                  precision=precision, max_batch=max_batch)  # fmt: skip
+            shared = adopt_shared(store, bundle, paced_build, device=device, cache_root=onnx_cache_root,
+                                  threads=threads, precision=precision, max_batch=max_batch)  # fmt: skip
             if shared is not None:
                 return shared
         return fastest_towers(bundle, build, device=device, cache_root=onnx_cache_root, threads=threads,
                               precision=precision, seconds=seconds, max_batch=max_batch,
-                              interrupted=interrupted)  # fmt: skip
+                              interrupted=interrupted, pace=pace)  # fmt: skip
     if backend == "onnx":
         # A first export turns torch's MHA fast path off process-wide while it traces (see export_towers):
         # a version serving meanwhile computes on the math path, equal within float rounding.

@@ -162,6 +162,9 @@ def adopt_shared(
         seconds=float(meta.get("seconds") or 0.0),
         at=float(meta.get("at") or 0.0),
         tuned_on=str(meta.get("tuned_on") or "") or None,
+        # Tuned by a version that splits ties (``clipcore.backends.auto.tie_break``): which leaders tied, why it won.
+        reason=str(meta["reason"]) if meta.get("tie") and meta.get("reason") else None,
+        tie=tuple(map(str, meta["tie"])) if isinstance(meta.get("tie"), list) and meta["tie"] else None,
     )
     towers.auto = decision
     log.info("auto for %s: %s %s, decision: %s (key %s)", bundle.ref, *pair, decision.provenance, key)

@@ -376,7 +376,8 @@ class RetimeInfo(BaseModel):
     """Where the background re-timing of the serving primary's ``auto`` decision stands."""
 
     mode: Literal["time", "shared"] = Field(
-        description="time: the decision was deferred, its candidates are timed again while the server is idle; "
+        description="time: the decision was deferred, its candidates are timed again while the server is idle (or "
+        "paced under the traffic after `auto_retime_busy_after_s`); "
         "shared: it was decided here, each attempt looks for a decision `clip-train tune` shared since"
     )
     state: Literal["waiting", "timing", "decided", "exhausted", "budget spent"] = Field(
@@ -386,7 +387,12 @@ class RetimeInfo(BaseModel):
     )
     attempts: int = Field(description="attempts that ran to the end (interrupted ones are not counted)")
     max_attempts: int = Field(description="the `auto_retime_attempts` setting")
-    interrupted: int = Field(description="attempts stopped because a request arrived")
+    interrupted: int = Field(description="attempts stopped because a request arrived (or, under traffic, a load)")
+    paced: int = Field(
+        default=0,
+        description="attempts that ran under the traffic, paced to `auto_retime_busy_share` of a core, because no "
+        "idle spell came within `auto_retime_busy_after_s`",
+    )
     cpu_s: float = Field(description="CPU seconds re-timing used for this version, interrupted attempts included")
     last: str | None = Field(
         default=None,
@@ -401,8 +407,8 @@ class AutoInfo(BaseModel):
 
     outcome: Literal["chosen", "remembered", "deferred", "shared"] = Field(
         description="chosen: measured at this load and kept; remembered: read from the kept decision; deferred: the "
-        "measurement's noise could not settle it, the reference serves, measured again while idle (`retime`) or at "
-        "the next load; shared: "
+        "measurement's noise could not settle whether any candidate beats the reference, the reference serves, "
+        "measured again in the background (`retime`) or at the next load; shared: "
         "read from the model store, where `clip-train tune` measured it for this CPU kind (nothing timed here)"
     )
     decision: str = Field(
@@ -412,17 +418,28 @@ class AutoInfo(BaseModel):
     backend: str
     precision: str
     margin: float | None = Field(
-        default=None, description="speed over the reference, median of the per-round ratios (deferred: the unclear one)"
+        default=None,
+        description="speed over the reference, median of the per-round ratios (deferred: the one in doubt)",
     )
     spread: float | None = Field(default=None, description="interquartile range / median of those ratios: the noise")
     rounds: int = Field(description="interleaved timing rounds")
     seconds: float = Field(description="time the rounds took")
-    reason: str | None = Field(default=None, description="deferred: why")
+    reason: str | None = Field(
+        default=None,
+        description="deferred: why the rounds could not tell whether any candidate beats the reference; chosen with a "
+        "`tie`: which leaders tied and why this one serves",
+    )
     at: float = Field(description="when it was decided (Unix time)")
     tuned_on: str | None = Field(default=None, description="shared: the machine `clip-train tune` measured on")
+    tie: list[str] | None = Field(
+        default=None,
+        description="the leaders the rounds could not rank (each clearly faster than the reference, within each "
+        "other's noise; `backend precision`), when there were several: one serves, the least memory first, then "
+        "the fewest moving parts",
+    )
     retime: RetimeInfo | None = Field(
         default=None,
-        description="the serving primary only: its re-timing while the server is idle (`auto_retime_attempts`; "
+        description="the serving primary only: its re-timing in the background (`auto_retime_attempts`; "
         "absent when off, or for a shared decision)",
     )
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from clipcore.backends.auto import Interrupted
+from clipcore.backends.auto import Interrupted, Pace
 from clipcore.backends.base import AutoDecision, ServingTowers
 from clipcore.backends.residency import release_unserved, trim_heap
 from clipcore.backends.select import select_towers
@@ -136,6 +136,7 @@ def serving_towers(
     *,
     keep_torch: bool = False,
     interrupted: Interrupted | None = None,
+    pace: Pace | None = None,
 ) -> tuple[ServingTowers, str]:
     """The towers for ``settings.backend`` / ``precision``, behind the parity gate, and a
     description for the log. Raises ``BackendError`` for a version that fails the gate. With
@@ -143,7 +144,8 @@ def serving_towers(
     CPU kind before timing anything here. The torch towers the chosen path no longer calls are
     freed (``clipcore.backends.residency``) unless ``keep_torch`` (a benchmark that times torch
     fp32 beside them), and the heap memory the load freed is handed back to the system.
-    ``interrupted``: ``auto``'s timing stops with ``TimingInterrupted`` once it says so."""
+    ``interrupted``: ``auto``'s timing stops with ``TimingInterrupted`` once it says so; ``pace``:
+    called after each of ``auto``'s builds and timed calls (``clipcore.backends.auto.Pace``)."""
     towers, described = select_towers(
         bundle,
         backend=settings.backend,
@@ -154,6 +156,7 @@ def serving_towers(
         max_batch=settings.batching.max_batch_images,
         store=store,
         interrupted=interrupted,
+        pace=pace,
     )
     if not keep_torch:
         release_unserved(towers)

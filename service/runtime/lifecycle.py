@@ -48,7 +48,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clipcore.backends.auto import Interrupted
+from clipcore.backends.auto import Interrupted, Pace
 from clipcore.backends.base import BackendError, ServingTowers
 from clipcore.backends.residency import trim_heap
 from clipcore.errors import ClipError, ErrorCode
@@ -222,7 +222,12 @@ class ModelManager:
         # The served set's entries (``ServedModels`` sets it): re-timing waits until none has a request.
         self.peers: list[ModelManager] = [self]
         self.retimer = Retimer(
-            settings, metrics, self.ref, idle_since=self.server_idle_since, attempt=self._retime_attempt
+            settings,
+            metrics,
+            self.ref,
+            idle_since=self.server_idle_since,
+            attempt=self._retime_attempt,
+            loading=self.server_loading,
         )
         metrics.set_store_watch(ok=True, model=self.ref)
 
@@ -427,10 +432,14 @@ class ModelManager:
         """When the last request on any entry of the served set ended (monotonic), None while one is
         in flight, waits for a model to load, or a version loads (its own timing would share the
         cores): re-timing uses the whole server's idle time, not one model's."""
-        if any(peer._loading or peer.waiting for peer in self.peers):
+        if self.server_loading():
             return None
         spells = [peer.answering_idle_since() for peer in self.peers]
         return None if any(since is None for since in spells) else max(s for s in spells if s is not None)
+
+    def server_loading(self) -> bool:
+        """Whether an entry of the served set loads a version, or has requests waiting for one to load."""
+        return any(peer._loading or peer.waiting for peer in self.peers)
 
     def answering_busy(self) -> bool:
         """Whether the versions that answer callers (primary, canary) have work queued: shadow work
@@ -727,11 +736,12 @@ class ModelManager:
             decision = runtime.auto
             self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)
 
-    async def _retime_attempt(self, serving: ModelRuntime, interrupted: Interrupted) -> Result:
+    async def _retime_attempt(self, serving: ModelRuntime, interrupted: Interrupted, pace: Pace | None) -> Result:
         """One re-timing of the serving primary (``service.runtime.retime``): the version loaded
         again beside it, in a worker thread, its ``auto`` decided again (deferred: timed, asking
         ``interrupted`` before every timed call; decided here: only a shared decision replaces
-        it); a winner is swapped in like a new version and the serving towers drain."""
+        it); a winner is swapped in like a new version and the serving towers drain. ``pace``
+        (under traffic): called after the load and each build and timed call (``Pacer``)."""
         decision = serving.auto
         assert decision is not None
         ref = serving.ref
@@ -739,10 +749,14 @@ class ModelManager:
             return "unshared"
 
         def measure() -> tuple[ModelBundle, ServingTowers, str]:
+            started = time.perf_counter()
             bundle = ModelBundle.load(self.store, ref, self.device)
             if self.settings.warmup:
                 warm_up(bundle)
-            towers, backend = serving_towers(bundle, self.settings, self.device, self.store, interrupted=interrupted)
+            if pace is not None:
+                pace(time.perf_counter() - started)
+            towers, backend = serving_towers(bundle, self.settings, self.device, self.store, interrupted=interrupted,
+                                             pace=pace)  # fmt: skip
             return bundle, towers, backend
 
         self._retiming += 1

@@ -1,7 +1,9 @@
 """A real server with ``CLIP_PRECISION=auto`` whose first measurement was unclear (deferred): it
 measures again while idle, stops as soon as a request arrives (the request is answered, the
 attempt is not counted), swaps the winner in once a measurement is clear without failing a
-request, and gives up after ``auto_retime_attempts`` unclear attempts. A version decided locally
+request, and gives up after ``auto_retime_attempts`` unclear attempts. Under steady traffic (no
+idle spell long enough) it measures anyway after ``auto_retime_busy_after_s``, paced, and requests
+do not stop it. A version decided locally
 swaps to a decision ``clip-train tune`` shared in the store after it loaded.
 
 The rounds' figures are scripted (``auto.time_rounds`` replaced): an unclear result (the candidate
@@ -193,6 +195,48 @@ def test_a_deferred_decision_is_timed_again_while_idle_a_request_stops_it_and_th
     # Kept in the decision file like a decision taken at a load: the next start builds the winner.
     (kept,) = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "auto" / "tiny").glob("*.json")]
     assert kept["chosen"] == {"backend": "onnx", "precision": "fp32"}, kept
+
+
+@pytest.mark.slow
+def test_under_steady_traffic_a_deferred_decision_is_timed_anyway_paced_and_the_winner_swaps_in(
+    server: Any, make_image: Any, traffic: Any
+) -> None:
+    """No idle spell ever lasts ``auto_retime_idle_s`` (longer than the machine has been up: before
+    its first request a server counts as idle since the clock's start): after
+    ``auto_retime_busy_after_s`` the attempt runs under the traffic, paced; a request during it is
+    answered and stops nothing."""
+    timing, proceed = threading.Event(), threading.Event()
+    asked: list[bool] = []
+
+    def paced_clear(encoders: Any, image_size: int, seconds: float, rounds: int = auto.ROUNDS,
+                    batch_sizes: Any = auto.TIMED_BATCHES, interrupted: Any = None,
+                    pace: Any = None) -> Any:  # fmt: skip
+        assert interrupted is not None and pace is not None  # under traffic: paced
+        timing.set()
+        assert proceed.wait(WAIT_S)
+        asked.append(interrupted())
+        pace(0.001)  # a timed call's worth of work: the pause is taken, nothing fails
+        return _scripted(CLEAR)(encoders, image_size, seconds, rounds, batch_sizes)
+
+    script = Script(_scripted(UNCLEAR), paced_clear)
+    with server(script, auto_retime_idle_s=1e9, auto_retime_busy_after_s=0.05) as running:
+        url = running.url
+        assert _auto(url)["outcome"] == "deferred"
+        stop = traffic(url)
+        assert timing.wait(WAIT_S), "re-timing did not start under the traffic"
+        answer = httpx.post(f"{url}/embed", json={"images": [make_image("circle", "red")]}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        during = _auto(url)["retime"]
+        assert (during["state"], during["paced"], during["interrupted"]) == ("timing", 1, 0), during
+        proceed.set()
+        decided = _wait_for(url, lambda d: d["outcome"] == "chosen")
+        codes = stop()
+        assert codes and set(codes) == {200}, sorted(set(codes))
+        assert asked == [False]  # requests in flight did not stop it
+        assert (decided["backend"], decided["precision"]) == ("onnx", "fp32"), decided
+        retime = decided["retime"]
+        assert (retime["state"], retime["attempts"], retime["paced"], retime["interrupted"]) == ("decided", 1, 1, 0)
+        assert script.calls == 2 and _retimes(url, "chosen") == 1
 
 
 def test_re_timing_stops_after_the_set_number_of_unclear_attempts(server: Any) -> None:
