@@ -7,9 +7,11 @@ validator when installed) outside the lock, since hashing weights takes a while;
 inside it, against the target the table holds at the moment of the move.
 
 The gate compares the candidate's ``eval.json`` with the alias' primary's, under the model's
-``gate.json`` policy (``model_store.gate``). Moves that point requests at a version (promote,
-canary, publish with aliases) are gated; rollbacks and shadows are not (a rollback is the way
-out, and a shadow's answers are never returned).
+``gate.json`` policy (``model_store.gate``), once each report is proven to be its version's
+evaluation (``model_store.evaluation``: bound to the version's weights, not copied from another).
+Moves that point requests at a version (promote, canary, publish with aliases) are gated;
+rollbacks and shadows are not (a rollback is the way out, and a shadow's answers are never
+returned).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import math
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from model_store.aliases import ALIASES_FILE, SCHEMA_VERSION, AliasEntry, AliasEvent, AliasTable, Stamp
 from model_store.errors import GateRefused, StoreError
+from model_store.evaluation import EVAL_FILE, provenance, unbound_note
 from model_store.gate import GatePolicy, GateReport, compare_reports
 from model_store.manifest import utc_now_iso
 from model_store.naming import validate_name
@@ -35,7 +39,6 @@ if TYPE_CHECKING:
     from model_store.manifest import Manifest
 
 GATE_FILE = "gate.json"
-EVAL_FILE = "eval.json"
 
 GateHook = Callable[[GateReport], None]
 
@@ -48,11 +51,21 @@ def default_actor() -> str | None:
         return None
 
 
-def _check_reason(force: bool, reason: str | None) -> str | None:
+def check_reason(force: bool, reason: str | None) -> str | None:
     reason = reason.strip() if reason else None
     if force and not reason:
         raise StoreError("a forced move needs a reason (--reason): the alias history keeps it")
     return reason
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """A version's eval.json as the gate takes it."""
+
+    report: dict[str, Any] | None = None  # None: no evaluation of this version
+    problem: str | None = None  # unreadable: refuses like a regression
+    foreign: str | None = None  # there, but not this version's (a copy)
+    note: str | None = None  # taken on its word
 
 
 def _parse_json(raw: bytes | None, what: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -185,21 +198,31 @@ class AliasMoves:
             else:
                 self.backend.put_atomic(f"{name}/{GATE_FILE}", (policy.model_dump_json(indent=2) + "\n").encode())
 
-    def _eval_report(self, name: str, version: str) -> tuple[dict[str, Any] | None, str | None]:
+    def _evaluation(self, name: str, version: str) -> _Evaluation:
+        """The eval.json of ``name@version`` if it is that version's evaluation (bound to its weights)."""
         try:
             raw = self.backend.read_bytes(self._vkey(name, version, EVAL_FILE))
         except FileNotFoundError:
-            raw = None
-        return _parse_json(raw, f"the {EVAL_FILE} of {name}@{version}")
+            return _Evaluation()
+        report, problem = _parse_json(raw, f"the {EVAL_FILE} of {name}@{version}")
+        if report is None:
+            return _Evaluation(problem=problem)
+        origin = provenance(report, self.manifest(name, version))
+        if not origin.belongs:
+            return _Evaluation(foreign=origin.foreign)
+        return _Evaluation(report=report, note=unbound_note(version) if origin.unbound else None)
 
     def _gate_report(self, name: str, current: str | None, candidate: str) -> GateReport:
         policy = self.gate_policy(name)
         if current is None:
             return compare_reports(None, None, candidate_version=candidate, current_version=None, policy=policy)
-        ours, problem = self._eval_report(name, current)
-        theirs, their_problem = self._eval_report(name, candidate) if ours is not None else (None, None)
-        report = compare_reports(ours, theirs, candidate_version=candidate, current_version=current, policy=policy)
-        report.problem = problem or their_problem
+        ours, theirs = self._evaluation(name, current), self._evaluation(name, candidate)
+        report = compare_reports(
+            ours.report, theirs.report, candidate_version=candidate, current_version=current, policy=policy,
+            current_missing=ours.foreign, candidate_missing=theirs.foreign,
+            notes=[note for note in (ours.note, theirs.note) if note],
+        )  # fmt: skip
+        report.problem = ours.problem or theirs.problem or report.problem
         return report
 
     def gate(self, name: str, alias: str, version: str) -> GateReport:
@@ -242,7 +265,7 @@ class AliasMoves:
         ``reason``); return the previous primary (kept for rollback). Promoting a running canary's
         version ends the canary at 100 %."""
         validate_name(alias, "alias")
-        reason = _check_reason(force, reason)
+        reason = check_reason(force, reason)
         self._checked(name, version)
         with self._editing(name) as table:
             self._require_version(name, version)  # may have been collected meanwhile
@@ -264,7 +287,7 @@ class AliasMoves:
         ``reason``); start a canary, change its weight, or replace its version. End it with
         ``promote`` (100 %) or ``rollback`` (0 %)."""
         validate_name(alias, "alias")
-        reason = _check_reason(force, reason)
+        reason = check_reason(force, reason)
         if not (math.isfinite(weight) and 0 < weight < 100):
             raise StoreError(f"a canary's weight is a percentage strictly between 0 and 100, got {weight:g}")
         self._checked(name, version)
@@ -295,7 +318,7 @@ class AliasMoves:
         with self._editing(name) as table:
             if version is not None:
                 self._require_version(name, version)
-            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=_check_reason(False, reason))
+            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=check_reason(False, reason))
             table.set_shadow(alias, version, fraction, stamp)
             entry = table.aliases[alias]
         return entry
@@ -316,11 +339,14 @@ class AliasMoves:
         with self._editing(name) as table:
             if table.rollback_target(alias) != target or table.aliases.get(alias) != entry:
                 raise StoreError(f"alias {name}@{alias} changed during rollback; retry")
-            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=_check_reason(False, reason))
+            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=check_reason(False, reason))
             table.rollback(alias, stamp)
         return target
 
-    def _point_published(self, name: str, version: str, aliases: Sequence[str]) -> None:
+    def _point_published(
+        self, name: str, version: str, aliases: Sequence[str], on_gate: GateHook | None = None, force: bool = False,
+        reason: str | None = None,
+    ) -> None:  # fmt: skip
         """Point ``aliases`` at a version ``publish`` just committed; the caller holds the lock.
         All or none: if the gate refuses one alias, none moves (the version stays published)."""
         table, tag = self._read_aliases_tagged(name)
@@ -332,7 +358,7 @@ class AliasMoves:
                 table.check_promote(alias, version)
             except StoreError as exc:
                 raise StoreError(f"published {name}@{version}, but did not move {alias}: {exc}") from None
-            stamps[alias] = self._gated_stamp(name, alias, table, version, False, None, None, None, published=True)
+            stamps[alias] = self._gated_stamp(name, alias, table, version, force, reason, None, on_gate, published=True)
         for alias, stamp in stamps.items():
             table.set(alias, version, stamp)
         if stamps:
@@ -342,14 +368,14 @@ class AliasMoves:
 def _failures(report: GateReport) -> str:
     if report.problem is not None:
         return report.problem
-    if report.note is not None:  # the candidate has no eval.json: every figure is missing, say so once
-        return report.summary().removeprefix("gate: ")
     parts = []
     for row in report.rows:
         if row.verdict == "regressed":
             parts.append(f"{row.figure} {row.current:.4f} -> {row.candidate:.4f} (tolerance {row.tolerance:.4f})")
         elif row.verdict == "missing":
             parts.append(f"{row.figure} missing")
-    shown = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
     head = report.summary().removeprefix("gate: ")
+    if report.compared == 0 and report.missing and report.note is not None:
+        return head  # the candidate has no (valid) eval.json: every figure is missing, the note says why once
+    shown = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
     return f"{head} ({shown})" if shown else head

@@ -86,7 +86,8 @@ class AliasEntry(BaseModel):
 class AliasEvent(BaseModel):
     """One move of an alias, as the history keeps it."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Fields added later are ignored by readers that do not know them: the log is informative.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     at: str | None  # UTC ISO-8601; None only for moves migrated from schema 1
     action: Action

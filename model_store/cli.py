@@ -427,7 +427,11 @@ def publish(
     version: Annotated[
         str | None, typer.Option("--version", help="Version name (default: the manifest's, else next vN).")
     ] = None,
-    alias: Annotated[list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it.")] = None,
+    alias: Annotated[
+        list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it, through the evaluation gate.")
+    ] = None,
+    force: ForceOpt = False,
+    reason: ReasonOpt = None,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Publish every file under DIRECTORY as a new immutable version.
@@ -448,8 +452,9 @@ def publish(
     out = _out()
     # One line per step, written out at once: a killed run's output must show where it stopped.
     _store(ctx, store_location, must_exist=False).publish(
-        name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line)
-    )
+        name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line),
+        on_gate=lambda report: print_gate(out, report), force=force, reason=reason,
+    )  # fmt: skip
 
 
 def _print_flushed(out: Console, line: str) -> None:

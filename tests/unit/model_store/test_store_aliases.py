@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from conftest import Root
-from model_store_helpers import publish_simple
+from model_store_helpers import publish_evaluated
 
 from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, StoreError
 
@@ -15,7 +15,7 @@ from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore
 @pytest.fixture
 def three(store: ModelStore) -> ModelStore:
     for payload in (b"one", b"two", b"three"):
-        publish_simple(store, payload)
+        publish_evaluated(store, payload)
     return store
 
 
@@ -42,8 +42,8 @@ def test_alias_wins_over_literal_version(three: ModelStore) -> None:
 
 
 def test_publish_with_aliases(store: ModelStore) -> None:
-    publish_simple(store, aliases=["production", "staging"])
-    publish_simple(store, b"new", aliases=["staging"])
+    publish_evaluated(store, aliases=["production", "staging"])
+    publish_evaluated(store, b"new", aliases=["staging"])
     assert store.aliases("clip") == {"production": "v1", "staging": "v2"}
     assert store.alias_history("clip") == {"staging": ["v1"]}
 
