@@ -430,7 +430,7 @@ class FaultRun:
         moved = f", staging -> {after.get('staging')}" if after.get("staging") != aliases.get("staging") else ""
         lock = ""
         if self.s3 is not None and store.backend.is_file(f"{self.name}/.lock"):
-            lock = "; its lock is left: the next writer waits out the 60 s lease"
+            lock = "; its lock is left: the next writer on this machine takes it at once, elsewhere after its lease"
         phase.notes.append(f"signal at {at:.2f} s, {what}: {outcome}{moved}, {left} staging folder(s) left{lock}")
         if after.get("production") != aliases.get("production"):
             raise CheckFailed("a publish with --alias staging moved production")

@@ -96,8 +96,8 @@ class ModelStore(AliasMoves, VersionArtifacts):
     def _vkey(name: str, version: str, *rest: str) -> str:
         return "/".join((name, VERSIONS_DIR, version, *rest))
 
-    def _lock(self, name: str) -> AbstractContextManager[None]:
-        return self.backend.lock(f"{name}/{LOCK_FILE}")
+    def _lock(self, name: str, break_lock: bool = False) -> AbstractContextManager[None]:
+        return self.backend.lock(f"{name}/{LOCK_FILE}", break_existing=break_lock)
 
     def _version_exists(self, name: str, version: str) -> bool:
         return self.backend.is_file(self._vkey(name, version, MANIFEST_FILE))

@@ -84,3 +84,18 @@ def negation_fell(report: dict[str, Any], by: float = 0.1) -> dict[str, Any]:
     worse = copy.deepcopy(report)
     worse["metrics"][NEGATION] -= by
     return worse
+
+
+def hold_lock_in_process(location: str, cache_dir: str, ready: str, lease_s: float) -> None:
+    """Target of a child process: take the model ``clip``'s lock with a lease of ``lease_s``,
+    say so by writing ``ready``, and hold it until killed (a writer that dies holding the lock)."""
+    import time
+
+    from model_store import open_backend
+
+    backend = open_backend(location, cache_dir)
+    if hasattr(backend, "lease_s"):
+        backend.lease_s = lease_s
+    with backend.lock("clip/.lock"):
+        Path(ready).write_text("held")
+        time.sleep(3600)
