@@ -2,9 +2,13 @@
 
 Every move runs under the model's lock: read ``aliases.json`` with its tag, change the table,
 write it back only if nobody replaced it meanwhile (a conditional PUT on S3), so a writer whose
-lease expired cannot overwrite its successor's move. Versions are verified (checksums, and the
-validator when installed) outside the lock, since hashing weights takes a while; the gate runs
-inside it, against the target the table holds at the moment of the move.
+lease expired cannot overwrite its successor's move. A move's preconditions are checked on the
+table it replaces, inside that block, so they hold at the moment of the write: ``expect`` (the
+alias' primary the caller saw), no other canary running (unless ``replace``), and for a rollback
+what it takes out of service, or that the alias was not just rolled back by someone else.
+Versions are verified (checksums, and the validator when installed) outside the lock, since
+hashing weights takes a while; the gate runs inside it, against the target the table holds at
+the moment of the move.
 
 The gate compares the candidate's ``eval.json`` with the alias' primary's, under the model's
 ``gate.json`` policy (``model_store.gate``), once each report is proven to be its version's
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from model_store.aliases import ALIASES_FILE, SCHEMA_VERSION, AliasEntry, AliasEvent, AliasTable, Stamp
-from model_store.errors import GateRefused, StoreError
+from model_store.errors import GateRefused, PreconditionFailed, StoreError
 from model_store.evaluation import EVAL_FILE, provenance, unbound_note
 from model_store.gate import GatePolicy, GateReport, compare_reports
 from model_store.manifest import utc_now_iso
@@ -87,7 +91,7 @@ class AliasMoves:
     if TYPE_CHECKING:  # provided by ModelStore
         backend: StorageBackend
 
-        def _lock(self, name: str) -> AbstractContextManager[None]: ...
+        def _lock(self, name: str, break_lock: bool = False) -> AbstractContextManager[None]: ...
         def _require_model(self, name: str) -> None: ...
         def _require_version(self, name: str, version: str) -> None: ...
         def _vkey(self, name: str, version: str, *rest: str) -> str: ...
@@ -129,10 +133,10 @@ class AliasMoves:
         self.backend.put_atomic_if(f"{name}/{ALIASES_FILE}", table.to_json().encode(), tag)
 
     @contextmanager
-    def _editing(self, name: str) -> Iterator[AliasTable]:
+    def _editing(self, name: str, break_lock: bool = False) -> Iterator[AliasTable]:
         """The table under the model's lock, written back (conditionally) when the block succeeds.
-        Callers hold nothing else: the lock is taken here."""
-        with self._lock(name):
+        Callers hold nothing else: the lock is taken here (``break_lock``: see ``rollback``)."""
+        with self._lock(name, break_lock):
             table, tag = self._read_aliases_tagged(name)
             before = table.to_json()
             yield table
@@ -259,16 +263,19 @@ class AliasMoves:
     # ------------------------------------------------------------------ moves
     def promote(
         self, name: str, alias: str, version: str, *, force: bool = False, reason: str | None = None,
-        actor: str | None = None, on_gate: GateHook | None = None,
+        actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None,
     ) -> str | None:  # fmt: skip
         """Point ``alias`` at a verified ``version`` that passes the gate (or ``force`` with a
         ``reason``); return the previous primary (kept for rollback). Promoting a running canary's
-        version ends the canary at 100 %."""
+        version ends the canary at 100 %. ``expect``: the primary the alias must have at the
+        moment of the write (``NOWHERE``: none), else ``PreconditionFailed``."""
         validate_name(alias, "alias")
         reason = check_reason(force, reason)
+        self._expecting(name, alias, expect)
         self._checked(name, version)
         with self._editing(name) as table:
             self._require_version(name, version)  # may have been collected meanwhile
+            table.check_expect(alias, expect)
             previous = table.target(alias)
             table.check_promote(alias, version)
             entry = table.aliases.get(alias)
@@ -280,42 +287,48 @@ class AliasMoves:
 
     def canary(
         self, name: str, alias: str, version: str, weight: float, *, force: bool = False, reason: str | None = None,
-        actor: str | None = None, on_gate: GateHook | None = None,
+        actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None, replace: bool = False,
     ) -> AliasEntry:  # fmt: skip
         """Give a verified ``version`` ``weight`` percent (0 < weight < 100) of ``alias``' requests,
         beside its primary, if it passes the gate against the primary (or ``force`` with a
-        ``reason``); start a canary, change its weight, or replace its version. End it with
-        ``promote`` (100 %) or ``rollback`` (0 %)."""
+        ``reason``); start a canary or change its weight. A canary of another version is replaced
+        only with ``replace``, else ``PreconditionFailed``; so is a primary other than ``expect``.
+        End it with ``promote`` (100 %) or ``rollback`` (0 %)."""
         validate_name(alias, "alias")
         reason = check_reason(force, reason)
         if not (math.isfinite(weight) and 0 < weight < 100):
             raise StoreError(f"a canary's weight is a percentage strictly between 0 and 100, got {weight:g}")
+        self._expecting(name, alias, expect, lambda table: table.check_canary(alias, version, weight, replace))
         self._checked(name, version)
         with self._editing(name) as table:
             self._require_version(name, version)
-            table.check_canary(alias, version, weight)
+            table.check_expect(alias, expect)
+            table.check_canary(alias, version, weight, replace)
             current = table.aliases[alias].canary
             if current is not None and (current.version, current.weight) == (version, weight):
                 return table.aliases[alias]
             command = f"model-store canary {name} {version} --alias {alias} --weight {weight:g}"
             stamp = self._gated_stamp(name, alias, table, version, force, reason, actor, on_gate, command)
-            table.start_canary(alias, version, weight, stamp)
+            table.start_canary(alias, version, weight, stamp, replace)
             return table.aliases[alias]
 
     def shadow(
         self, name: str, alias: str, version: str | None, fraction: float = 0.1, *, reason: str | None = None,
-        actor: str | None = None,
+        actor: str | None = None, expect: str | None = None,
     ) -> AliasEntry:  # fmt: skip
         """Re-run ``fraction`` (0 < f <= 1) of ``alias``' requests on a verified ``version`` after
-        answering them (``version=None`` removes the shadow). Not gated: its answers are only compared."""
+        answering them (``version=None`` removes the shadow). Not gated: its answers are only
+        compared. ``expect``: the primary the alias must have, as for ``promote``."""
         validate_name(alias, "alias")
         if version is not None:
             if not (math.isfinite(fraction) and 0 < fraction <= 1):
                 raise StoreError(f"a shadow's fraction is in (0, 1], got {fraction:g}")
+            self._expecting(name, alias, expect)
             self._checked(name, version)
         else:
             self._require_model(name)
         with self._editing(name) as table:
+            table.check_expect(alias, expect)
             if version is not None:
                 self._require_version(name, version)
             stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=check_reason(False, reason))
@@ -323,25 +336,54 @@ class AliasMoves:
             entry = table.aliases[alias]
         return entry
 
-    def rollback(self, name: str, alias: str, *, reason: str | None = None, actor: str | None = None) -> str:
+    def rollback(
+        self, name: str, alias: str, *, reason: str | None = None, actor: str | None = None,
+        expect: str | None = None, break_lock: bool = False,
+    ) -> str:  # fmt: skip
         """End a running canary at 0 % (the primary, already serving, answers everything again), or
         else return ``alias`` to its previous version after verifying it; return the version that
-        now answers everything. Never gated: it is the way out."""
+        now answers everything. Never gated: it is the way out.
+
+        Applies once: ``expect`` names the version the rollback takes out of service (the canary's
+        while one runs, else the primary: what its history event records as ``from``); without it,
+        a rollback right after another one (by anyone) is refused, so two operators rolling back
+        the same incident do not also roll back the version before it. Either way the alias must
+        not move between this call's read and its write. Refusals raise ``PreconditionFailed``.
+
+        ``break_lock``: for emergencies, take the model's lock over from its holder at once instead
+        of waiting for its lease to run out (S3; a local lock dies with its holder). The alias
+        table's conditional write still refuses to overwrite a move the holder made meanwhile."""
         self._require_model(name)
         validate_name(alias, "alias")
+        reason = check_reason(False, reason)
         before = self._read_aliases(name)
+        source = before.check_rollback(alias, expect)
         target = before.rollback_target(alias)
-        if target is None:
-            raise StoreError(f"alias {name}@{alias} has no previous version to roll back to")
         entry = before.aliases.get(alias)
-        if entry is None or entry.canary is None:
+        assert target is not None and entry is not None  # check_rollback found something to roll back
+        if entry.canary is None:
             self.verify(name, target)
-        with self._editing(name) as table:
-            if table.rollback_target(alias) != target or table.aliases.get(alias) != entry:
-                raise StoreError(f"alias {name}@{alias} changed during rollback; retry")
-            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=check_reason(False, reason))
-            table.rollback(alias, stamp)
+        with self._editing(name, break_lock) as table:
+            if table.aliases.get(alias) != entry or table.rollback_target(alias) != target:
+                raise PreconditionFailed(
+                    f"{alias} moved while this rollback of {source} was being checked (it now serves "
+                    f"{table.serving(alias)}): nothing rolled back{table.describe_move(alias)}"
+                )
+            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=reason)
+            table.rollback(alias, stamp, expect=source)
         return target
+
+    def _expecting(
+        self, name: str, alias: str, expect: str | None, check: Callable[[AliasTable], None] | None = None
+    ) -> None:
+        """Fail fast, before verifying weights, when the alias is already not as the caller expects
+        (the checks that count run again on the table the move replaces)."""
+        if expect is None and check is None:
+            return
+        table = self._read_aliases(name)
+        table.check_expect(alias, expect)
+        if check is not None:
+            check(table)
 
     def _point_published(
         self, name: str, version: str, aliases: Sequence[str], on_gate: GateHook | None = None, force: bool = False,

@@ -9,7 +9,7 @@ import pytest
 from conftest import Root
 from model_store_helpers import publish_evaluated
 
-from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, StoreError
+from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, PreconditionFailed, StoreError
 
 
 @pytest.fixture
@@ -59,10 +59,12 @@ def test_promote_and_rollback_history(three: ModelStore, root: Root) -> None:
 
     assert three.rollback("clip", "production") == "v2"
     assert three.alias_target("clip", "production") == "v2"
-    assert three.rollback("clip", "production") == "v1"
+    with pytest.raises(PreconditionFailed, match="already rolled back .* --expect v2"):
+        three.rollback("clip", "production")  # a second operator's rollback of the same incident
+    assert three.rollback("clip", "production", expect="v2") == "v1"  # stepping further back: said so
     assert three.alias_history("clip") == {}
     with pytest.raises(StoreError, match="no previous version"):
-        three.rollback("clip", "production")
+        three.rollback("clip", "production", expect="v1")
     assert three.aliases("clip") == {"production": "v1"}
     assert not [name for name in root.children("clip") if ".tmp-" in name]
 

@@ -20,7 +20,7 @@ from model_store_helpers import (
     write_eval,
 )
 
-from model_store import ModelStore, StoreError
+from model_store import ModelStore, PreconditionFailed, StoreError
 from model_store.aliases import AliasEntry, Stamp
 from model_store.errors import GateRefused, WriteConflict
 from model_store.gate import GatePolicy
@@ -172,8 +172,10 @@ def test_canary_start_weight_rollback_and_promote(evaluated: ModelStore, root: R
     for weight in (0, 100, -5):
         with pytest.raises(StoreError, match="between 0 and 100"):
             evaluated.canary("clip", "production", "v3", weight)
+    with pytest.raises(PreconditionFailed, match="a canary of v3 already runs on production .*--replace"):
+        evaluated.canary("clip", "production", "v4", 10)  # another version's canary is not replaced silently
     with pytest.raises(GateRefused):
-        evaluated.canary("clip", "production", "v2", 10)  # a regressed version gets no traffic either
+        evaluated.canary("clip", "production", "v2", 10, replace=True)  # a regressed version gets no traffic either
     with pytest.raises(StoreError, match="a canary of v3 runs"):
         evaluated.promote("clip", "production", "v4")
 
@@ -226,7 +228,7 @@ def test_gc_keeps_what_aliases_serve_shadow_and_may_roll_back_to(evaluated: Mode
     evaluated.rollback("clip", "production")  # the canary ends: v4 is free
     evaluated.shadow("clip", "production", None)  # and so is v2
     assert evaluated.gc("clip") == ["v2", "v4", "v5"]
-    assert evaluated.rollback("clip", "production") == "v1"
+    assert evaluated.rollback("clip", "production", expect="v3") == "v1"  # right after a rollback: said so
 
 
 def test_schema_1_tables_are_migrated_on_read(store: ModelStore, root: Root) -> None:
