@@ -75,6 +75,8 @@ def test_canary_shadow_and_their_ends(runner: CliRunner, root: Root, evaluated: 
     assert result.exit_code == 0, result.output
     assert "none regressed" in result.output and "clip@production: v1 90 % + canary v3 10 %" in result.output
     result = _run(runner, root, "canary", "clip", "v2", "--weight", "10")
+    assert result.exit_code == 3 and "a canary of v3 already runs on production" in result.output
+    result = _run(runner, root, "canary", "clip", "v2", "--weight", "10", "--replace")
     assert result.exit_code == 1 and NEGATION in result.stdout and "model-store canary clip v2" in result.output
     result = _run(runner, root, "canary", "clip", "v3", "--weight", "100")
     assert result.exit_code == 1 and "between 0 and 100" in result.output
