@@ -19,6 +19,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_CONFIG = REPO / "training" / "configs" / "shapes-smoke.json"
+UNEVALUATED = "random weights for tests and load runs: never evaluated"  # why their alias moves are forced
 TINY_COMPARATIVES = [
     {"a": "red circle", "b": "blue circle", "text": "the first is red, while the second is blue."},
     {"a": "green square", "b": "green circle", "text": "the first has corners, while the second is round."},
@@ -94,7 +95,10 @@ def publish_tiny(
     aliases: tuple[str, ...] = ("production",),
     comparatives: list[dict[str, str]] | None = None,
 ) -> str:
-    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version."""
+    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version.
+
+    Its ``aliases`` move to it past the evaluation gate (forced, with the reason in the alias
+    history): random weights have no evaluation, and neither has the version they replace."""
     import torch
 
     from clipcore.models.clip_model import build_model
@@ -123,6 +127,8 @@ def publish_tiny(
             metrics={"smoke.random": 0.5},
         ),
         aliases=list(aliases),
+        force=bool(aliases),
+        reason=UNEVALUATED if aliases else None,
     )
     return manifest.version
 

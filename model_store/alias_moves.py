@@ -2,14 +2,20 @@
 
 Every move runs under the model's lock: read ``aliases.json`` with its tag, change the table,
 write it back only if nobody replaced it meanwhile (a conditional PUT on S3), so a writer whose
-lease expired cannot overwrite its successor's move. Versions are verified (checksums, and the
-validator when installed) outside the lock, since hashing weights takes a while; the gate runs
-inside it, against the target the table holds at the moment of the move.
+lease expired cannot overwrite its successor's move. A move's preconditions are checked on the
+table it replaces, inside that block, so they hold at the moment of the write: ``expect`` (the
+alias' primary the caller saw), no other canary running (unless ``replace``), and for a rollback
+what it takes out of service, or that the alias was not just rolled back by someone else.
+Versions are verified (checksums, and the validator when installed) outside the lock, since
+hashing weights takes a while; the gate runs inside it, against the target the table holds at
+the moment of the move.
 
 The gate compares the candidate's ``eval.json`` with the alias' primary's, under the model's
-``gate.json`` policy (``model_store.gate``). Moves that point requests at a version (promote,
-canary, publish with aliases) are gated; rollbacks and shadows are not (a rollback is the way
-out, and a shadow's answers are never returned).
+``gate.json`` policy (``model_store.gate``), once each report is proven to be its version's
+evaluation (``model_store.evaluation``: bound to the version's weights, not copied from another).
+Moves that point requests at a version (promote, canary, publish with aliases) are gated;
+rollbacks and shadows are not (a rollback is the way out, and a shadow's answers are never
+returned).
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import math
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from model_store.aliases import ALIASES_FILE, SCHEMA_VERSION, AliasEntry, AliasEvent, AliasTable, Stamp
-from model_store.errors import GateRefused, StoreError
+from model_store.errors import GateRefused, PreconditionFailed, StoreError
+from model_store.evaluation import EVAL_FILE, provenance, unbound_note
 from model_store.gate import GatePolicy, GateReport, compare_reports
 from model_store.manifest import utc_now_iso
 from model_store.naming import validate_name
@@ -35,7 +43,6 @@ if TYPE_CHECKING:
     from model_store.manifest import Manifest
 
 GATE_FILE = "gate.json"
-EVAL_FILE = "eval.json"
 
 GateHook = Callable[[GateReport], None]
 
@@ -48,11 +55,21 @@ def default_actor() -> str | None:
         return None
 
 
-def _check_reason(force: bool, reason: str | None) -> str | None:
+def check_reason(force: bool, reason: str | None) -> str | None:
     reason = reason.strip() if reason else None
     if force and not reason:
         raise StoreError("a forced move needs a reason (--reason): the alias history keeps it")
     return reason
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """A version's eval.json as the gate takes it."""
+
+    report: dict[str, Any] | None = None  # None: no evaluation of this version
+    problem: str | None = None  # unreadable: refuses like a regression
+    foreign: str | None = None  # there, but not this version's (a copy)
+    note: str | None = None  # taken on its word
 
 
 def _parse_json(raw: bytes | None, what: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -74,7 +91,7 @@ class AliasMoves:
     if TYPE_CHECKING:  # provided by ModelStore
         backend: StorageBackend
 
-        def _lock(self, name: str) -> AbstractContextManager[None]: ...
+        def _lock(self, name: str, break_lock: bool = False) -> AbstractContextManager[None]: ...
         def _require_model(self, name: str) -> None: ...
         def _require_version(self, name: str, version: str) -> None: ...
         def _vkey(self, name: str, version: str, *rest: str) -> str: ...
@@ -116,10 +133,10 @@ class AliasMoves:
         self.backend.put_atomic_if(f"{name}/{ALIASES_FILE}", table.to_json().encode(), tag)
 
     @contextmanager
-    def _editing(self, name: str) -> Iterator[AliasTable]:
+    def _editing(self, name: str, break_lock: bool = False) -> Iterator[AliasTable]:
         """The table under the model's lock, written back (conditionally) when the block succeeds.
-        Callers hold nothing else: the lock is taken here."""
-        with self._lock(name):
+        Callers hold nothing else: the lock is taken here (``break_lock``: see ``rollback``)."""
+        with self._lock(name, break_lock):
             table, tag = self._read_aliases_tagged(name)
             before = table.to_json()
             yield table
@@ -185,21 +202,31 @@ class AliasMoves:
             else:
                 self.backend.put_atomic(f"{name}/{GATE_FILE}", (policy.model_dump_json(indent=2) + "\n").encode())
 
-    def _eval_report(self, name: str, version: str) -> tuple[dict[str, Any] | None, str | None]:
+    def _evaluation(self, name: str, version: str) -> _Evaluation:
+        """The eval.json of ``name@version`` if it is that version's evaluation (bound to its weights)."""
         try:
             raw = self.backend.read_bytes(self._vkey(name, version, EVAL_FILE))
         except FileNotFoundError:
-            raw = None
-        return _parse_json(raw, f"the {EVAL_FILE} of {name}@{version}")
+            return _Evaluation()
+        report, problem = _parse_json(raw, f"the {EVAL_FILE} of {name}@{version}")
+        if report is None:
+            return _Evaluation(problem=problem)
+        origin = provenance(report, self.manifest(name, version))
+        if not origin.belongs:
+            return _Evaluation(foreign=origin.foreign)
+        return _Evaluation(report=report, note=unbound_note(version) if origin.unbound else None)
 
     def _gate_report(self, name: str, current: str | None, candidate: str) -> GateReport:
         policy = self.gate_policy(name)
         if current is None:
             return compare_reports(None, None, candidate_version=candidate, current_version=None, policy=policy)
-        ours, problem = self._eval_report(name, current)
-        theirs, their_problem = self._eval_report(name, candidate) if ours is not None else (None, None)
-        report = compare_reports(ours, theirs, candidate_version=candidate, current_version=current, policy=policy)
-        report.problem = problem or their_problem
+        ours, theirs = self._evaluation(name, current), self._evaluation(name, candidate)
+        report = compare_reports(
+            ours.report, theirs.report, candidate_version=candidate, current_version=current, policy=policy,
+            current_missing=ours.foreign, candidate_missing=theirs.foreign,
+            notes=[note for note in (ours.note, theirs.note) if note],
+        )  # fmt: skip
+        report.problem = ours.problem or theirs.problem or report.problem
         return report
 
     def gate(self, name: str, alias: str, version: str) -> GateReport:
@@ -236,16 +263,19 @@ class AliasMoves:
     # ------------------------------------------------------------------ moves
     def promote(
         self, name: str, alias: str, version: str, *, force: bool = False, reason: str | None = None,
-        actor: str | None = None, on_gate: GateHook | None = None,
+        actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None,
     ) -> str | None:  # fmt: skip
         """Point ``alias`` at a verified ``version`` that passes the gate (or ``force`` with a
         ``reason``); return the previous primary (kept for rollback). Promoting a running canary's
-        version ends the canary at 100 %."""
+        version ends the canary at 100 %. ``expect``: the primary the alias must have at the
+        moment of the write (``NOWHERE``: none), else ``PreconditionFailed``."""
         validate_name(alias, "alias")
-        reason = _check_reason(force, reason)
+        reason = check_reason(force, reason)
+        self._expecting(name, alias, expect)
         self._checked(name, version)
         with self._editing(name) as table:
             self._require_version(name, version)  # may have been collected meanwhile
+            table.check_expect(alias, expect)
             previous = table.target(alias)
             table.check_promote(alias, version)
             entry = table.aliases.get(alias)
@@ -257,70 +287,108 @@ class AliasMoves:
 
     def canary(
         self, name: str, alias: str, version: str, weight: float, *, force: bool = False, reason: str | None = None,
-        actor: str | None = None, on_gate: GateHook | None = None,
+        actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None, replace: bool = False,
     ) -> AliasEntry:  # fmt: skip
         """Give a verified ``version`` ``weight`` percent (0 < weight < 100) of ``alias``' requests,
         beside its primary, if it passes the gate against the primary (or ``force`` with a
-        ``reason``); start a canary, change its weight, or replace its version. End it with
-        ``promote`` (100 %) or ``rollback`` (0 %)."""
+        ``reason``); start a canary or change its weight. A canary of another version is replaced
+        only with ``replace``, else ``PreconditionFailed``; so is a primary other than ``expect``.
+        End it with ``promote`` (100 %) or ``rollback`` (0 %)."""
         validate_name(alias, "alias")
-        reason = _check_reason(force, reason)
+        reason = check_reason(force, reason)
         if not (math.isfinite(weight) and 0 < weight < 100):
             raise StoreError(f"a canary's weight is a percentage strictly between 0 and 100, got {weight:g}")
+        self._expecting(name, alias, expect, lambda table: table.check_canary(alias, version, weight, replace))
         self._checked(name, version)
         with self._editing(name) as table:
             self._require_version(name, version)
-            table.check_canary(alias, version, weight)
+            table.check_expect(alias, expect)
+            table.check_canary(alias, version, weight, replace)
             current = table.aliases[alias].canary
             if current is not None and (current.version, current.weight) == (version, weight):
                 return table.aliases[alias]
             command = f"model-store canary {name} {version} --alias {alias} --weight {weight:g}"
             stamp = self._gated_stamp(name, alias, table, version, force, reason, actor, on_gate, command)
-            table.start_canary(alias, version, weight, stamp)
+            table.start_canary(alias, version, weight, stamp, replace)
             return table.aliases[alias]
 
     def shadow(
         self, name: str, alias: str, version: str | None, fraction: float = 0.1, *, reason: str | None = None,
-        actor: str | None = None,
+        actor: str | None = None, expect: str | None = None,
     ) -> AliasEntry:  # fmt: skip
         """Re-run ``fraction`` (0 < f <= 1) of ``alias``' requests on a verified ``version`` after
-        answering them (``version=None`` removes the shadow). Not gated: its answers are only compared."""
+        answering them (``version=None`` removes the shadow). Not gated: its answers are only
+        compared. ``expect``: the primary the alias must have, as for ``promote``."""
         validate_name(alias, "alias")
         if version is not None:
             if not (math.isfinite(fraction) and 0 < fraction <= 1):
                 raise StoreError(f"a shadow's fraction is in (0, 1], got {fraction:g}")
+            self._expecting(name, alias, expect)
             self._checked(name, version)
         else:
             self._require_model(name)
         with self._editing(name) as table:
+            table.check_expect(alias, expect)
             if version is not None:
                 self._require_version(name, version)
-            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=_check_reason(False, reason))
+            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=check_reason(False, reason))
             table.set_shadow(alias, version, fraction, stamp)
             entry = table.aliases[alias]
         return entry
 
-    def rollback(self, name: str, alias: str, *, reason: str | None = None, actor: str | None = None) -> str:
+    def rollback(
+        self, name: str, alias: str, *, reason: str | None = None, actor: str | None = None,
+        expect: str | None = None, break_lock: bool = False,
+    ) -> str:  # fmt: skip
         """End a running canary at 0 % (the primary, already serving, answers everything again), or
         else return ``alias`` to its previous version after verifying it; return the version that
-        now answers everything. Never gated: it is the way out."""
+        now answers everything. Never gated: it is the way out.
+
+        Applies once: ``expect`` names the version the rollback takes out of service (the canary's
+        while one runs, else the primary: what its history event records as ``from``); without it,
+        a rollback right after another one (by anyone) is refused, so two operators rolling back
+        the same incident do not also roll back the version before it. Either way the alias must
+        not move between this call's read and its write. Refusals raise ``PreconditionFailed``.
+
+        ``break_lock``: for emergencies, take the model's lock over from its holder at once instead
+        of waiting for its lease to run out (S3; a local lock dies with its holder). The alias
+        table's conditional write still refuses to overwrite a move the holder made meanwhile."""
         self._require_model(name)
         validate_name(alias, "alias")
+        reason = check_reason(False, reason)
         before = self._read_aliases(name)
+        source = before.check_rollback(alias, expect)
         target = before.rollback_target(alias)
-        if target is None:
-            raise StoreError(f"alias {name}@{alias} has no previous version to roll back to")
         entry = before.aliases.get(alias)
-        if entry is None or entry.canary is None:
+        assert target is not None and entry is not None  # check_rollback found something to roll back
+        if entry.canary is None:
             self.verify(name, target)
-        with self._editing(name) as table:
-            if table.rollback_target(alias) != target or table.aliases.get(alias) != entry:
-                raise StoreError(f"alias {name}@{alias} changed during rollback; retry")
-            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=_check_reason(False, reason))
-            table.rollback(alias, stamp)
+        with self._editing(name, break_lock) as table:
+            if table.aliases.get(alias) != entry or table.rollback_target(alias) != target:
+                raise PreconditionFailed(
+                    f"{alias} moved while this rollback of {source} was being checked (it now serves "
+                    f"{table.serving(alias)}): nothing rolled back{table.describe_move(alias)}"
+                )
+            stamp = Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=reason)
+            table.rollback(alias, stamp, expect=source)
         return target
 
-    def _point_published(self, name: str, version: str, aliases: Sequence[str]) -> None:
+    def _expecting(
+        self, name: str, alias: str, expect: str | None, check: Callable[[AliasTable], None] | None = None
+    ) -> None:
+        """Fail fast, before verifying weights, when the alias is already not as the caller expects
+        (the checks that count run again on the table the move replaces)."""
+        if expect is None and check is None:
+            return
+        table = self._read_aliases(name)
+        table.check_expect(alias, expect)
+        if check is not None:
+            check(table)
+
+    def _point_published(
+        self, name: str, version: str, aliases: Sequence[str], on_gate: GateHook | None = None, force: bool = False,
+        reason: str | None = None,
+    ) -> None:  # fmt: skip
         """Point ``aliases`` at a version ``publish`` just committed; the caller holds the lock.
         All or none: if the gate refuses one alias, none moves (the version stays published)."""
         table, tag = self._read_aliases_tagged(name)
@@ -332,7 +400,7 @@ class AliasMoves:
                 table.check_promote(alias, version)
             except StoreError as exc:
                 raise StoreError(f"published {name}@{version}, but did not move {alias}: {exc}") from None
-            stamps[alias] = self._gated_stamp(name, alias, table, version, False, None, None, None, published=True)
+            stamps[alias] = self._gated_stamp(name, alias, table, version, force, reason, None, on_gate, published=True)
         for alias, stamp in stamps.items():
             table.set(alias, version, stamp)
         if stamps:
@@ -342,14 +410,14 @@ class AliasMoves:
 def _failures(report: GateReport) -> str:
     if report.problem is not None:
         return report.problem
-    if report.note is not None:  # the candidate has no eval.json: every figure is missing, say so once
-        return report.summary().removeprefix("gate: ")
     parts = []
     for row in report.rows:
         if row.verdict == "regressed":
             parts.append(f"{row.figure} {row.current:.4f} -> {row.candidate:.4f} (tolerance {row.tolerance:.4f})")
         elif row.verdict == "missing":
             parts.append(f"{row.figure} missing")
-    shown = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
     head = report.summary().removeprefix("gate: ")
+    if report.compared == 0 and report.missing and report.note is not None:
+        return head  # the candidate has no (valid) eval.json: every figure is missing, the note says why once
+    shown = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
     return f"{head} ({shown})" if shown else head

@@ -64,8 +64,21 @@ def print_gate(out: Console, report: GateReport, all_figures: bool = False) -> N
         out.print(table)
     hidden = len(report.rows) - len(rows)
     more = " (--all-figures lists every figure)" if hidden and not all_figures else ""
-    style = "green" if report.passed else "red"
-    out.print(f"[{style}]{escape(report.summary())}[/{style}]{more}")
+    if not report.passed:
+        out.print(f"[red]{escape(report.summary())}[/red]{more}")
+    elif not report.gated:  # the summary is the note: why nothing was compared
+        out.print(f"[yellow]warning: {escape(report.summary())}[/yellow]")
+    else:
+        out.print(f"[green]{escape(report.summary())}[/green]{more}")
+        if report.note:
+            out.print(f"[yellow]warning: {escape(report.note)}[/yellow]")
+
+
+def gate_warning(report: GateReport) -> str | None:
+    """One plain line for a gate that passed with something to say (None when it has nothing)."""
+    if not report.passed or not report.note:
+        return None
+    return f"warning: {report.summary()}" if not report.gated else f"warning: {report.note}"
 
 
 def _gate_cell(event: AliasEvent) -> str:
@@ -74,11 +87,14 @@ def _gate_cell(event: AliasEvent) -> str:
     if gate is None:
         return "-"
     if gate.result == "not gated":
-        return "not gated"
+        if not gate.note:
+            return "not gated"
+        return f"[yellow]{escape(gate.note if 'not gated' in gate.note else f'not gated: {gate.note}')}[/yellow]"
     if gate.result == "pass":
-        return f"pass vs {gate.against} ({gate.compared})"
-    failed = [f"{len(gate.regressed)} regressed"] if gate.regressed else []
-    failed += [f"{len(gate.missing)} missing"] if gate.missing else []
+        note = f" [yellow]{escape(gate.note)}[/yellow]" if gate.note else ""
+        return f"pass vs {gate.against} ({gate.compared}){note}"
+    failed = [f"{gate.regressed_total} regressed"] if gate.regressed_total else []
+    failed += [f"{gate.missing_total} missing"] if gate.missing_total else []
     return f"[red]fail[/red] vs {gate.against}: {', '.join(failed) or escape(gate.note or '')}"
 
 

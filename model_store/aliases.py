@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from model_store.errors import StoreError
+from model_store.errors import PreconditionFailed, StoreError
 from model_store.gate import GateVerdict
 
 ALIASES_FILE = "aliases.json"
@@ -30,6 +30,8 @@ HISTORY_LIMIT = 20
 # Events kept per alias: the whole table is read on every poll, so the log cannot grow forever.
 LOG_LIMIT = 100
 MIGRATED_REASON = "recorded before schema 2: time, actor and gate unknown"
+# What ``--expect`` names for an alias that points nowhere (never a valid version name).
+NOWHERE = "-"
 
 Action = Literal[
     "promote",  # the primary moves (by promote, or publish with aliases)
@@ -41,6 +43,8 @@ Action = Literal[
     "shadow-start",  # a shadow is set (or its version or fraction changes)
     "shadow-end",  # the shadow is removed
 ]
+# Moves that take a version out of service: a rollback right after one is refused unless expected.
+ROLLBACKS: frozenset[str] = frozenset({"rollback", "canary-rollback"})
 
 
 class Canary(BaseModel):
@@ -86,7 +90,8 @@ class AliasEntry(BaseModel):
 class AliasEvent(BaseModel):
     """One move of an alias, as the history keeps it."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Fields added later are ignored by readers that do not know them: the log is informative.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     at: str | None  # UTC ISO-8601; None only for moves migrated from schema 1
     action: Action
@@ -175,7 +180,71 @@ class AliasTable(BaseModel):
             refs.update(past)
         return refs
 
+    def rollback_source(self, alias: str) -> str | None:
+        """Version ``rollback`` would take out of service: the canary while one runs, else the
+        primary (None when there is nothing to roll back)."""
+        entry = self.aliases.get(alias)
+        if entry is not None and entry.canary is not None:
+            return entry.canary.version
+        return entry.version if entry is not None and self.previous.get(alias) else None
+
+    def last_move(self, alias: str) -> AliasEvent | None:
+        """The alias' last move of what answers its requests (shadow moves left out)."""
+        for event in reversed(self.history.get(alias, [])):
+            if not event.action.startswith("shadow-"):
+                return event
+        return None
+
+    def describe_move(self, alias: str) -> str:
+        """``; last move: rollback v7 -> v6 by ana@host at 2025-...Z`` (empty without history)."""
+        event = self.last_move(alias)
+        if event is None:
+            return ""
+        who = f" by {event.actor}" if event.actor else ""
+        when = f" at {event.at}" if event.at else ""
+        return f"; last move: {event.action} {event.from_ or '-'} -> {event.to or '-'}{who}{when}"
+
     # ------------------------------------------------------------------ checks (raise before any gate runs)
+    def check_expect(self, alias: str, expect: str | None) -> None:
+        """Refuse unless ``alias``' primary is ``expect`` (``NOWHERE``: the alias points nowhere)."""
+        if expect is None:
+            return
+        current = self.target(alias)
+        if (current or NOWHERE) != expect:
+            where = f"points at {current}" if current else "points nowhere"
+            wanted = "nowhere" if expect == NOWHERE else expect
+            raise PreconditionFailed(
+                f"{alias} {where}, not {wanted} as expected: nothing moved{self.describe_move(alias)}"
+            )
+
+    def check_rollback(self, alias: str, expect: str | None) -> str:
+        """The version a rollback of ``alias`` takes out of service, if it may: ``expect`` names it,
+        or (without ``expect``) the alias' last move was not already a rollback: two operators
+        rolling back the same incident roll back once. Raises otherwise."""
+        source = self.rollback_source(alias)
+        if source is None:
+            raise StoreError(f"alias {alias!r} has no previous version to roll back to")
+        if expect is not None and expect != source:
+            raise PreconditionFailed(
+                f"rollback of {alias} expected to take {expect} out of service, but {alias} serves "
+                f"{self.serving(alias)}: nothing rolled back{self.describe_move(alias)}"
+            )
+        last = self.last_move(alias)
+        if expect is None and last is not None and last.action in ROLLBACKS:
+            raise PreconditionFailed(
+                f"{alias} was already rolled back ({last.action} {last.from_} -> {last.to}"
+                f"{f' by {last.actor}' if last.actor else ''}{f' at {last.at}' if last.at else ''}): nothing "
+                f"rolled back; to roll back {source} as well: rollback --expect {source}"
+            )
+        return source
+
+    def serving(self, alias: str) -> str:
+        """``v6``, or ``v6 with a canary of v7``: what answers the alias' requests, for messages."""
+        entry = self.aliases.get(alias)
+        if entry is None:
+            return "nothing"
+        return entry.version + (f" with a canary of {entry.canary.version}" if entry.canary else "")
+
     def check_promote(self, alias: str, version: str) -> None:
         entry = self.aliases.get(alias)
         if entry is not None and entry.canary is not None and entry.canary.version != version:
@@ -184,7 +253,7 @@ class AliasTable(BaseModel):
                 f"{entry.canary.version} to end it at 100 %, or roll back to end it at 0 %, before promoting {version}"
             )
 
-    def check_canary(self, alias: str, version: str, weight: float) -> None:
+    def check_canary(self, alias: str, version: str, weight: float, replace: bool = False) -> None:
         if not 0 < weight < 100:
             raise StoreError(f"a canary's weight is a percentage strictly between 0 and 100, got {weight:g}")
         entry = self.aliases.get(alias)
@@ -192,6 +261,15 @@ class AliasTable(BaseModel):
             raise StoreError(f"alias {alias!r} points nowhere yet: promote a version before starting a canary")
         if entry.version == version:
             raise StoreError(f"{version} is already the primary of {alias}")
+        running = entry.canary
+        if running is not None and running.version != version and not replace:
+            started = next((e for e in reversed(self.history.get(alias, [])) if e.to == running.version), None)
+            by = f" by {started.actor}" if started is not None and started.actor else ""
+            at = f" at {started.at}" if started is not None and started.at else ""
+            raise PreconditionFailed(
+                f"a canary of {running.version} already runs on {alias} ({running.weight:g} %, started{by}{at}): "
+                f"nothing moved; end it first (promote or rollback), or replace it with {version} (--replace)"
+            )
 
     # ------------------------------------------------------------------ moves
     def _log(self, alias: str, stamp: Stamp, action: Action, **fields: Any) -> AliasEvent:
@@ -227,9 +305,12 @@ class AliasTable(BaseModel):
         self.aliases[alias] = AliasEntry(version=version, shadow=_unless_shadowing(entry.shadow, version))
         return self._log(alias, stamp, "canary-promote" if ended_canary else "promote", from_=entry.version, to=version)
 
-    def start_canary(self, alias: str, version: str, weight: float, stamp: Stamp) -> AliasEvent | None:
-        """Give ``version`` ``weight`` percent of ``alias``' requests; None when that is already so."""
-        self.check_canary(alias, version, weight)
+    def start_canary(
+        self, alias: str, version: str, weight: float, stamp: Stamp, replace: bool = False
+    ) -> AliasEvent | None:
+        """Give ``version`` ``weight`` percent of ``alias``' requests; None when that is already so.
+        Another version's canary is replaced only with ``replace``."""
+        self.check_canary(alias, version, weight, replace)
         entry = self.aliases[alias]
         canary = Canary(version=version, weight=weight)
         if entry.canary == canary:
@@ -239,8 +320,11 @@ class AliasTable(BaseModel):
         self.aliases[alias] = updated
         return self._log(alias, stamp, action, from_=entry.version, to=version, weights=updated.weights())
 
-    def rollback(self, alias: str, stamp: Stamp) -> AliasEvent:
-        """End a running canary at 0 %, or else return ``alias`` to its previous target."""
+    def rollback(self, alias: str, stamp: Stamp, expect: str | None = None) -> AliasEvent:
+        """End a running canary at 0 %, or else return ``alias`` to its previous target
+        (``check_rollback``: refused right after another rollback, unless ``expect`` names what it
+        takes out of service)."""
+        self.check_rollback(alias, expect)
         entry = self.aliases.get(alias)
         if entry is not None and entry.canary is not None:
             self.aliases[alias] = entry.model_copy(update={"canary": None})

@@ -1,7 +1,8 @@
 """``model-store`` command line: inspect, verify, publish, promote and collect model versions.
 
-Every ``StoreError`` becomes a one-line red message and exit code 1, so the
-commands compose in deployment scripts without tracebacks. The store is ``--store`` (before or
+Every ``StoreError`` becomes a one-line red message and exit code 1 (3 when an alias move's
+precondition failed: ``--expect``, a running canary without ``--replace``, a rollback already
+made), so the commands compose in deployment scripts without tracebacks. The store is ``--store`` (before or
 after the command) or the ``CLIP_STORE`` environment variable (the name the service reads too;
 ``MODEL_STORE`` is still read as a deprecated alias). ``publish``, ``promote`` and ``verify`` also run the installed
 version validators (``model_store.validators``): a version whose model cannot load is refused.
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from model_store.alias_views import entry_text, history_table, print_gate
 from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt
-from model_store.errors import StoreError
+from model_store.errors import PreconditionFailed, StoreError
 from model_store.gate import GatePolicy
 from model_store.location import missing_directory
 from model_store.naming import DEFAULT_ALIAS, MANIFEST_FILE
@@ -49,8 +50,11 @@ def _out() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
+PRECONDITION_EXIT = 3  # the alias was not as the command expected: nothing moved
+
+
 def _handles_errors(func: Callable[P, R]) -> Callable[P, R]:
-    """Turn store errors into a single red line on stderr and exit code 1."""
+    """Turn store errors into a single red line on stderr and exit code 1 (3: a failed precondition)."""
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -58,7 +62,7 @@ def _handles_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except StoreError as exc:
             Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(code=1) from None
+            raise typer.Exit(code=PRECONDITION_EXIT if isinstance(exc, PreconditionFailed) else 1) from None
 
     return wrapper
 
@@ -213,6 +217,15 @@ ReasonOpt = Annotated[str | None, typer.Option("--reason", help="Why: kept in th
 AllFiguresOpt = Annotated[
     bool, typer.Option("--all-figures", help="List every figure the gate compared, not only the failing ones.")
 ]
+ExpectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--expect",
+        metavar="VERSION",
+        help="Move only if the alias' primary is VERSION ('-': the alias points nowhere yet), checked with the "
+        "write; else exit 3 and move nothing.",
+    ),
+]
 
 
 def _name_and_version(store: ModelStore, ref: str, version: str | None, command: str) -> tuple[str, str]:
@@ -235,6 +248,7 @@ def promote(
     alias: AliasOpt = DEFAULT_ALIAS,
     force: ForceOpt = False,
     reason: ReasonOpt = None,
+    expect: ExpectOpt = None,
     all_figures: AllFiguresOpt = False,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
@@ -245,8 +259,9 @@ def promote(
     before = store.alias_entry(name, alias)
     out = _out()
     previous = store.promote(
-        name, alias, version, force=force, reason=reason, on_gate=lambda report: print_gate(out, report, all_figures)
-    )
+        name, alias, version, force=force, reason=reason, expect=expect,
+        on_gate=lambda report: print_gate(out, report, all_figures),
+    )  # fmt: skip
     ended = " (canary ended at 100 %)" if before is not None and before.canary is not None else ""
     out.print(f"{name}@{alias}: {previous or '-'} -> {version}{ended}")
 
@@ -261,15 +276,20 @@ def canary(
     alias: AliasOpt = DEFAULT_ALIAS,
     force: ForceOpt = False,
     reason: ReasonOpt = None,
+    expect: ExpectOpt = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace a canary of another version already running on the alias.")
+    ] = False,
     all_figures: AllFiguresOpt = False,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Start a canary (or change its weight): VERSION answers WEIGHT percent of the alias' requests,
-    chosen by caller, beside its target. End it with promote (100 %) or rollback (0 %)."""
+    chosen by caller, beside its target. A canary of another version already running is refused
+    (exit 3) unless --replace. End it with promote (100 %) or rollback (0 %)."""
     store = _store(ctx, store_location)
     out = _out()
     entry = store.canary(
-        name, alias, version, weight, force=force, reason=reason,
+        name, alias, version, weight, force=force, reason=reason, expect=expect, replace=replace,
         on_gate=lambda report: print_gate(out, report, all_figures),
     )  # fmt: skip
     out.print(f"{name}@{alias}: {entry_text(entry)}")
@@ -287,6 +307,7 @@ def shadow(
     ] = 0.1,
     off: Annotated[bool, typer.Option("--off", help="Remove the alias' shadow.")] = False,
     reason: ReasonOpt = None,
+    expect: ExpectOpt = None,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Set a shadow: a sample of the alias' requests is re-run on VERSION after being answered, to
@@ -294,7 +315,7 @@ def shadow(
     if off == (version is not None):
         raise StoreError("shadow needs a VERSION, or --off to remove the shadow")
     store = _store(ctx, store_location)
-    entry = store.shadow(name, alias, None if off else version, fraction, reason=reason)
+    entry = store.shadow(name, alias, None if off else version, fraction, reason=reason, expect=expect)
     _out().print(f"{name}@{alias}: {entry_text(entry)}" + ("" if entry.shadow else " (no shadow)"))
 
 
@@ -305,13 +326,32 @@ def rollback(
     name: Annotated[str, typer.Argument(help="Model name.")],
     alias: AliasOpt = DEFAULT_ALIAS,
     reason: ReasonOpt = None,
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            "--expect",
+            metavar="VERSION",
+            help="Roll back only if VERSION is what the rollback takes out of service (the canary while one "
+            "runs, else the primary); needed to roll back again right after a rollback. Else exit 3.",
+        ),
+    ] = None,
+    break_lock: Annotated[
+        bool,
+        typer.Option(
+            "--break-lock",
+            help="Emergency: take the model's lock from its holder at once instead of waiting for its lease "
+            "(S3; a local lock dies with its holder). A move the holder made meanwhile is never overwritten.",
+        ),
+    ] = False,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Return an alias to the version it pointed to before the last promotion; while a canary runs,
-    end the canary at 0 % instead (the target answers everything again)."""
+    end the canary at 0 % instead (the target answers everything again). Right after a rollback
+    (two operators answering one incident), another is refused (exit 3) unless --expect names
+    the version it would take out of service."""
     store = _store(ctx, store_location)
     before = store.alias_entry(name, alias)
-    target = store.rollback(name, alias, reason=reason)
+    target = store.rollback(name, alias, reason=reason, expect=expect, break_lock=break_lock)
     if before is not None and before.canary is not None:
         _out().print(f"{name}@{alias}: canary {before.canary.version} ended at 0 % -> {target}")
     else:
@@ -427,7 +467,11 @@ def publish(
     version: Annotated[
         str | None, typer.Option("--version", help="Version name (default: the manifest's, else next vN).")
     ] = None,
-    alias: Annotated[list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it.")] = None,
+    alias: Annotated[
+        list[str] | None, typer.Option("--alias", "-a", help="Alias to point at it, through the evaluation gate.")
+    ] = None,
+    force: ForceOpt = False,
+    reason: ReasonOpt = None,
     store_location: StoreOpt = DEFAULT_STORE,
 ) -> None:
     """Publish every file under DIRECTORY as a new immutable version.
@@ -448,8 +492,9 @@ def publish(
     out = _out()
     # One line per step, written out at once: a killed run's output must show where it stopped.
     _store(ctx, store_location, must_exist=False).publish(
-        name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line)
-    )
+        name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line),
+        on_gate=lambda report: print_gate(out, report), force=force, reason=reason,
+    )  # fmt: skip
 
 
 def _print_flushed(out: Console, line: str) -> None:

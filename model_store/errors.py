@@ -77,6 +77,13 @@ class WriteConflict(StoreError):
     while its holder stalled) or someone wrote behind the store's back: read again and retry."""
 
 
+class PreconditionFailed(StoreError):
+    """An alias move found the alias other than its caller stated or assumed: not at the version
+    ``--expect`` named, a canary already running (``--replace`` replaces it), or already rolled back
+    by someone else. Checked under the model's lock against the table the move would replace, so
+    nothing was written; the message says where the alias is and who moved it last."""
+
+
 class GateRefused(StoreError):
     """The evaluation gate refused to move an alias: the candidate's figures regressed beyond
     tolerance, or it lacks figures the current target has. ``report`` holds the comparison for

@@ -7,8 +7,10 @@ flat figures under ``metrics`` (``pcclip.rank_pair.size``) with their standard e
 ``data.<dataset>.`` and whose ``datasets.<dataset>`` section says which split and how many
 records were evaluated.
 
-Only figures both reports hold for the same data are compared. A figure regresses when the
-candidate is worse than the current target by more than its tolerance:
+Only reports that are their versions' evaluations reach the gate (``model_store.evaluation``: an
+eval.json copied from other weights is none). Only figures both reports hold for the same data
+are compared. A figure regresses when the candidate is worse than the current target by more
+than its tolerance:
 
 * the policy's tolerance for it (``gate.json``: an exact name or a glob, the longest match wins);
 * else twice the larger of the two recorded standard errors (a difference the seeds alone could
@@ -17,6 +19,11 @@ candidate is worse than the current target by more than its tolerance:
   of the current value.
 
 Every figure is higher-is-better except those named otherwise here or in the policy.
+
+Nothing to compare never passes silently: when the current target has no evaluation, the
+candidate must have one (it becomes the reference of later moves), else the move is refused
+like a regression; the first target of an alias has nothing to hold it against. Either way the
+report's ``note`` says so, and the alias history keeps it.
 """
 
 from __future__ import annotations
@@ -62,16 +69,28 @@ class GatePolicy(BaseModel):
 
 
 class GateVerdict(BaseModel):
-    """What the alias history keeps of a gate decision."""
+    """What the alias history keeps of a gate decision: the counts, and the first
+    ``VERDICT_NAMES_LIMIT`` names of the figures that failed."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Fields added later are ignored by readers that do not know them: the log is informative.
+    model_config = ConfigDict(extra="ignore")
 
     result: Literal["pass", "fail", "not gated"]
     against: str | None = None
     compared: int = 0
     regressed: list[str] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
+    regressed_count: int | None = None  # None in verdicts recorded before counts were: len(regressed)
+    missing_count: int | None = None
     note: str | None = None
+
+    @property
+    def regressed_total(self) -> int:
+        return len(self.regressed) if self.regressed_count is None else self.regressed_count
+
+    @property
+    def missing_total(self) -> int:
+        return len(self.missing) if self.missing_count is None else self.missing_count
 
 
 class GateRow(BaseModel):
@@ -92,8 +111,8 @@ class GateReport(BaseModel):
     candidate: str
     against: str | None
     rows: list[GateRow] = Field(default_factory=list)
-    note: str | None = None  # why nothing was compared, when nothing was
-    problem: str | None = None  # an unreadable report: refuses like a regression
+    note: str | None = None  # what the figures do not say: why nothing was compared, a report taken on its word
+    problem: str | None = None  # refuses like a regression: an unreadable report, no evaluation on either side
 
     @property
     def regressed(self) -> list[str]:
@@ -115,16 +134,22 @@ class GateReport(BaseModel):
     def gated(self) -> bool:
         return self.problem is not None or any(r.verdict != "skipped" for r in self.rows)
 
+    def add_note(self, note: str) -> None:
+        self.note = f"{self.note}; {note}" if self.note else note
+
     def verdict(self) -> GateVerdict:
         if not self.gated:
             return GateVerdict(result="not gated", against=self.against, note=self.note)
+        regressed, missing = self.regressed, self.missing
         return GateVerdict(
             result="pass" if self.passed else "fail",
             against=self.against,
             compared=self.compared,
-            regressed=self.regressed[:VERDICT_NAMES_LIMIT],
-            missing=self.missing[:VERDICT_NAMES_LIMIT],
-            note=self.problem or self.note,
+            regressed=regressed[:VERDICT_NAMES_LIMIT],
+            missing=missing[:VERDICT_NAMES_LIMIT],
+            regressed_count=len(regressed),
+            missing_count=len(missing),
+            note="; ".join(n for n in (self.problem, self.note) if n) or None,
         )
 
     def summary(self) -> str:
@@ -134,7 +159,7 @@ class GateReport(BaseModel):
         if not self.gated:
             return f"gate: {self.note or 'nothing to compare'}"
         head = f"gate: {self.candidate} against {self.against}: {_count(self.compared, 'figure')} compared"
-        if self.passed:
+        if self.passed:  # a note is shown beside, as a warning
             return f"{head}, none regressed beyond tolerance"
         parts = []
         if self.regressed:
@@ -241,26 +266,41 @@ def compare_reports(
     candidate_version: str,
     current_version: str | None,
     policy: GatePolicy | None = None,
+    current_missing: str | None = None,
+    candidate_missing: str | None = None,
+    notes: Iterable[str] = (),
 ) -> GateReport:
     """Gate ``candidate_version`` (report ``candidate``) against ``current_version`` (report
-    ``current``). No current target, or one without figures, gates nothing; a candidate without
-    an eval.json lacks every figure."""
+    ``current``); ``None`` for a version without an evaluation, and ``*_missing`` saying why when it
+    is not simply the lack of an eval.json (a copy of another version's). The first target of an
+    alias is not gated. A current target without figures has nothing to hold the candidate
+    against: the candidate needs figures of its own, or the move is refused. A candidate without
+    an eval.json lacks every figure. ``notes`` (e.g. a report taken on its word) are added."""
     policy = policy or GatePolicy()
     report = GateReport(candidate=candidate_version, against=current_version)
     if current_version is None:
         report.note = "first target of the alias: not gated"
         return report
-    if current is None:
-        report.note = f"{current_version} has no eval.json: nothing gated"
-        return report
-    ours = figures(current)
-    if not ours:
-        report.note = f"the eval.json of {current_version} holds no figures: nothing gated"
-        return report
+    for note in notes:
+        report.add_note(note)
+    ours = figures(current) if current is not None else {}
     theirs = figures(candidate) if candidate is not None else {}
-    if candidate is None:
-        report.note = f"{candidate_version} has no eval.json (run `clip-train evaluate`)"
-    other_data = _different_data(current, candidate or {})
+    lacking = candidate_missing or _no_figures(candidate, theirs, candidate_version)
+    if not ours:
+        why = current_missing or _no_figures(current, ours, current_version)
+        if lacking is None:
+            report.add_note(
+                f"{why}: nothing to compare with; {candidate_version}'s evaluation is the reference from now on"
+            )
+        else:
+            report.problem = (
+                f"neither {current_version} nor {candidate_version} has an evaluation to gate the move ({why}; "
+                f"{lacking}): evaluate {candidate_version} (`clip-train evaluate`)"
+            )
+        return report
+    if lacking is not None:
+        report.add_note(f"{lacking} (run `clip-train evaluate`)")
+    other_data = _different_data(current or {}, candidate or {})
     for figure in sorted(ours):
         dataset = _dataset_of(figure, other_data)
         if dataset is not None:
@@ -269,3 +309,10 @@ def compare_reports(
             continue
         report.rows.append(_row(figure, ours[figure], theirs.get(figure), policy))
     return report
+
+
+def _no_figures(report: Mapping[str, Any] | None, found: Mapping[str, Any], version: str) -> str | None:
+    """Why ``version`` has no figures to gate with (None when it has some)."""
+    if report is None:
+        return f"{version} has no eval.json"
+    return None if found else f"the eval.json of {version} holds no figures"

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model_store.alias_moves import AliasMoves
+from model_store.alias_moves import AliasMoves, GateHook, check_reason
 from model_store.aliases import ALIASES_FILE
 from model_store.artifacts import ARTIFACTS_DIR, VersionArtifacts
 from model_store.backends import StorageBackend
@@ -96,8 +96,8 @@ class ModelStore(AliasMoves, VersionArtifacts):
     def _vkey(name: str, version: str, *rest: str) -> str:
         return "/".join((name, VERSIONS_DIR, version, *rest))
 
-    def _lock(self, name: str) -> AbstractContextManager[None]:
-        return self.backend.lock(f"{name}/{LOCK_FILE}")
+    def _lock(self, name: str, break_lock: bool = False) -> AbstractContextManager[None]:
+        return self.backend.lock(f"{name}/{LOCK_FILE}", break_existing=break_lock)
 
     def _version_exists(self, name: str, version: str) -> bool:
         return self.backend.is_file(self._vkey(name, version, MANIFEST_FILE))
@@ -233,6 +233,9 @@ class ModelStore(AliasMoves, VersionArtifacts):
         version: str | None = None,
         aliases: Sequence[str] = (),
         on_step: Callable[[str], None] | None = None,
+        on_gate: GateHook | None = None,
+        force: bool = False,
+        reason: str | None = None,
     ) -> Manifest:
         """Publish a new immutable version atomically and optionally point aliases at it (through the
         evaluation gate: a refused alias raises ``GateRefused`` after the version is published).
@@ -247,12 +250,14 @@ class ModelStore(AliasMoves, VersionArtifacts):
         <name>/.staging-...``, ``published name@vN (...)``, ``alias <alias> -> vN``), so the
         output of a process killed half-way says what it left: a staging area for ``gc``, or a
         version that no alias points to yet. It must not raise: that would stop the publish
-        where it is.
+        where it is. ``on_gate`` is called with the gate's report for each alias, before it moves;
+        ``force`` (with a ``reason``, kept in the alias history) moves them even if the gate refuses.
         """
         step = on_step or _ignore_step
         fields, version = publish_fields(name, version, manifest_fields)
         for alias in aliases:
             validate_name(alias, "alias")
+        reason = check_reason(force, reason)
         validate_publish_names(list(files))
         build_manifest({**fields, "version": version or "v1"})  # fail before copying weights
         if version is not None and self._version_exists(name, version):
@@ -279,7 +284,7 @@ class ModelStore(AliasMoves, VersionArtifacts):
                     raise VersionExists(f"{name}@{final} already exists; versions are immutable") from None
                 step(f"published {manifest.ref} ({len(entries)} files, {staged_bytes:,} bytes)")
                 if aliases:  # gated: a refusal leaves the version published and the aliases unmoved
-                    self._point_published(name, final, aliases)
+                    self._point_published(name, final, aliases, on_gate, force, reason)
                     for alias in aliases:
                         step(f"alias {alias} -> {final}")
         except BaseException:

@@ -24,6 +24,7 @@ from clipcore.models.bundle import ModelBundle
 from clipcore.models.preprocess import PreprocessConfig
 from clipcore.models.publish import TrainedModel, publish_bundle
 from model_store import ModelStore
+from model_store.evaluation import bind
 from training.evaluation import EvalConfig, evaluate
 from training.train_base import BaseTrainConfig, train_base
 from training.train_dcsm import DCSMTrainConfig, train_dcsm_files
@@ -296,6 +297,6 @@ def build_default_version(store: ModelStore, recipe: DefaultRecipe, log: Log = p
         notes="Shapes-world CLIP trained from scratch; see docs/model_card.md.",
     )
     manifest = publish_bundle(store, name, trained, aliases=r.aliases)
-    report["model"] = manifest.ref
+    report = bind(report, manifest)  # the scratch copy's files are the published ones: same binding, final ref
     store.write_annex(name, manifest.version, "eval.json", json.dumps(report, indent=2).encode())
     return report

@@ -6,7 +6,7 @@ through it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from safetensors.torch import save
 from clipcore.models.clip_model import architecture_config, config_image_size, is_text_param
 from clipcore.models.components import Components
 from clipcore.models.preprocess import PreprocessConfig
-from model_store import Manifest, ModelStore
+from model_store import GateReport, Manifest, ModelStore
 
 
 def tensor_bytes(state: Mapping[str, torch.Tensor], fp16: bool) -> bytes:
@@ -63,8 +63,13 @@ def publish_bundle(
     *,
     aliases: Sequence[str] = (),
     version: str | None = None,
+    on_gate: Callable[[GateReport], None] | None = None,
+    force: bool = False,
+    reason: str | None = None,
 ) -> Manifest:
-    """Publish a trained model (+ text-encoder variants, comparatives, extra files) as a new version.
+    """Publish a trained model (+ text-encoder variants, comparatives, extra files) as a new version
+    (``aliases`` moved to it through the evaluation gate, whose report goes to ``on_gate``; ``force``
+    with a ``reason`` moves them even if it refuses).
 
     Image size and embedding width come from the architecture's open_clip config (so a named
     architecture such as ``ViT-B-32-256`` records its own 256 px)."""
@@ -102,4 +107,6 @@ def publish_bundle(
         "data": dict(t.data),
         "notes": t.notes,
     }
-    return store.publish(name, files, fields, version=version, aliases=aliases)
+    return store.publish(
+        name, files, fields, version=version, aliases=aliases, on_gate=on_gate, force=force, reason=reason
+    )

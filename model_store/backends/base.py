@@ -13,7 +13,8 @@ object-store backend can be added without touching ``ModelStore``:
 * ``commit_dir`` publishes a fully staged prefix in one step and refuses to
   overwrite an existing one (versions are immutable);
 * ``delete_tree`` hides a committed prefix from readers before removing it;
-* ``lock`` serialises writers of one model (alias updates, version commits).
+* ``lock`` serialises writers of one model (alias updates, version commits); a dead holder's lock
+  is taken over, and ``break_existing`` takes a live one's for emergencies where possible.
 """
 
 from __future__ import annotations
@@ -90,8 +91,11 @@ class StorageBackend(Protocol):
         ``TRASH_PREFIX`` folder, or files without their marker) and the store's ``gc`` clears it."""
         ...
 
-    def lock(self, key: str) -> AbstractContextManager[None]:
-        """Exclusive, blocking, inter-process lock named by ``key``."""
+    def lock(self, key: str, break_existing: bool = False) -> AbstractContextManager[None]:
+        """Exclusive, blocking, inter-process lock named by ``key``. A holder that died releases it
+        (at once where its death can be told, else when its lease runs out); ``break_existing``
+        takes it from a live holder where the backend can (for emergencies: the holder's later
+        conditional writes fail instead of overwriting)."""
         ...
 
     def local_path(self, key: str) -> Path:

@@ -155,7 +155,10 @@ class LocalBackend:
             path.unlink(missing_ok=True)
 
     @contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    def lock(self, key: str, break_existing: bool = False) -> Iterator[None]:
+        # flock: the kernel releases a holder's lock when its process dies (even by SIGKILL), so a
+        # dead writer never blocks the next. A live holder's cannot be broken: ``break_existing``
+        # waits for it like any writer.
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

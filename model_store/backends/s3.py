@@ -11,7 +11,8 @@ directories, so the guarantees of ``LocalBackend`` are rebuilt from what S3 does
 * ``put_atomic`` is one PUT (readers see the old or the new object); ``put_atomic_if`` is one
   PUT with ``If-Match`` on the ETag read (``If-None-Match: *`` for a new key), so a writer whose
   lease ran out while it stalled cannot overwrite what the lock's next holder wrote;
-* ``lock`` is a leased lock object taken with conditional writes (``s3_lease``).
+* ``lock`` is a leased lock object taken with conditional writes (``s3_lease``): taken over at once
+  from a holder proven dead on this machine, else when its lease runs out, or on request.
 
 Readers never rely on listings for correctness: whether a version exists is a HEAD of
 its marker. Listings are used to enumerate (models, versions, a version's files) and
@@ -41,7 +42,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from model_store.backends.base import COMMIT_MARKER, Readable, iter_chunks
 from model_store.backends.blob_cache import BlobCache
-from model_store.backends.s3_lease import CONFLICT_CODES, DEFAULT_LEASE_S, MISSING_CODES, ObjectLease, error_code
+from model_store.backends.s3_lease import (
+    CONFLICT_CODES,
+    DEFAULT_LEASE_S,
+    DEFAULT_WAIT_S,
+    MISSING_CODES,
+    ObjectLease,
+    error_code,
+)
 from model_store.digest import HashingReader
 from model_store.errors import StoreUnavailable, WriteConflict
 
@@ -92,6 +100,7 @@ class S3Backend:
         cache_dir: str | os.PathLike[str],
         client: Any,
         lease_s: float = DEFAULT_LEASE_S,
+        lock_wait_s: float = DEFAULT_WAIT_S,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -99,6 +108,7 @@ class S3Backend:
         self.cache = BlobCache(cache_dir)
         self.trees = Path(cache_dir) / "trees" / bucket / (self.prefix or "_root")
         self.lease_s = lease_s
+        self.lock_wait_s = lock_wait_s  # how long a writer waits for the lock before giving up
 
     def __repr__(self) -> str:  # no endpoint or credentials: this ends up in logs
         return f"S3Backend('{self.url}')"
@@ -349,9 +359,12 @@ class S3Backend:
             log.warning("%s: incomplete uploads under %s left in place (%s)", self.url, full_prefix, error_code(exc))
 
     @contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    def lock(self, key: str, break_existing: bool = False) -> Iterator[None]:
         try:
-            lease = ObjectLease(self.client, self.bucket, self._key(key), lease_s=self.lease_s)
+            lease = ObjectLease(
+                self.client, self.bucket, self._key(key), lease_s=self.lease_s, wait_s=self.lock_wait_s,
+                break_existing=break_existing,
+            )  # fmt: skip
             with lease:
                 yield
         except (ClientError, BotoCoreError) as exc:

@@ -125,9 +125,10 @@ def test_two_replicas_follow_canary_promote_and_rollback_under_load(replicas: tu
         t.start()
     try:
         time.sleep(1.0)
-        _model_store(store, "canary", "split", "v2", "--alias", "production", "--weight", "30")
+        forced = ("--force", "--reason", "random weights, never evaluated")  # the gate has nothing to compare
+        _model_store(store, "canary", "split", "v2", "--alias", "production", "--weight", "30", *forced)
         converge(("split@v1", "split@v2"), "canary v2 at 30 %")
-        _model_store(store, "promote", "split", "v2", "--alias", "production")
+        _model_store(store, "promote", "split", "v2", "--alias", "production", *forced)
         converge(("split@v2", None), "promote v2")
         _model_store(store, "rollback", "split", "--alias", "production")
         converge(("split@v1", None), "rollback of the promotion")

@@ -60,7 +60,8 @@ def test_reseeding_keeps_promotions_and_adds_only_missing_versions(baked: Path, 
     target = tmp_path / "volume"
     seed_store.seed(baked, target)
     store = ModelStore(target)
-    store.promote("tiny", "production", "v2")  # an operator's promotion on the volume
+    # An operator's promotion on the volume (forced: random weights, never evaluated).
+    store.promote("tiny", "production", "v2", force=True, reason="random weights, never evaluated")
     assert seed_store.seed(baked, target) == []
     assert store.alias_target("tiny", "production") == "v2"
 
@@ -97,7 +98,8 @@ def test_seeds_a_bucket_through_the_store(baked: Path, s3_env: Any, capsys: pyte
     for version in ("v1", "v2"):
         assert store.manifest("tiny", version) == source.manifest("tiny", version)  # same files, same digests
         store.verify("tiny", version)
-    store.promote("tiny", "production", "v2")  # an operator's promotion in the bucket is kept
+    # An operator's promotion in the bucket is kept (forced: random weights, never evaluated).
+    store.promote("tiny", "production", "v2", force=True, reason="random weights, never evaluated")
     assert seed_store.main(["--source", str(baked), "--target", target]) == 0
     assert store.alias_target("tiny", "production") == "v2"
     assert "target already holds every version" in capsys.readouterr().out

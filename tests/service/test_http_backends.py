@@ -111,7 +111,7 @@ def test_version_failing_onnx_parity_is_refused(
         # The service reuses an export it finds under the version's key; put a wrong one there.
         bundle = ModelBundle.load(store, f"gated@{version}")
         _write_wrong_export(bundle, export_dir_for(cache_dir, bundle), perturb_onnx_weights)
-        store.promote("gated", "production", version)
+        store.promote("gated", "production", version, force=True, reason="random weights, never evaluated")
         wait_refused(running.url)
         time.sleep(0.6)  # more polls: a refused version is not retried until the alias moves
         assert metric_value(running.url, "clip_model_swaps_total", result="refused") == 1
@@ -142,7 +142,12 @@ def _publish_bf16_unsafe(root: Path) -> str:
             norm.bias[:2] = 1000.0
             proj[1] = -proj[0]
     return publish_bundle(
-        ModelStore(root), "gated", TrainedModel(model, config, fp16=False), aliases=["production"]
+        ModelStore(root),
+        "gated",
+        TrainedModel(model, config, fp16=False),
+        aliases=["production"],
+        force=True,
+        reason="random weights, never evaluated",
     ).version
 
 

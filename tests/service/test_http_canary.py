@@ -26,6 +26,8 @@ from prometheus_samples import metric_value
 from model_store import ModelStore
 from model_store.routing import route
 
+UNEVALUATED = "random weights, never evaluated"  # the evaluation gate has nothing to compare: moves are forced
+
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory, publish_dense_model: Any) -> Path:
@@ -74,7 +76,7 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2, api_keys=api_keys) as running,
     ):
         url = running.url
-        store.canary("split", "production", "v2", 10)
+        store.canary("split", "production", "v2", 10, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url, auth).get("loaded"))
         assert _canary(url, auth) == {"version": "v2", "weight": 10.0, "loaded": True}
         entry = store.alias_entry("split", "production")
@@ -94,7 +96,7 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         assert metric_value(url, "clip_canary_weight_ratio", version="v2") == 0.1
 
         # Widening the canary (picked up at the next poll) keeps every caller it had.
-        store.canary("split", "production", "v2", 50)
+        store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url, auth).get("weight") == 50)
         wider_entry = store.alias_entry("split", "production")
         assert wider_entry is not None
@@ -140,7 +142,7 @@ def test_every_endpoint_names_the_version_that_answered(store_root: Path, serve_
     ]
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
         url = running.url
-        store.canary("split", "production", "v2", 50)
+        store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url).get("loaded"))
         entry = store.alias_entry("split", "production")
         assert entry is not None
@@ -202,7 +204,7 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
         threads = [threading.Thread(target=client, args=(seed, url)) for seed in range(4)]
         for t in threads:
             t.start()
-        store.canary("split", "production", "v2", 50)
+        store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url).get("loaded"))
         loaded = time.monotonic()
         wait_until(lambda: answered_since(loaded) == {"split@v1", "split@v2"})
@@ -213,11 +215,11 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
         wait_until(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
         assert answered_since(converged) == {"split@v1"}
 
-        store.canary("split", "production", "v2", 50)
+        store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url).get("loaded"))
         loaded = time.monotonic()
         wait_until(lambda: "split@v2" in answered_since(loaded))
-        store.promote("split", "production", "v2")  # the canary ends at 100 %: it answers everything
+        store.promote("split", "production", "v2", force=True, reason=UNEVALUATED)  # the canary ends at 100 %
         moved = time.monotonic()
         converged = applied(moved)
         wait_until(lambda: len([s for s, _, _ in list(seen) if s > converged]) >= 40)
@@ -239,7 +241,7 @@ def test_a_canary_that_cannot_load_is_refused_and_the_primary_answers_everything
     store = ModelStore(store_root)
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.1) as running:
         url = running.url
-        store.canary("split", "production", broken, 50)
+        store.canary("split", "production", broken, 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1)
         callers = [f"caller-{i}" for i in range(40)]
         assert set(asyncio.run(_embed_as(url, callers, {}))) == {"split@v1"}
@@ -256,7 +258,7 @@ def test_a_request_naming_a_version_gets_it_and_v1_models_names_the_callers_vers
     store = ModelStore(store_root)
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
         url = running.url
-        store.canary("split", "production", "v2", 50)
+        store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url).get("loaded"))
         entry = store.alias_entry("split", "production")
         assert entry is not None

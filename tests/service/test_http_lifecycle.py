@@ -107,7 +107,7 @@ def test_hot_swap_without_failed_requests(tmp_path: Path, serve_app: Any, publis
         publish_model(root, "swap", seed=8, aliases=())  # v2, not yet promoted
         time.sleep(0.5)
         assert all(model == "swap@v1" for _, model in seen)
-        ModelStore(root).promote("swap", "production", "v2")
+        ModelStore(root).promote("swap", "production", "v2", force=True, reason="random weights, never evaluated")
         deadline = time.monotonic() + 30
         while not seen or seen[-1][1] != "swap@v2":
             assert time.monotonic() < deadline, "the new version was never served"
@@ -145,7 +145,7 @@ def test_corrupt_version_is_refused_old_keeps_serving(
         raw[len(raw) // 2] ^= 0xFF  # bit rot after publishing
         weights.write_bytes(bytes(raw))
         store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
-        store.promote("guarded", "production", version)
+        store.promote("guarded", "production", version, force=True, reason="random weights, never evaluated")
         deadline = time.monotonic() + 30
         while metric_value(running.url, "clip_model_swaps_total", result="refused") < 1:
             assert time.monotonic() < deadline, "the corrupt version was not refused"
@@ -207,7 +207,8 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
         broken = build_model(config)
         with torch.no_grad():
             broken.text_projection.fill_(float("nan"))  # checksums fine, embeddings NaN
-        publish_bundle(ModelStore(tmp_path), "warm", TrainedModel(broken, config, fp16=False), aliases=["production"])
+        publish_bundle(ModelStore(tmp_path), "warm", TrainedModel(broken, config, fp16=False), aliases=["production"],
+                       force=True, reason="random weights, never evaluated")  # fmt: skip
         deadline = time.monotonic() + 30
         while metric_value(running.url, "clip_model_swaps_total", result="refused") < 1:
             assert time.monotonic() < deadline, "a version that fails warm-up was swapped in"
@@ -308,7 +309,7 @@ def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
         weights.unlink()
         weights.mkdir()  # unreadable (EISDIR), as a flaky mount or a copy in progress can be
         store.verify = lambda *_: None  # type: ignore[method-assign]  # promote would catch it; the server must too
-        store.promote("flaky", "production", version)
+        store.promote("flaky", "production", version, force=True, reason="random weights, never evaluated")
         wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", result="retrying") >= 2)
         assert httpx.get(f"{running.url}/readyz").json()["model"] == "flaky@v1"
         weights.rmdir()

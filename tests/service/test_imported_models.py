@@ -85,7 +85,7 @@ def test_vit_s32_in_every_format_serves_open_clip_embeddings(
     caplog.set_level(logging.INFO)
     with serve_app(store=str(vit_s32["store"]), model="vits@production", watch_interval_s=0.2) as running:
         for version in ("v1", "v2", "v3"):
-            store.promote("vits", "production", version)
+            store.promote("vits", "production", version, force=True, reason="imported, never evaluated")
             wait_serving(running.url, f"vits@{version}")
             check_served_equals_open_clip(running.url, ref, images, f"vits@{version}")
     # Weights are loaded from the version right after the model is built: no "random" warning.

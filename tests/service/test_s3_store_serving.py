@@ -44,7 +44,8 @@ def test_hot_swap_through_s3_under_traffic_loses_no_request(
         publish_model(location, "swap", seed=8, aliases=())  # v2 in the bucket, not yet promoted
         time.sleep(0.5)
         assert all(model == "swap@v1" for _, model in seen)
-        ModelStore(location).promote("swap", "production", "v2")  # from another client, as a Job would
+        # From another client, as a Job would (forced: random weights, never evaluated).
+        ModelStore(location).promote("swap", "production", "v2", force=True, reason="random weights, never evaluated")
         deadline = time.monotonic() + 60
         while not seen or seen[-1][1] != "swap@v2":
             assert time.monotonic() < deadline, "the new version was never served"

@@ -128,12 +128,12 @@ def test_a_version_one_model_cannot_load_leaves_the_others_serving(
         raw = bytearray(weights.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         weights.write_bytes(bytes(raw))
-        store.promote("alpha", "production", version)
+        store.promote("alpha", "production", version, force=True, reason="random weights, never evaluated")
         version = publish_model(root, "beta", seed=42, aliases=())
         weights = store.version_dir("beta", version) / "model.safetensors"
         weights.unlink()
         weights.mkdir()
-        store.promote("beta", "production", version)
+        store.promote("beta", "production", version, force=True, reason="random weights, never evaluated")
         wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", model="alpha", result="refused") >= 1)
         wait_until(lambda: metric_value(running.url, "clip_model_swaps_total", model="beta", result="retrying") >= 2)
         time.sleep(0.5)  # more requests on every model after both failures
@@ -291,7 +291,7 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
     publish_model(root, "beta", seed=74, aliases=())  # v3: the shadow
     publish_model(root, "gamma", seed=75)
     store = ModelStore(root)
-    store.canary("beta", "production", "v2", 50)
+    store.canary("beta", "production", "v2", 50, force=True, reason="random weights, never evaluated")
     store.shadow("beta", "production", "v3", fraction=1.0)
     entry = store.alias_entry("beta", "production")
     assert entry is not None

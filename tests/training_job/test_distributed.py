@@ -99,7 +99,7 @@ def test_pcclip_on_user_data_under_torchrun(tmp_path: Path) -> None:
         launcher = [sys.executable] if runs == 1 else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
             "--master_port", str(_free_port())]  # fmt: skip
-        cmd = [*launcher, "-m", "training.cli", "pcclip", "--model", "fruit@production", "--data", str(data),
+        cmd = [*launcher, "-m", "training.cli", "pcclip", "--model", "fruit@v1", "--data", str(data),
                "--store", str(store), "--steps", "30", "--batch-size", "16", "--run-dir", str(tmp_path / f"run-{name}"),
                "--feature-cache", str(tmp_path / f"cache-{name}")]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -134,7 +134,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     imported = [json.loads(line) for line in (work / "tutorial" / "mine" / "train.jsonl").read_text().splitlines()]
     assert imported and all(r["image"].startswith("images/train/") and r["image"].endswith(".jpg") for r in imported)
     assert (work / "tutorial" / "mine" / "test.jsonl").read_text().strip()
-    mine, mine_version = store.resolve("mine@staging")
+    mine, mine_version = store.resolve("mine@v4")  # base, pcclip, dcsm, comparatives: no alias moved
     assert store.manifest(mine, mine_version).training["method"] == "comparatives"
     assert "eval.json" in store.annex_files(mine, mine_version)
     # Step 6 compares the result with the base: both versions' columns, the change, chance levels, and only

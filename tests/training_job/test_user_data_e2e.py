@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from model_store import ModelStore
+from model_store import GateRefused, ModelStore
 from tests.training_job.fake_llm import fake_llm_server
 from training.cli import app
 from training.generate.llm import MIN_CHARS, clean_comparative
@@ -60,8 +60,12 @@ def test_own_data_base_pcclip_dcsm_comparatives_publish_and_serve(
     with fake_llm_server() as (llm_url, fake):
         out = invoke("comparatives", "--model", "fruit@v3", *common, *cached, "--generator", "llm",
                      "--llm-base-url", llm_url, "--llm-model", "stand-in", "--llm-key-env", "FRUIT_LLM_KEY",
-                     "--pairs", "2", "--alias", "production", "--run-dir", str(runs / "comparatives"))  # fmt: skip
-    assert "published fruit@v4 (production)" in out
+                     "--pairs", "2", "--run-dir", str(runs / "comparatives"))  # fmt: skip
+    assert "published fruit@v4" in out
+    # Neither v1 nor v4 was evaluated: the gate refuses to move production until one is, or the move is forced.
+    with pytest.raises(GateRefused, match="neither v1 nor v4 has an evaluation"):
+        ModelStore(store).promote("fruit", "production", "v4")
+    ModelStore(store).promote("fruit", "production", "v4", force=True, reason="this test serves it unevaluated")
     assert "sk-test-secret" not in out
     sent = [r for r in fake.requests if r["_authorization"] is not None]
     assert sent and all(r["_authorization"] == "Bearer sk-test-secret" for r in sent)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from model_store import ModelStore, StoreError
+from model_store.alias_views import print_gate
 from model_store.digest import sha256_stream
 from training.options import StoreOpt
 
@@ -114,7 +115,8 @@ def import_cmd(
     resize_mode: Annotated[str | None, typer.Option(help="shortest, longest or squash (overrides).")] = None,
     fp16: Annotated[bool, typer.Option(help="Store the weights as float16 (half the size).")] = False,
     alias: Annotated[
-        list[str] | None, typer.Option(help="Aliases to point at the new version (none by default).")
+        list[str] | None,
+        typer.Option(help="Aliases to point at the new version, through the evaluation gate (none by default)."),
     ] = None,
     version: Annotated[str | None, typer.Option(help="Version name (default: the next vN).")] = None,
     notes: Annotated[str, typer.Option(help="Free text stored in the manifest.")] = "",
@@ -154,8 +156,9 @@ def import_cmd(
                 **tokenizer_fields(plan.tokenizer_files),
             )
             manifest = publish_bundle(
-                ModelStore(store, validator=validate_version), name, trained, aliases=alias or (), version=version
-            )
+                ModelStore(store, validator=validate_version), name, trained, aliases=alias or (), version=version,
+                on_gate=lambda report: print_gate(console, report),
+            )  # fmt: skip
     except (ModelImportError, StoreError) as exc:
         _fail(str(exc))
     aliases = f" ({', '.join(alias)} -> {manifest.version})" if alias else " (no alias: promote it when ready)"

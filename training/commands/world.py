@@ -313,14 +313,18 @@ def init_random(
     store: StoreOpt = "models",
     config: ConfigOpt = "shapes-smoke",
     seed: SeedOpt = 0,
-    alias: Annotated[list[str] | None, typer.Option(help="Aliases to point at it (default: production).")] = None,
+    alias: Annotated[
+        list[str] | None, typer.Option(help="Aliases to point at it, through the evaluation gate (none by default).")
+    ] = None,
 ) -> None:
-    """Publish a randomly initialised model (for load tests of real-sized architectures)."""
+    """Publish a randomly initialised model (for load tests of real-sized architectures); no alias
+    moves unless --alias names one."""
     import torch
 
     from clipcore.models.clip_model import build_model
     from clipcore.models.publish import TrainedModel, publish_bundle
     from clipcore.models.validate import validate_version
+    from model_store.alias_views import print_gate
     from training.recipe import model_config
 
     torch.manual_seed(seed)
@@ -333,12 +337,14 @@ def init_random(
                 model_config(config),
                 notes="random weights: for speed and plumbing tests only",
             ),
-            aliases=alias if alias is not None else ["production"],
+            aliases=alias or (),
+            on_gate=lambda report: print_gate(console, report),
         )
-    except StoreError as exc:  # e.g. the evaluation gate refused to move an evaluated alias to random weights
+    except StoreError as exc:  # e.g. the evaluation gate refused to move an alias to random weights
         console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1) from None
-    console.print(f"published {manifest.ref}")
+    moved = f" ({', '.join(alias)} -> {manifest.version})" if alias else " (no alias moved)"
+    console.print(f"published {manifest.ref}{moved}")
 
 
 def register(app: typer.Typer) -> None:

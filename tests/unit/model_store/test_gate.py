@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from model_store_helpers import NEGATION, default_eval
 
-from model_store.gate import GatePolicy, compare_reports
+from model_store.gate import VERDICT_NAMES_LIMIT, GatePolicy, GateVerdict, compare_reports
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +66,46 @@ def test_lower_is_better_figures_and_tolerances_without_stderr() -> None:
     assert gate(current, better).passed
 
 
-def test_missing_figures_refuse_and_nothing_to_compare_gates_nothing() -> None:
+def test_missing_figures_refuse() -> None:
     current = {"metrics": {"a": 0.5, "b": 0.5}}
     report = gate(current, {"metrics": {"a": 0.5}})
     assert not report.passed and report.missing == ["b"]
     no_eval = gate(current, None)
     assert no_eval.missing == ["a", "b"] and "has no eval.json" in (no_eval.note or "")
     assert gate(current, {"metrics": {"a": 0.5, "b": math.nan}}).missing == ["b"]  # undefined for the candidate
+    copied = gate(current, None, candidate_missing="the eval.json of v2 belongs to other weights (v1's)")
+    assert copied.missing == ["a", "b"] and "belongs to other weights (v1's)" in (copied.note or "")
 
-    for baseline, note in ((None, "v1 has no eval.json"), ({"metrics": {}}, "holds no figures")):
+
+def test_a_target_without_figures_needs_a_candidate_with_figures() -> None:
+    for baseline, why in ((None, "v1 has no eval.json"), ({"metrics": {}}, "the eval.json of v1 holds no figures")):
         report = gate(baseline, {"metrics": {"a": 0.1}})
-        assert report.passed and not report.gated and note in (report.note or "")
-        assert report.verdict().result == "not gated"
+        assert report.passed and not report.gated and why in (report.note or "")
+        assert "v2's evaluation is the reference from now on" in (report.note or "")
+        verdict = report.verdict()
+        assert verdict.result == "not gated" and verdict.note == report.note  # the history says why
+        for candidate in (None, {"metrics": {}}):
+            refused = gate(baseline, candidate)
+            assert not refused.passed and refused.gated
+            assert refused.problem is not None and "neither v1 nor v2 has an evaluation" in refused.problem
+            assert refused.verdict().result == "fail" and why in (refused.verdict().note or "")
+    copy = "the eval.json of v1 belongs to other weights (v0's)"
+    refused = gate(None, None, current_missing=copy)
+    assert not refused.passed and copy in (refused.problem or "")
     first = compare_reports(None, None, candidate_version="v1", current_version=None)
     assert first.passed and first.verdict().result == "not gated" and "first target" in (first.note or "")
+
+
+def test_the_history_counts_every_failing_figure_and_lists_the_first() -> None:
+    current = {"metrics": {f"f{i:03d}": 0.9 for i in range(80)}}
+    candidate = {"metrics": {f"f{i:03d}": 0.5 for i in range(50)}}
+    verdict = gate(current, candidate).verdict()
+    assert (verdict.regressed_count, verdict.missing_count) == (50, 30)
+    assert (verdict.regressed_total, verdict.missing_total) == (50, 30)
+    assert len(verdict.regressed) == len(verdict.missing) == VERDICT_NAMES_LIMIT
+    old = GateVerdict.model_validate({"result": "fail", "regressed": ["a", "b"], "missing": ["c"]})
+    assert (old.regressed_total, old.missing_total) == (2, 1)  # recorded before the counts were
+    assert GateVerdict.model_validate({"result": "pass", "added_later": 1}).result == "pass"
 
 
 def test_user_data_figures_are_compared_per_dataset_only_on_the_same_data() -> None:
@@ -111,6 +137,7 @@ def test_policy_tolerances_and_directions_by_name_or_glob() -> None:
 
 
 def test_only_numbers_are_figures() -> None:
-    assert not gate({"metrics": "oops"}, None).gated  # no figures in the baseline: nothing to hold against
+    refused = gate({"metrics": "oops"}, None)  # no figures in the baseline, none in the candidate
+    assert not refused.passed and "the eval.json of v1 holds no figures" in (refused.problem or "")
     report = gate({"metrics": {"a": 0.5}}, {"metrics": {"a": True}})  # a boolean is not a figure
     assert report.missing == ["a"]

@@ -7,15 +7,15 @@ import threading
 
 import pytest
 from conftest import Root
-from model_store_helpers import publish_simple
+from model_store_helpers import publish_evaluated
 
-from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, StoreError
+from model_store import ChecksumMismatch, InvalidName, ModelNotFound, ModelStore, PreconditionFailed, StoreError
 
 
 @pytest.fixture
 def three(store: ModelStore) -> ModelStore:
     for payload in (b"one", b"two", b"three"):
-        publish_simple(store, payload)
+        publish_evaluated(store, payload)
     return store
 
 
@@ -42,8 +42,8 @@ def test_alias_wins_over_literal_version(three: ModelStore) -> None:
 
 
 def test_publish_with_aliases(store: ModelStore) -> None:
-    publish_simple(store, aliases=["production", "staging"])
-    publish_simple(store, b"new", aliases=["staging"])
+    publish_evaluated(store, aliases=["production", "staging"])
+    publish_evaluated(store, b"new", aliases=["staging"])
     assert store.aliases("clip") == {"production": "v1", "staging": "v2"}
     assert store.alias_history("clip") == {"staging": ["v1"]}
 
@@ -59,10 +59,12 @@ def test_promote_and_rollback_history(three: ModelStore, root: Root) -> None:
 
     assert three.rollback("clip", "production") == "v2"
     assert three.alias_target("clip", "production") == "v2"
-    assert three.rollback("clip", "production") == "v1"
+    with pytest.raises(PreconditionFailed, match="already rolled back .* --expect v2"):
+        three.rollback("clip", "production")  # a second operator's rollback of the same incident
+    assert three.rollback("clip", "production", expect="v2") == "v1"  # stepping further back: said so
     assert three.alias_history("clip") == {}
     with pytest.raises(StoreError, match="no previous version"):
-        three.rollback("clip", "production")
+        three.rollback("clip", "production", expect="v1")
     assert three.aliases("clip") == {"production": "v1"}
     assert not [name for name in root.children("clip") if ".tmp-" in name]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Root
-from model_store_helpers import manifest_fields, publish_simple
+from model_store_helpers import manifest_fields, publish_evaluated, publish_simple
 from typer.testing import CliRunner
 
 from model_store import ModelStore
@@ -21,9 +21,8 @@ def runner() -> CliRunner:
 
 @pytest.fixture
 def populated(store: ModelStore) -> ModelStore:
-    publish_simple(store, b"one", aliases=["production"])
-    publish_simple(store, b"two", aliases=["staging"])
-    store.write_annex("clip", "v1", "eval.json", b'{"acc": 0.5}')
+    publish_evaluated(store, b"one", aliases=["production"])
+    publish_evaluated(store, b"two", aliases=["staging"])
     return store
 
 
@@ -127,9 +126,10 @@ def test_publish_directory(runner: CliRunner, root: Root, tmp_path: Path) -> Non
     result = _run(runner, root, "publish", "clip", str(src), "--manifest-json", str(fields_file), "--alias", "staging")
     assert result.exit_code == 0, result.output
     # One line per step, so an interrupted run's output says what it left.
-    staged, published, alias = result.output.splitlines()
+    staged, published, gate, alias = result.output.splitlines()
     assert staged.startswith("staged clip (2 files, 11 bytes) in clip/.staging-")
     assert published == "published clip@v1 (2 files, 11 bytes)"
+    assert gate == "warning: gate: first target of the alias: not gated"
     assert alias == "alias staging -> v1"
     store = root.store()
     assert sorted(store.manifest("clip", "v1").files) == ["model.safetensors", "onnx/visual.onnx"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Root
-from model_store_helpers import NEGATION, default_eval, negation_fell, publish_simple
+from model_store_helpers import NEGATION, default_eval, negation_fell, publish_simple, write_eval
 from typer.testing import CliRunner
 
 from model_store import ModelStore
@@ -27,7 +27,7 @@ def evaluated(store: ModelStore) -> ModelStore:
     base = default_eval()
     for i, report in enumerate((base, negation_fell(base), base)):
         version = publish_simple(store, f"weights {i}".encode())
-        store.write_annex("clip", version, "eval.json", json.dumps(report).encode())
+        write_eval(store, "clip", version, report)
     store.promote("clip", "production", "v1")
     return store
 
@@ -75,6 +75,8 @@ def test_canary_shadow_and_their_ends(runner: CliRunner, root: Root, evaluated: 
     assert result.exit_code == 0, result.output
     assert "none regressed" in result.output and "clip@production: v1 90 % + canary v3 10 %" in result.output
     result = _run(runner, root, "canary", "clip", "v2", "--weight", "10")
+    assert result.exit_code == 3 and "a canary of v3 already runs on production" in result.output
+    result = _run(runner, root, "canary", "clip", "v2", "--weight", "10", "--replace")
     assert result.exit_code == 1 and NEGATION in result.stdout and "model-store canary clip v2" in result.output
     result = _run(runner, root, "canary", "clip", "v3", "--weight", "100")
     assert result.exit_code == 1 and "between 0 and 100" in result.output
@@ -120,3 +122,22 @@ def test_gate_dry_run_and_policy(runner: CliRunner, root: Root, evaluated: Model
     assert _run(runner, root, "gate", "clip", "v2").exit_code == 1
     result = _run(runner, root, "gate", "clip", "v2", "--alias", "staging")
     assert result.exit_code == 0 and "first target of the alias: not gated" in result.output
+
+
+def test_gate_warnings_and_the_counts_the_history_shows(runner: CliRunner, root: Root, evaluated: ModelStore) -> None:
+    unevaluated = publish_simple(evaluated, b"random weights")
+    result = _run(runner, root, "promote", f"clip@{unevaluated}", "--force", "--reason", "plumbing test")
+    assert result.exit_code == 0, result.output
+    gate = evaluated.alias_log("clip")["production"][-1].gate
+    assert gate is not None and gate.missing_count is not None and gate.missing_count > 300
+    missing = gate.missing_count
+    result = _run(runner, root, "history", "clip", "--alias", "production")
+    assert f"fail vs v1: {missing} missing" in result.output  # all of them, not the 20 names kept
+
+    result = _run(runner, root, "promote", "clip@v3")
+    assert result.exit_code == 0, result.output
+    assert f"warning: gate: {unevaluated} has no eval.json: nothing to compare with; v3's evaluation is the " in (
+        result.output
+    )
+    result = _run(runner, root, "history", "clip", "--alias", "production")
+    assert f"not gated: {unevaluated} has no eval.json" in result.output

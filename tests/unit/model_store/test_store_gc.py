@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Root
-from model_store_helpers import manifest_fields, publish_simple
+from model_store_helpers import manifest_fields, publish_evaluated, publish_simple
 
 from model_store import ModelNotFound, ModelStore, StoreError
 from model_store.store import LOCK_FILE
@@ -23,7 +23,7 @@ from model_store.store import LOCK_FILE
 @pytest.fixture
 def five(store: ModelStore) -> ModelStore:
     for i in range(5):
-        publish_simple(store, bytes([i]))
+        publish_evaluated(store, bytes([i]))
     store.promote("clip", "production", "v1")
     store.promote("clip", "production", "v3")  # v1 stays in history
     store.promote("clip", "staging", "v4")

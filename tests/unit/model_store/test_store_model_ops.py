@@ -9,9 +9,18 @@ from typing import Any
 
 import pytest
 from conftest import Root
-from model_store_helpers import NEGATION, default_eval, manifest_fields, negation_fell, publish_simple
+from model_store_helpers import (
+    NEGATION,
+    default_eval,
+    evaluated_files,
+    manifest_fields,
+    negation_fell,
+    publish_evaluated,
+    publish_simple,
+    write_eval,
+)
 
-from model_store import ModelStore, StoreError
+from model_store import ModelStore, PreconditionFailed, StoreError
 from model_store.aliases import AliasEntry, Stamp
 from model_store.errors import GateRefused, WriteConflict
 from model_store.gate import GatePolicy
@@ -28,7 +37,7 @@ def evaluated(store: ModelStore) -> ModelStore:
     for i, report in enumerate((base, negation_fell(base), base, base, None)):
         version = publish_simple(store, f"weights {i}".encode())
         if report is not None:
-            store.write_annex("clip", version, "eval.json", annex(report))
+            write_eval(store, "clip", version, report)
     return store
 
 
@@ -71,8 +80,61 @@ def test_candidates_without_the_figures_and_unreadable_reports_are_refused(evalu
     with pytest.raises(GateRefused, match="not valid JSON"):
         evaluated.promote("clip", "production", "v3")
     evaluated.promote("clip", "staging", "v5")  # first target of staging: not gated
-    evaluated.promote("clip", "staging", "v4")  # v5 has no eval.json: nothing to hold v4 against
-    assert evaluated.alias_log("clip")["staging"][-1].gate.note == "v5 has no eval.json: nothing gated"  # type: ignore[union-attr]
+    evaluated.promote("clip", "staging", "v4")  # v5 has no eval.json: nothing to hold v4 against, v4 has one
+    gate = evaluated.alias_log("clip")["staging"][-1].gate
+    assert gate is not None and gate.result == "not gated"
+    assert gate.note == "v5 has no eval.json: nothing to compare with; v4's evaluation is the reference from now on"
+
+
+def test_an_evaluation_copied_from_other_weights_is_no_evaluation(evaluated: ModelStore, root: Root) -> None:
+    evaluated.promote("clip", "production", "v1")
+    root.write("clip/versions/v5/eval.json", root.read("clip/versions/v1/eval.json"))  # v1's figures, v5's weights
+    with pytest.raises(GateRefused, match=r"the eval.json of v5 belongs to other weights \(v1's\)") as refused:
+        evaluated.promote("clip", "production", "v5")
+    assert refused.value.report.compared == 0 and len(refused.value.report.missing) > 300
+    assert evaluated.alias_target("clip", "production") == "v1"
+
+    # A copy in the current target is no evaluation either: the candidate must bring its own.
+    evaluated.promote("clip", "staging", "v5")  # first target
+    assert evaluated.gate("clip", "staging", "v3").passed
+    unevaluated = publish_simple(evaluated, b"random weights")
+    report = evaluated.gate("clip", "staging", unevaluated)
+    assert not report.passed and report.problem is not None
+    assert "neither v5 nor v6 has an evaluation" in report.problem and "belongs to other weights" in report.problem
+
+
+def test_a_forced_move_does_not_switch_the_gate_off(evaluated: ModelStore) -> None:
+    evaluated.promote("clip", "production", "v1")
+    evaluated.promote("clip", "production", "v5", force=True, reason="plumbing test on unevaluated weights")
+    forced = evaluated.alias_log("clip")["production"][-1]
+    assert forced.forced and forced.gate is not None and forced.gate.result == "fail"
+    assert forced.gate.missing_count is not None and forced.gate.missing_count > 300  # every figure, counted
+    assert len(forced.gate.missing) == 20  # the names kept are capped
+    unevaluated = publish_simple(evaluated, b"random weights")
+    with pytest.raises(GateRefused, match="neither v5 nor v6 has an evaluation to gate the move"):
+        evaluated.promote("clip", "production", unevaluated)
+    assert evaluated.alias_target("clip", "production") == "v5"
+    evaluated.promote("clip", "production", "v3")  # an evaluated candidate restores the reference
+    moved = evaluated.alias_log("clip")["production"][-1]
+    assert moved.gate is not None and moved.gate.result == "not gated" and not moved.forced
+    assert "v3's evaluation is the reference from now on" in (moved.gate.note or "")
+    with pytest.raises(GateRefused, match="v2"):
+        evaluated.promote("clip", "production", "v2")  # gated against v3 again
+
+
+def test_evaluations_written_before_the_binding_are_taken_on_their_word(evaluated: ModelStore, root: Root) -> None:
+    legacy = {"model": "clip@v1", **{k: v for k, v in default_eval().items() if k not in ("model", "version")}}
+    root.write("clip/versions/v1/eval.json", annex(legacy))
+    evaluated.promote("clip", "production", "v1")
+    report = evaluated.gate("clip", "production", "v3")
+    assert report.passed and report.compared > 300
+    assert "the eval.json of v1 records no weights" in (report.note or "")
+    evaluated.promote("clip", "production", "v3")
+    gate = evaluated.alias_log("clip")["production"][-1].gate
+    assert gate is not None and gate.result == "pass" and "records no weights" in (gate.note or "")
+    root.write("clip/versions/v4/eval.json", annex(legacy))  # names clip@v1: a copy
+    with pytest.raises(GateRefused, match="the eval.json of v4 was written for clip@v1"):
+        evaluated.promote("clip", "production", "v4")
 
 
 def test_the_models_policy_sets_tolerances(evaluated: ModelStore, root: Root) -> None:
@@ -110,8 +172,10 @@ def test_canary_start_weight_rollback_and_promote(evaluated: ModelStore, root: R
     for weight in (0, 100, -5):
         with pytest.raises(StoreError, match="between 0 and 100"):
             evaluated.canary("clip", "production", "v3", weight)
+    with pytest.raises(PreconditionFailed, match="a canary of v3 already runs on production .*--replace"):
+        evaluated.canary("clip", "production", "v4", 10)  # another version's canary is not replaced silently
     with pytest.raises(GateRefused):
-        evaluated.canary("clip", "production", "v2", 10)  # a regressed version gets no traffic either
+        evaluated.canary("clip", "production", "v2", 10, replace=True)  # a regressed version gets no traffic either
     with pytest.raises(StoreError, match="a canary of v3 runs"):
         evaluated.promote("clip", "production", "v4")
 
@@ -164,7 +228,7 @@ def test_gc_keeps_what_aliases_serve_shadow_and_may_roll_back_to(evaluated: Mode
     evaluated.rollback("clip", "production")  # the canary ends: v4 is free
     evaluated.shadow("clip", "production", None)  # and so is v2
     assert evaluated.gc("clip") == ["v2", "v4", "v5"]
-    assert evaluated.rollback("clip", "production") == "v1"
+    assert evaluated.rollback("clip", "production", expect="v3") == "v1"  # right after a rollback: said so
 
 
 def test_schema_1_tables_are_migrated_on_read(store: ModelStore, root: Root) -> None:
@@ -196,18 +260,19 @@ def test_schema_1_tables_are_migrated_on_read(store: ModelStore, root: Root) -> 
 
 def test_publish_with_aliases_goes_through_the_gate(store: ModelStore) -> None:
     base = default_eval()
-    files = {"model.safetensors": b"one", "eval.json": annex(base)}
-    store.publish("clip", files, manifest_fields(), aliases=["production", "staging"])
-    worse = {"model.safetensors": b"two", "eval.json": annex(negation_fell(base))}
+    store.publish("clip", evaluated_files(b"one", base), manifest_fields(), aliases=["production", "staging"])
+    worse = evaluated_files(b"two", negation_fell(base))
     with pytest.raises(GateRefused, match=r"published clip@v2, but refusing to point clip@staging"):
         store.publish("clip", worse, manifest_fields(), aliases=["staging", "production"])
     assert store.list_versions("clip") == ["v1", "v2"]  # the version stays, no alias moved
     assert store.aliases("clip") == {"production": "v1", "staging": "v1"}
     with pytest.raises(GateRefused, match="v3 has no eval.json"):
         store.publish("clip", {"model.safetensors": b"three"}, manifest_fields(), aliases=["production"])
-    store.publish("clip", {"model.safetensors": b"four", "eval.json": annex(base)}, manifest_fields(),
-                  aliases=["production"])  # fmt: skip
-    assert store.aliases("clip") == {"production": "v4", "staging": "v1"}
+    copied = {"model.safetensors": b"four", "eval.json": annex(base)}  # default@v6's evaluation: not of these weights
+    with pytest.raises(GateRefused, match=r"the eval.json of v4 belongs to other weights \(default@v6's\)"):
+        store.publish("clip", copied, manifest_fields(), aliases=["production"])
+    store.publish("clip", evaluated_files(b"five", base), manifest_fields(), aliases=["production"])
+    assert store.aliases("clip") == {"production": "v5", "staging": "v1"}
     event = store.alias_log("clip")["production"][-1]
     assert event.gate is not None and event.gate.result == "pass" and event.gate.against == "v1"
 
@@ -268,5 +333,5 @@ def test_concurrent_moves_lose_no_event(three_versions: ModelStore, root: Root) 
 @pytest.fixture
 def three_versions(store: ModelStore) -> ModelStore:
     for payload in (b"one", b"two", b"three"):
-        publish_simple(store, payload)
+        publish_evaluated(store, payload)
     return store

@@ -16,6 +16,7 @@ from typing import Any
 
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
+from model_store.evaluation import provenance
 from training.evaluation.userdata.data import UserEvalConfig, dataset_name
 from training.evaluation.userdata.figures import relative
 from training.evaluation.userdata.report import REPORT_FILE, render_report
@@ -38,6 +39,8 @@ def compared_figures(
     resolved = f"{version_name}@{version}"
     raw = store.read_annex(version_name, version, "eval.json")
     stored = None if raw is None else json.loads(raw)
+    if stored is not None and not provenance(stored, store.manifest(version_name, version)).belongs:
+        stored = None  # a copy of another version's figures says nothing of this one
     theirs = (stored or {}).get("datasets", {}).get(name)
     if theirs is not None and all(theirs.get(f) == section.get(f) for f in ("split", "records")):
         metrics = relative(stored["metrics"], f"data.{name}.")  # type: ignore[index]
@@ -78,7 +81,9 @@ def evaluate_on_data(
         section["compare"] = compared_figures(store, compare, data, cfg, name, section, device=device, log=log)
     raw = store.read_annex(bundle.name, bundle.version, "eval.json")
     existing = None if raw is None else json.loads(raw)
-    report = merge_into_eval(existing, bundle.ref, name, metrics, section)
+    if existing is not None and not provenance(existing, bundle.manifest).belongs:
+        log(f"{provenance(existing, bundle.manifest).foreign}: its figures are not kept")
+    report = merge_into_eval(existing, bundle.manifest, name, metrics, section)
     report["report"] = REPORT_FILE
     page = render_report(report, png_dir=out)
     if out is not None:

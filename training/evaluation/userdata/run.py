@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from clipcore.models.bundle import BASE_ENCODER, ModelBundle
+from model_store import Manifest
+from model_store.evaluation import bind, provenance
 from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
 from training.evaluation.userdata.dcsm import dense_vs_cosine
 from training.evaluation.userdata.pcclip import pair_ranking
@@ -108,9 +110,15 @@ def evaluate_user_data(
     return metrics, section
 
 
-def merge_into_eval(existing: dict[str, Any] | None, ref: str, name: str, metrics: dict, section: dict) -> dict:
-    """eval.json with this dataset's figures replaced (other datasets and the built-in world kept)."""
-    report = dict(existing or {"model": ref, "metrics": {}})
+def merge_into_eval(
+    existing: dict[str, Any] | None, manifest: Manifest, name: str, metrics: dict, section: dict
+) -> dict:
+    """eval.json with this dataset's figures replaced (other datasets and the built-in world kept),
+    bound to the version ``manifest`` describes. An ``existing`` report that is not this version's
+    evaluation (one copied from other weights) is not kept."""
+    if existing is not None and not provenance(existing, manifest).belongs:
+        existing = None
+    report = bind(existing or {"metrics": {}}, manifest)
     prefix = f"data.{name}."
     kept = {k: v for k, v in report.get("metrics", {}).items() if not k.startswith(prefix)}
     report["metrics"] = {**kept, **metrics}

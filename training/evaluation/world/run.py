@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from clipcore.models.bundle import ModelBundle
+from model_store.evaluation import bind
 from training.evaluation.world.base import EvalConfig, generator_images, pil_images
 from training.evaluation.world.comparatives import ComparativeEval
 from training.evaluation.world.dcsm import DenseEval
@@ -95,4 +96,6 @@ def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[
         "compositional": cfg.n_compositional,
         "comparative": cfg.n_calibration,
     }
-    return {"model": bundle.ref, "metrics": metrics, "seeds": list(cfg.seeds), "samples": samples, "details": details}
+    # Bound to the weights evaluated (their digests), so a copy of it in another version is no evaluation there.
+    report = {"model": bundle.ref, "metrics": metrics, "seeds": list(cfg.seeds), "samples": samples, "details": details}
+    return bind(report, bundle.manifest)
