@@ -10,6 +10,7 @@ version validators (``model_store.validators``): a version whose model cannot lo
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,16 @@ R = TypeVar("R")
 AliasOpt = Annotated[str, typer.Option("--alias", "-a", help="Alias to change.")]
 
 
+# Piped or captured output (a file, a CI log, ``| grep``) is not a terminal: rich would lay tables
+# out for 80 columns and cut their cells ("2026-11…"). There they take the width their cells need.
+UNBOUNDED_WIDTH = 10_000
+
+
 def _out() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(highlight=False, soft_wrap=True, width=UNBOUNDED_WIDTH)
+    return console
 
 
 PRECONDITION_EXIT = 3  # the alias was not as the command expected: nothing moved

@@ -63,10 +63,12 @@ from service.runtime.lifecycle import ModelManager, ModelState, Quarantine
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import REQUEST_STAGES
 
-__all__ = ["EntryStatus", "Selection", "ServedModels"]
+__all__ = ["EntryStatus", "Selection", "ServedModels", "shown_name"]
 
 log = logging.getLogger("service.served")
 
+# A requested name is echoed in an error at most this long: a 100 KB name made a 100 KB 404.
+SHOWN_NAME_CHARS = 200
 WAKE_S = 1.0  # a waiting request looks again at least this often, whatever it was told
 RATE_WINDOW_S = 60.0  # max_loads_per_minute counts the loads started in this window
 
@@ -168,7 +170,7 @@ class ServedModels:
         if found is None:
             raise ClipError(
                 ErrorCode.unknown_model,
-                f"model {requested!r} is not served here; this server serves {self.describe()}",
+                f"model {shown_name(requested)} is not served here; this server serves {self.describe()}",
                 "model",
             )
         return found
@@ -365,3 +367,10 @@ class ServedModels:
             pass
         finally:
             self._waiters.discard(waiter)
+
+
+def shown_name(name: str) -> str:
+    """``name`` quoted for an error message, cut to ``SHOWN_NAME_CHARS`` with how much was left out."""
+    if len(name) <= SHOWN_NAME_CHARS:
+        return repr(name)
+    return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name):,} characters)"

@@ -389,3 +389,15 @@ def test_the_contract_states_list_minimums_and_one_image_form(base_url: str) -> 
     # What the contract states is what the server enforces (400 with the field, as documented).
     r = httpx.post(f"{base_url}/classify", json={"images": [], "labels": ["a", "b"]})
     assert r.status_code == 400 and r.json()["error"]["field"] == "images"
+
+
+def test_a_long_model_name_is_echoed_cut(client: httpx.Client) -> None:
+    """A 100 KB name must not come back as a 100 KB 404."""
+    name = "m" * 100_000
+    r = client.post("/embed", json={"texts": ["a red circle"], "model": name})
+    assert r.status_code == 404, r.text
+    message = r.json()["error"]["message"]
+    assert "(100,000 characters)" in message and len(r.content) < 2_000, len(r.content)
+    r = client.get(f"/models/{'n' * 5_000}")
+    assert r.status_code == 404, r.text
+    assert "(5,000 characters)" in r.json()["error"]["message"] and len(r.content) < 2_000

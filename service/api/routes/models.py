@@ -34,7 +34,7 @@ from service.config import Limits
 from service.runtime.assembly import CANARY, SHADOW
 from service.runtime.lifecycle import Quarantine
 from service.runtime.retime import RetimeState
-from service.runtime.served import EntryStatus
+from service.runtime.served import EntryStatus, shown_name
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
 log = logging.getLogger("service.models")
@@ -237,7 +237,7 @@ def get_model(name: str, services: ServicesDep) -> ModelInfo:
         described = describe(services.store, name, services.models.status(), _autos(services), _retimes(services))
         return with_split(described, services)
     except (ModelNotFound, ValueError):  # InvalidName is a ValueError: treat as unknown
-        raise ApiError(ErrorCode.unknown_model, f"no model named {name!r} in the store", "name") from None
+        raise ApiError(ErrorCode.unknown_model, f"no model named {shown_name(name)} in the store", "name") from None
     except StoreError as exc:  # after ModelNotFound, which is a StoreError too
         raise _store_unreadable(exc) from None
 

@@ -141,3 +141,20 @@ def test_gate_warnings_and_the_counts_the_history_shows(runner: CliRunner, root:
     )
     result = _run(runner, root, "history", "clip", "--alias", "production")
     assert f"not gated: {unevaluated} has no eval.json" in result.output
+
+
+def test_tables_are_not_cut_when_the_output_is_not_a_terminal(root: Root, evaluated: ModelStore) -> None:
+    """Piped output (a file, a CI log) is laid out at the width its cells need, not at 80 columns."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "model_store.cli", "--store", root.location, "history", "clip"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "…" not in result.stdout, result.stdout
+    assert re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result.stdout), result.stdout
