@@ -10,7 +10,6 @@ version validators (``model_store.validators``): a version whose model cannot lo
 
 import functools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_store.alias_views import entry_text, history_table, print_gate
-from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt
+from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt, output_console
 from model_store.errors import PreconditionFailed, StoreError
 from model_store.gate import GatePolicy
 from model_store.location import missing_directory
@@ -47,16 +46,8 @@ R = TypeVar("R")
 AliasOpt = Annotated[str, typer.Option("--alias", "-a", help="Alias to change.")]
 
 
-# Piped or captured output (a file, a CI log, ``| grep``) is not a terminal: rich would lay tables
-# out for 80 columns and cut their cells ("2026-11…"). There they take the width their cells need.
-UNBOUNDED_WIDTH = 10_000
-
-
 def _out() -> Console:
-    console = Console(highlight=False, soft_wrap=True)
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(highlight=False, soft_wrap=True, width=UNBOUNDED_WIDTH)
-    return console
+    return output_console(highlight=False, soft_wrap=True)
 
 
 PRECONDITION_EXIT = 3  # the alias was not as the command expected: nothing moved

@@ -1,4 +1,5 @@
-"""``--store`` for both command lines (``model-store``, ``clip-train``), before or after the command.
+"""What both command lines (``model-store``, ``clip-train``) share: ``--store``, before or after the
+command, and the console their output is printed on.
 
 The group takes ``--store`` and reads ``CLIP_STORE`` (the service's variable too; ``MODEL_STORE`` is
 a deprecated alias), and every command that opens a store takes ``--store`` as well, where a flag
@@ -8,9 +9,11 @@ the same command, as are ``clip-train --store m show-eval x`` and ``clip-train s
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 STORE_ENV = "CLIP_STORE"
 DEPRECATED_STORE_ENV = "MODEL_STORE"
@@ -49,3 +52,17 @@ StoreOpt = Annotated[
         help=f"Model store: {_LOCATION} (env {STORE_ENV}). Also accepted before the command.",
     ),
 ]
+
+
+# Piped or captured output (a file, a CI log, ``| grep``) is not a terminal: rich would lay it out
+# for 80 columns, wrapping lines and cutting table cells ("2026-11…"). There it takes the width its
+# lines and cells need; COLUMNS, when set, still decides.
+UNBOUNDED_WIDTH = 10_000
+
+
+def output_console(**options: Any) -> Console:
+    """A rich console for a command's output: the terminal's width on a terminal, else unbounded."""
+    console = Console(**options)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=UNBOUNDED_WIDTH, **options)
+    return console

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from model_store.cli_options import output_console
 from training.datasets.dataset import load_dataset
 
 data_app = typer.Typer(help="Check a dataset of your own images and texts (docs/data.md).", no_args_is_help=True)
-console = Console()
+console = output_console()
 
 
 @data_app.command("validate")

@@ -17,10 +17,11 @@ from rich.markup import escape
 
 from model_store import ModelStore, StoreError
 from model_store.alias_views import print_gate
+from model_store.cli_options import output_console
 from model_store.digest import sha256_stream
 from training.options import StoreOpt
 
-console = Console(highlight=False, soft_wrap=True)
+console = output_console(highlight=False, soft_wrap=True)
 
 
 def _floats(text: str | None, option: str) -> list[float] | None:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from model_store import ModelStore
+from model_store.cli_options import output_console
 from training.options import StoreOpt
 
 
@@ -39,7 +40,7 @@ def tune_cmd(
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("clipcore").setLevel(logging.INFO)  # the candidates' figures and the decision
-    console = Console(soft_wrap=True, highlight=False)
+    console = output_console(soft_wrap=True, highlight=False)
     try:
         done = tune(ModelStore(store), ref, device=device, threads=threads or None, precision=precision,
                     seconds=seconds, attempts=attempts, max_batch=max_batch)  # fmt: skip

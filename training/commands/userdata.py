@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from model_store import Manifest, ModelStore
+from model_store.cli_options import output_console
 from model_store.errors import StoreError
 from training.datasets.dataset import InvalidDataset
 from training.options import StoreOpt, set_threads
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # Each command imports torch and its trainer when it runs (training/commands/world.py says why).
 
-console = Console()
+console = output_console()
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Base version in the store: name@alias or name@version.")]
 DataOpt = Annotated[Path, typer.Option("--data", help="A .jsonl file, a .tar WebDataset shard, or a folder of them.")]

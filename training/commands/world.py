@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from model_store import ModelStore
+from model_store.cli_options import output_console
 from model_store.errors import StoreError
 from training.options import StoreOpt, set_threads
 
@@ -24,7 +24,7 @@ from training.options import StoreOpt, set_threads
 
 # soft_wrap: lines are never broken at the width rich assumes for a pipe (80 columns), so a
 # markdown table piped to a file or another program keeps one row per line.
-console = Console(soft_wrap=True)
+console = output_console(soft_wrap=True)
 
 
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
