@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from training.evaluation.userdata.figures import summary_lines
+from training.evaluation.userdata.figures import mean_and_stderr, summary_lines
 
 DATA_PREFIX = "data."  # figures of a user's dataset: data.<dataset>.<figure>
 
@@ -13,7 +13,7 @@ def _cell(metrics: Mapping[str, float], key: str) -> str:
     if key not in metrics:
         return "-"
     err = metrics.get(f"{key}.stderr")
-    return f"{metrics[key]:.3f}" + (f" ± {err:.3f}" if err is not None else "")
+    return mean_and_stderr(metrics[key], err) if err is not None else f"{metrics[key]:.3f}"
 
 
 def metrics_table(metrics: Mapping[str, float], encoders: list[str]) -> str:

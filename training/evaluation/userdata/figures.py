@@ -132,11 +132,20 @@ def figures(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: st
     return sorted(out, key=lambda f: (order.get(f.family, len(order)), f.rank))  # stable: else the eval's order
 
 
+def mean_and_stderr(mean: float, stderr: float) -> str:
+    """``0.843 ± 0.012``: three decimals, more when the standard error is smaller than that shows
+    (``0.8431 ± 0.0003``, not ``± 0.000``): its first significant digit is always printed."""
+    decimals = 3
+    if 0 < stderr < 0.0005 and math.isfinite(stderr):
+        decimals = min(12, -math.floor(math.log10(stderr)))
+    return f"{mean:.{decimals}f} ± {stderr:.{decimals}f}"
+
+
 def cell(metrics: Mapping[str, float], key: str) -> str:
     """``mean ± stderr`` of ``key`` in ``metrics`` (relative or absolute keys alike), ``-`` when absent."""
     if key not in metrics or not math.isfinite(metrics[key]):
         return "-"
-    return f"{metrics[key]:.3f} ± {metrics.get(key + '.stderr', 0.0):.3f}"
+    return mean_and_stderr(metrics[key], metrics.get(key + ".stderr", 0.0))
 
 
 def delta(base: Mapping[str, float], ours: Mapping[str, float], key: str) -> str:
