@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -482,18 +482,15 @@ def endpoint_table(
             r = rate(s, k)
             shares.append(f"{100 * r * per / ceiling:.0f}%" if r is not None and ceiling > 0 else "-")
         lines.append(f"| {s}: % of decode-only ceiling ({processes} proc.) | " + " | ".join(shares) + " |")
-    for s in present:
-        costs = []
-        for k in concurrency:
-            runs = by.get((s, k), [])
-            costs.append(f"{median(c.result.wrk_cpu_ms_per_request for c in runs):.3f}" if runs else "-")
-        lines.append(f"| {s}: wrk CPU ms per request | " + " | ".join(costs) + " |")
-    for s in present:
-        costs = []
-        for k in concurrency:
-            runs = by.get((s, k), [])
-            costs.append(f"{median(c.server_cpu_ms_per_request for c in runs):.2f}" if runs else "-")
-        lines.append(f"| {s}: server CPU ms per answer | " + " | ".join(costs) + " |")
+    costs: list[tuple[str, Callable[[Cell], float], str]] = [
+        ("wrk CPU ms per request", lambda c: c.result.wrk_cpu_ms_per_request, ".3f"),
+        ("server CPU ms per answer", lambda c: c.server_cpu_ms_per_request, ".2f"),
+    ]
+    for label, cost, fmt in costs:
+        for s in present:
+            per_concurrency = [by.get((s, k), []) for k in concurrency]
+            figures = [format(median(cost(c) for c in runs), fmt) if runs else "-" for runs in per_concurrency]
+            lines.append(f"| {s}: {label} | " + " | ".join(figures) + " |")
     for s in present:
         failed = [str(sum(c.result.failed for c in by.get((s, k), []))) for k in concurrency]
         lines.append(f"| {s}: non-2xx + socket errors | " + " | ".join(failed) + " |")
