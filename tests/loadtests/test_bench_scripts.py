@@ -297,11 +297,13 @@ def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_cei
     for endpoint in ("embed", "classify", "rank-pair"):
         rows = {row[0]: row[1:] for row in table_after(out, f"### /{endpoint}:")}
         assert set(rows) == {"torch-fp32", f"torch-fp32: % of decode-only ceiling ({os.cpu_count()} proc.)",
-                             "torch-fp32: wrk CPU ms per request", "torch-fp32: non-2xx + socket errors"}  # fmt: skip
+                             "torch-fp32: wrk CPU ms per request", "torch-fp32: server CPU ms per answer",
+                             "torch-fp32: non-2xx + socket errors"}  # fmt: skip
         (rate,) = rows["torch-fp32"]
         assert float(rate.split(" (")[0]) > 0, (endpoint, rate)
         assert rows["torch-fp32: non-2xx + socket errors"] == ["0"], endpoint
         assert float(rows["torch-fp32: wrk CPU ms per request"][0]) > 0, endpoint
+        assert float(rows["torch-fp32: server CPU ms per answer"][0]) > 0, endpoint
     ((label, idle, after),) = table_after(out, "| server | RSS idle")
     assert label == "torch-fp32" and float(idle) > 50 and float(after) > 50
     record = json.loads((tmp_path / "out.json").read_text())
@@ -313,6 +315,7 @@ def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_cei
         assert cell["req_per_s"] > 0 and cell["ok"] > 0, cell
         assert cell["status_503"] == cell["status_other"] == cell["socket_errors"] == 0, cell
         assert cell["images_per_s"] == pytest.approx(cell["req_per_s"] * cell["images_per_request"])
+        assert cell["server_cpu_ms_per_request"] > 0, cell
 
 
 @pytest.mark.slow
