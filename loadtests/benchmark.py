@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = {"classify": ("/classify", 1), "rank-pair": ("/rank-pair", 2)}  # scenario -> (name, images/request)
 
 
-def publish_random_arch(root: Path, arch: str | Path) -> str:
-    """Publish a random-weights (seed 0) ``arch`` as ``bench@production``; returns its ref. ``arch``:
+def publish_random_arch(root: Path, arch: str | Path, aliases: tuple[str, ...] = ("production",)) -> str:
+    """Publish a random-weights (seed 0) ``arch`` as ``bench`` under ``aliases``; returns its ref. ``arch``:
     an open_clip model name, or the path of an open_clip model config JSON (what ``--arch`` of the
     import command takes: ``clipcore.models.importing.resolve_architecture``)."""
     import torch
@@ -76,7 +76,7 @@ def publish_random_arch(root: Path, arch: str | Path) -> str:
     label = Path(arch).stem if str(arch).endswith(".json") else str(arch)
     trained = TrainedModel(model, architecture, fp16=True, notes=f"random {label} for benchmarks",
                            preprocess=PreprocessConfig.from_manifest(preprocess))  # fmt: skip
-    manifest = publish_bundle(ModelStore(root), "bench", trained, aliases=["production"])
+    manifest = publish_bundle(ModelStore(root), "bench", trained, aliases=list(aliases))
     return f"bench@{manifest.version}"
 
 
