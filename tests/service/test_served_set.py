@@ -158,6 +158,11 @@ def test_a_version_one_model_cannot_load_leaves_the_others_serving(
 
 def test_an_unknown_model_is_a_404_that_lists_the_served_set(two_models: Path, serve_app: Any) -> None:
     with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+        # Ready means the default entry serves; the others may still be loading (then "not loaded").
+        wait_until(
+            lambda: all(m["serving"] for m in httpx.get(f"{running.url}/readyz").json()["models"]),
+            what="every entry of the set loaded",
+        )
         for path, body in (
             ("/embed", {"texts": TEXTS, "model": "gamma"}),
             ("/embed", {"texts": TEXTS, "model": "alpha@staging"}),
