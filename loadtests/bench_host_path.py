@@ -384,23 +384,6 @@ class Cell:
         return 1000 * self.server_cpu_s / self.result.ok if self.result.ok else float("nan")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its descendants so far (what the server spent,
-    whatever else shares the machine: a figure other work moves much less than req/s)."""
-    from loadtests.bench_rss import _children
-
-    ticks, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        todo += _children(p)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def machine() -> dict[str, Any]:
     """The CPU model (lscpu), its vector instruction flags, the cores this process may use."""
     model = "unknown"
@@ -542,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
 
         exe = ensure_infinity(args.infinity_venv)
 
-    from loadtests.bench_rss import settle_rss, tree_rss_mib
+    from loadtests.bench_rss import settle_rss, tree_cpu_s, tree_rss_mib
     from loadtests.benchmark import publish_random_arch
 
     info = machine()

@@ -54,20 +54,40 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_rss_mib(pid: int) -> float:
-    """VmRSS of ``pid`` and every descendant, MiB (0 for a process that has ended)."""
-    total, todo = 0, [pid]
+def _tree_sum(pid: int, read: Callable[[int], float]) -> float:
+    """``read(p)`` summed over ``pid`` and every descendant; a process that has ended counts 0."""
+    total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
         try:
-            status = Path(f"/proc/{p}/status").read_text()
+            total += read(p)
         except OSError:
             continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
         todo += _children(p)
-    return total / 1024
+    return total
+
+
+def _rss_kib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _cpu_ticks(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def tree_rss_mib(pid: int) -> float:
+    """VmRSS of ``pid`` and every descendant, MiB (0 for a process that has ended)."""
+    return _tree_sum(pid, _rss_kib) / 1024
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants so far (what a server spent,
+    whatever else shares the machine: a figure other work moves much less than req/s)."""
+    return _tree_sum(pid, _cpu_ticks) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
