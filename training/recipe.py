@@ -175,8 +175,9 @@ def _yukino(
         items=128 if small else 6000,
         oti_items=32 if small else 1000,
         batch_items=16 if small else 64,
+        oti=OTIConfig(steps=10 if small else OTIConfig.steps),
+        text=text_cfg,
     )
-    oti_cfg = OTIConfig(steps=10 if small else OTIConfig.steps)
 
     def train_text() -> dict[str, torch.Tensor]:
         start = with_state(model, sem_states[text_cfg.start])
@@ -186,11 +187,10 @@ def _yukino(
 
     def train() -> tuple[dict[str, bytes], dict]:
         text_model = with_state(model, text_state)
-        head = train_inverter(model, text_model, cfg, oti_cfg, out_dir=run_dir, log=log, preprocess=preprocess)
+        head = train_inverter(model, text_model, cfg, out_dir=run_dir, log=log, preprocess=preprocess)
         return head.to_files()
 
-    config = {**asdict(cfg), "oti": asdict(oti_cfg), "text": asdict(text_cfg)}
-    files, component = _cached_stage(run_dir / "yukino.pt", config, train, log)
+    files, component = _cached_stage(run_dir / "yukino.pt", asdict(cfg), train, log)
     return text_state, files, component
 
 

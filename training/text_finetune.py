@@ -7,22 +7,21 @@ token-embedding table stays shared with the base, which keeps a variant's file s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
 import torch
 from open_clip.model import CLIP
 
 from clipcore.models.clip_model import is_trainable_text_param
 from training.distributed import average_gradients, is_main
+from training.methods.checkpoint import Checkpoints, Runtime, resumed
 from training.progress import StepProgress
 from training.schedule import lr_at
 
 # One optimisation step's loss for the model being trained, and a short text for the progress bar.
 StepLoss = Callable[[CLIP, int], tuple[torch.Tensor, str]]
+NO_CHECKPOINTS = Checkpoints()
 
 
 def finetune_text_tower(
@@ -31,15 +30,11 @@ def finetune_text_tower(
     *,
     steps: int,
     lr: float,
-    seed: int,
-    device: str,
     label: str,
+    runtime: Runtime,
+    checkpoints: Checkpoints = NO_CHECKPOINTS,
     extra: Sequence[torch.nn.Parameter] = (),
     extra_lr: float | None = None,
-    checkpoint: Path | None = None,
-    checkpoint_every: int = 50,
-    stop_after: int | None = None,
-    amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """AdamW with warm-up and cosine decay; returns the finetuned state dict and the loss every 100 steps.
 
@@ -47,14 +42,13 @@ def finetune_text_tower(
     alongside at ``extra_lr`` (default ``lr``): a head that starts from scratch needs a far larger
     step than a pretrained tower that must not drift.
 
-    ``checkpoint``: the trainable tensors, the optimiser and the step are saved there every
-    ``checkpoint_every`` steps and at the end, and a run finding it resumes from it (the same
-    result as an uninterrupted run when ``step_loss`` draws its batch from the step number).
-    ``stop_after``: end this run after that many steps in all (resume later). ``amp``: the
-    autocast context of the forward passes.
+    ``checkpoints``: the trainable tensors, the extra parameters, the optimiser, the step and the
+    history are saved there, and a run finding them resumes (the same result as an uninterrupted
+    run when ``step_loss`` draws its batch from the step number). ``runtime.amp``: the autocast
+    context of the forward passes.
     """
-    torch.manual_seed(seed)
-    model = copy.deepcopy(base).to(device)
+    torch.manual_seed(runtime.seed)
+    model = copy.deepcopy(base).to(runtime.device)
     model.eval()  # no dropout / BN updates anywhere; gradients still flow
     params = []
     for name, p in model.named_parameters():
@@ -67,8 +61,8 @@ def finetune_text_tower(
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.01)
     history: list[dict[str, float]] = []
     start = 0
-    if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    saved = checkpoints.load()
+    if saved is not None:
         named = dict(model.named_parameters())
         with torch.no_grad():
             for name, value in saved["params"].items():
@@ -77,27 +71,14 @@ def finetune_text_tower(
                 p.copy_(value)
         opt.load_state_dict(saved["optimizer"])
         start, history = int(saved["step"]), list(saved["history"])
+        resumed(label, start, runtime.log)
 
-    def save(step: int) -> None:
-        if checkpoint is None or not is_main():  # ranks hold the same weights: one writes
-            return
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "params": {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad},
-            "extra": [p.detach().cpu() for p in extra],
-            "optimizer": opt.state_dict(),
-            "step": step,
-            "history": history,
-        }
-        torch.save(state, checkpoint.with_suffix(".tmp"))
-        checkpoint.with_suffix(".tmp").replace(checkpoint)
-
-    end = steps if stop_after is None else min(steps, stop_after)
+    end = checkpoints.end(steps)
     with StepProgress(label, total=steps, completed=start, enabled=is_main()) as bar:
         for step in range(start, end):
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, lr=g["base_lr"], steps=steps, warmup_steps=20, warmup="overlap")
-            with amp():
+            with runtime.amp():
                 loss, info = step_loss(model, step)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -107,6 +88,12 @@ def finetune_text_tower(
             bar.update(info=info)
             if (step + 1) % 100 == 0:
                 history.append({"step": step + 1, "loss": loss.item()})
-            if (step + 1) % checkpoint_every == 0 or step + 1 == end:
-                save(step + 1)
+            if checkpoints.due(step + 1, end):
+                checkpoints.save({
+                    "params": {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad},
+                    "extra": [p.detach().cpu() for p in extra],
+                    "optimizer": opt.state_dict(),
+                    "step": step + 1,
+                    "history": history,
+                })  # fmt: skip
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}, history

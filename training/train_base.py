@@ -26,6 +26,7 @@ from training.alignment import AlignmentTargets
 from training.encode import Tokenize
 from training.from_scratch import image_size
 from training.methods import base
+from training.methods.checkpoint import Checkpoints, Runtime
 from training.probes import probe_set, zero_shot_accuracy
 from training.progress import loss_with_chance
 from training.world.captions import random_caption
@@ -33,34 +34,21 @@ from training.world.render import render_batch
 from training.world.scene import Scene, Split, sample_scene
 
 
-@dataclass
-class BaseTrainConfig:
+@dataclass(kw_only=True)
+class BaseTrainConfig(base.Hyper):
+    """The shapes world's base run: ``base.Hyper`` and what the world adds (the scenes it renders,
+    evaluation during training)."""
+
     model_config: dict[str, Any]
-    steps: int = 2000
+    checkpoint_every: int = 200
+    filip_start: int | None = 300
     batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = 60
-    text_freeze_steps: int = 300
-    filip_weight: float = 0.5
-    filip_start: int = 300
-    grad_clip: float = 1.0
     seed: int = 0
     bf16: bool = True
     device: str = "cpu"
     eval_every: int = 250
     eval_scenes: int = 300
-    checkpoint_every: int = 200
     p_two_objects: float = 0.5
-    # Token-to-object mask alignment (see training/alignment.py), from ``align_start`` on.
-    align_weight: float = 0.0
-    align_start: int = 0
-    align_temperature: float = 0.05
-    # Warm-up + cosine over ``schedule_steps`` (default: all steps); from ``phase2_start`` on,
-    # a constant ``phase2_lr_frac * lr`` (the alignment phase).
-    schedule_steps: int | None = None
-    phase2_start: int | None = None
-    phase2_lr_frac: float = 0.1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,13 +71,6 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
     model = build_model(cfg.model_config).to(cfg.device)
     tokenize = Tokenize(model.context_length)
     align_targets = AlignmentTargets(model.context_length)
-    hyper = base.Hyper(
-        steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-        text_freeze_steps=cfg.text_freeze_steps, filip_weight=cfg.filip_weight, filip_start=cfg.filip_start,
-        grad_clip=cfg.grad_clip, checkpoint_every=cfg.checkpoint_every, schedule_steps=cfg.schedule_steps,
-        phase2_start=cfg.phase2_start, phase2_lr_frac=cfg.phase2_lr_frac, align_weight=cfg.align_weight,
-        align_start=cfg.align_start, align_temperature=cfg.align_temperature,
-    )  # fmt: skip
     probes = probe_set(Split.TEST, cfg.seed, cfg.eval_scenes, image_size(cfg.model_config))
     t0 = time.time()
 
@@ -111,8 +92,9 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
     def amp() -> torch.autocast:
         return torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
 
-    result = base.train(model, batches, hyper, device=cfg.device, checkpoint=out_dir / "checkpoint.pt",
-                        record=record, amp=amp, log=log)  # fmt: skip
+    checkpoints = Checkpoints(out_dir / "checkpoint.pt", every=cfg.checkpoint_every)  # resumes with new steps too
+    result = base.train(model, batches, cfg, record=record, checkpoints=checkpoints,
+                        runtime=Runtime(cfg.seed, cfg.device, amp, log))  # fmt: skip
     start, history, contrastive = result.start, result.history, result.contrastive
     if start < cfg.steps:
         log(f"base: final image-text contrastive loss {loss_with_chance(contrastive, cfg.batch_size)}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, FUNCTIONAL_GROUPS, DCSM
 from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from clipcore.models.preprocess import PreprocessConfig
 from training.methods import dcsm
+from training.methods.checkpoint import Checkpoints, Runtime
 from training.progress import StepProgress
 from training.world.hard_negatives import DEFAULT_MIX, HardNegative, hard_negative_set
 from training.world.render import render_batch
@@ -34,14 +35,15 @@ Log = Callable[[str], None]
 
 
 @dataclass
-class DCSMTrainConfig:
+class DCSMTrainConfig(dcsm.Hyper):
+    """DCSM on the shapes world: ``dcsm.Hyper`` and the items the world renders; the schedule's
+    length is ``epochs`` epochs over the items (``steps`` 0) unless ``steps`` is set."""
+
+    steps: int = 0
+    warmup_steps: int = 50
     samples: int = 18000  # training items; each gives two images and two captions
     epochs: int = 12
     batch_size: int = 256  # items per step (2x anchors)
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    warmup_steps: int = 50
-    k_random: int = 2  # random in-batch candidates per anchor and side
     val_samples: int = 400  # TEST items scored after every epoch
     seed: int = 0
     table_seed: int = 0
@@ -139,22 +141,17 @@ def _train(
     )
 
     steps_per_epoch = max(1, cfg.samples // cfg.batch_size)
-    hyper = dcsm.Hyper(steps=steps_per_epoch * cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                       warmup_steps=cfg.warmup_steps, k_random=cfg.k_random)  # fmt: skip
-    start_epoch, history = 0, []
-    resume = None
-    ckpt = out_dir / "dcsm_checkpoint.pt" if out_dir else None
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if state["config"] == config and state["train"] == asdict(cfg):
-            resume = (state["scorer"], state["optimizer"])
-            start_epoch, history = state["epoch"], state["history"]
-            log(f"dcsm: resumed after epoch {start_epoch}")
+    hyper = cfg if cfg.steps else replace(cfg, steps=steps_per_epoch * cfg.epochs)
+    checkpoints = Checkpoints(
+        None if out_dir is None else out_dir / "dcsm_checkpoint.pt",
+        every=steps_per_epoch,
+        settings={"config": config, "train": asdict(cfg)},  # another scorer or other items: start over
+    )
     losses: list[float] = []
     accs: list[float] = []
     t1, c1 = time.time(), time.process_time()
 
-    def after_step(step: int, scorer: DCSMScorer, opt: torch.optim.Optimizer, loss: float, fit: float) -> None:
+    def after_step(step: int, scorer: DCSMScorer, loss: float, fit: float, history: list[dict[str, Any]]) -> None:
         losses.append(loss)
         accs.append(fit)
         epoch, s = divmod(step, steps_per_epoch)
@@ -176,19 +173,6 @@ def _train(
             f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
             + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items())
         )
-        if ckpt is not None:
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {
-                    "scorer": scorer.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "epoch": epoch + 1,
-                    "history": history,
-                    "config": config,
-                    "train": asdict(cfg),
-                },
-                ckpt,
-            )
         losses.clear()
         accs.clear()
 
@@ -197,10 +181,10 @@ def _train(
 
     items = dcsm.in_batch_pairs(train, table, hyper, batch_size=cfg.batch_size, steps_per_epoch=steps_per_epoch,
                                 seed=cfg.seed, device=cfg.device)  # fmt: skip
-    state = dcsm.train(config, items, hyper, seed=cfg.seed, device=cfg.device, start=start_epoch * steps_per_epoch,
-                       resume=resume, after_step=after_step, info=info)  # fmt: skip
+    state, history = dcsm.train(config, items, hyper, runtime=Runtime(cfg.seed, cfg.device, log=log),
+                                checkpoints=checkpoints, after_step=after_step, info=info)  # fmt: skip
     train_seconds, train_cpu = time.time() - t1, time.process_time() - c1
-    log(f"dcsm: trained {cfg.epochs - start_epoch} epochs in {train_seconds:.1f}s ({train_cpu:.1f} CPU s)")
+    log(f"dcsm: trained in {train_seconds:.1f}s ({train_cpu:.1f} CPU s)")
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "dcsm_history.json").write_text(

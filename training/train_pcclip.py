@@ -18,6 +18,7 @@ from open_clip.model import CLIP
 from clipcore.models.preprocess import PreprocessConfig
 from training.encode import Tokenize, encode_images
 from training.methods import pcclip
+from training.methods.checkpoint import Checkpoints, Runtime
 from training.world.captions import random_caption
 from training.world.differences import sample_difference_pair
 from training.world.render import render_batch
@@ -25,18 +26,17 @@ from training.world.scene import Split
 
 
 @dataclass
-class PCClipConfig:
-    pairs: int = 12000
+class PCClipConfig(pcclip.Hyper):
+    """PC-CLIP on the shapes world: ``pcclip.Hyper`` and the pairs the world renders."""
+
     steps: int = 500
-    batch_size: int = 128
     lr: float = 2e-4
-    temperature: float = 0.1
-    loss: str = "contrastive"  # or "mse"
-    caption_weight: float = 0.3
+    pairs: int = 12000
+    batch_size: int = 128
     fine_size_fraction: float = 0.5  # pairs of one size class that differ in radius
-    ensemble_weight: float = 1.0  # w * finetuned + (1 - w) * base
     seed: int = 0
     device: str = "cpu"
+    checkpoint_every: int = 100
 
 
 def difference_dataset(cfg: PCClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
@@ -63,22 +63,23 @@ def train_pcclip(
     preprocess: PreprocessConfig,  # noqa: ANN001
 ) -> dict[str, torch.Tensor]:
     """Returns the finetuned model's state dict (text tower changed, image tower untouched).
-    ``preprocess``: the base version's (its manifest's, or what a new base is published with)."""
+    ``preprocess``: the base version's (its manifest's, or what a new base is published with).
+    With ``out_dir`` the run checkpoints there and resumes from it."""
     t0 = time.time()
     data = difference_dataset(cfg, base.to(cfg.device), preprocess)
     log(f"pcclip: {cfg.pairs} pairs embedded in {time.time() - t0:.1f}s")
-    rng = np.random.default_rng([cfg.seed, 9])
 
     def batches(step: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([cfg.seed, step, 9])  # from the step: a resumed run sees the same batches
         idx = rng.choice(cfg.pairs, size=cfg.batch_size, replace=False)
         return idx, idx  # the caption term reads each pair's first image and its caption
 
-    hyper = pcclip.Hyper(steps=cfg.steps, lr=cfg.lr, temperature=cfg.temperature, loss=cfg.loss,
-                         caption_weight=cfg.caption_weight, ensemble_weight=cfg.ensemble_weight)  # fmt: skip
     features = pcclip.DifferenceData(data["g1"], data["g2"], data["texts"], data["g1"], data["captions"])
     scale = float(base.logit_scale.exp().clamp(max=100).item())
-    state, history = pcclip.train(base, features, batches, hyper, tokenize=Tokenize(base.context_length), scale=scale,
-                                  seed=cfg.seed, device=cfg.device, log=log)  # fmt: skip
+    path = None if out_dir is None else out_dir / "pcclip.checkpoint.pt"
+    checkpoints = Checkpoints(path, every=cfg.checkpoint_every, settings=asdict(cfg))
+    state, history = pcclip.train(base, features, batches, cfg, tokenize=Tokenize(base.context_length), scale=scale,
+                                  runtime=Runtime(cfg.seed, cfg.device, log=log), checkpoints=checkpoints)  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "pcclip_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}, indent=2))

@@ -17,6 +17,7 @@ from open_clip.model import CLIP
 from clipcore.models.preprocess import PreprocessConfig
 from training.encode import Tokenize, encode_images
 from training.methods import semclip
+from training.methods.checkpoint import Checkpoints, Runtime
 from training.world.render import render_batch
 from training.world.scene import Split
 from training.world.semantic import triplet_set
@@ -30,17 +31,16 @@ VARIANT_WEIGHTS: dict[str, tuple[float, float, float]] = {
 
 
 @dataclass
-class SemClipConfig:
-    scenes: int = 12000
+class SemClipConfig(semclip.Hyper):
+    """SemCLIP on the shapes world: ``semclip.Hyper`` and the scenes the world renders."""
+
     steps: int = 600
-    batch_size: int = 128
     lr: float = 2e-4
-    weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    directions: int = 2
-    normalise: bool = True
-    negatives_in_clip: bool = True
+    scenes: int = 12000
+    batch_size: int = 128
     seed: int = 0
     device: str = "cpu"
+    checkpoint_every: int = 100
 
 
 def triplet_dataset(cfg: SemClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
@@ -64,22 +64,23 @@ def train_semclip(
     preprocess: PreprocessConfig,
 ) -> dict[str, torch.Tensor]:
     """Returns the finetuned state dict (text tower changed). ``data`` from ``triplet_dataset``
-    may be passed to share it between variants; ``preprocess``: the base version's."""
+    may be passed to share it between variants; ``preprocess``: the base version's. With ``out_dir``
+    the run checkpoints there and resumes from it."""
     if data is None:
         t0 = time.time()
         data = triplet_dataset(cfg, base.to(cfg.device), preprocess)
         log(f"semclip: {cfg.scenes} caption triplets embedded in {time.time() - t0:.1f}s")
-    rng = np.random.default_rng([cfg.seed, 31])
 
-    def rows(step: int) -> np.ndarray:
-        return rng.choice(len(data["original"]), size=cfg.batch_size, replace=False)
+    def rows(step: int) -> np.ndarray:  # from the step: a resumed run sees the same batches
+        return np.random.default_rng([cfg.seed, step, 31]).choice(len(data["original"]), size=cfg.batch_size,
+                                                                  replace=False)  # fmt: skip
 
-    hyper = semclip.Hyper(steps=cfg.steps, lr=cfg.lr, weights=cfg.weights, directions=cfg.directions,
-                          normalise=cfg.normalise, negatives_in_clip=cfg.negatives_in_clip)  # fmt: skip
     triplets = semclip.TripletData(data["images"], data["original"], data["paraphrase"], data["negation"])
     scale = float(base.logit_scale.exp().clamp(max=100).item())
-    state, history = semclip.train(base, triplets, rows, hyper, tokenize=Tokenize(base.context_length), scale=scale,
-                                   seed=cfg.seed, device=cfg.device)  # fmt: skip
+    path = None if out_dir is None else out_dir / "semclip.checkpoint.pt"
+    checkpoints = Checkpoints(path, every=cfg.checkpoint_every, settings=asdict(cfg))
+    state, history = semclip.train(base, triplets, rows, cfg, tokenize=Tokenize(base.context_length), scale=scale,
+                                   runtime=Runtime(cfg.seed, cfg.device, log=log), checkpoints=checkpoints)  # fmt: skip
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "semclip_history.json").write_text(json.dumps({"config": asdict(cfg), "history": history}))

@@ -21,6 +21,7 @@ from model_store import ModelStore
 from training.cli import app
 from training.derive import DerivedParts, publish_derived
 from training.feature_cache import tower_key
+from training.methods.yukino import OTIHyper, TextHyper
 from training.userdata.context import RunContext
 from training.userdata.demo_data import write_user_dataset
 from training.userdata.pcclip import PCClipRun, run_pcclip
@@ -125,11 +126,21 @@ def test_semclip_and_yukino_publish_versions_that_keep_the_base(user_data: Path,
     assert set(bundle.text_models) == {"base", "pcclip", "semclip"}  # the base's pcclip kept
     yukino = run_yukino(
         context(store, user_data, tmp_path, "y", model=semclip.ref),
-        YukinoRun(steps=3, batch_size=8, width=32, text_encoder="semclip"),
+        YukinoRun(
+            steps=3,
+            batch_size=8,
+            width=32,
+            text_encoder="semclip",
+            oti_items=4,
+            oti=OTIHyper(steps=2),
+            text=TextHyper(steps=3),
+        ),  # fmt: skip
     )
     assert yukino is not None
     loaded = ModelBundle.load(ModelStore(store), yukino.ref)
-    assert loaded.yukino is not None and loaded.yukino.text_encoder == "semclip"
+    # The full method: a text variant finetuned from semclip, and the inverter inverting into it.
+    assert loaded.yukino is not None and loaded.yukino.text_encoder == "yukino"
+    assert set(loaded.text_models) == {"base", "pcclip", "semclip", "yukino"}
     pixels = np.zeros((2, loaded.image_size, loaded.image_size, 3), dtype=np.uint8)
     assert loaded.yukino_prompts(pixels).shape == (2, 2, loaded.embed_dim)
 

@@ -8,17 +8,23 @@ that keeps the base's parts and adds its own. The work itself is in ``training.u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from model_store import Manifest, ModelStore
 from model_store.cli_options import output_console
 from model_store.errors import StoreError
+from training.commands.configured import ConfigError, FlagSpec, configured_command
 from training.datasets.dataset import InvalidDataset
-from training.options import StoreOpt, set_threads
+from training.options import DEFAULT_STORE, StoreOpt, set_threads
+
+# The run configurations are torch-free dataclasses; the trainers are imported when a command runs.
+from training.userdata.settings import ComparativesRun, DCSMRun, PCClipRun, SemClipRun, YukinoRun
 
 if TYPE_CHECKING:
     from training.userdata.context import RunContext
@@ -27,67 +33,105 @@ if TYPE_CHECKING:
 
 console = output_console()
 
-ModelOpt = Annotated[str, typer.Option("--model", help="Base version in the store: name@alias or name@version.")]
-DataOpt = Annotated[Path, typer.Option("--data", help="A .jsonl file, a .tar WebDataset shard, or a folder of them.")]
-LabelsOpt = Annotated[
-    Path | None, typer.Option("--labels", help="Label set (JSON); default: labels.json beside the data.")
-]
-NameOpt = Annotated[str | None, typer.Option("--name", help="Model name to publish under (default: the base's).")]
-AliasOpt = Annotated[list[str] | None, typer.Option("--alias", help="Aliases to point at the new version.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")]
-PrecisionOpt = Annotated[
-    str, typer.Option("--precision", help="auto (bf16/fp16 autocast on CUDA, fp32 on CPU), fp32, bf16 or fp16.")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (batches, initialisation, generated texts).")]
-StepsOpt = Annotated[int, typer.Option("--steps", help="Optimisation steps.")]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Items per step.")]
-LrOpt = Annotated[float, typer.Option("--lr", help="Peak learning rate (warm-up, then cosine decay).")]
-RunDirOpt = Annotated[
-    Path | None, typer.Option("--run-dir", help="Checkpoints and caches of this run (default: runs/<command>).")
-]
-ResumeOpt = Annotated[
-    bool, typer.Option("--resume/--restart", help="Continue from the run directory's checkpoint, or start over.")
-]
-StopAfterOpt = Annotated[
-    int | None, typer.Option("--stop-after", help="End this run after N steps in all (resume later); publish nothing.")
-]
-ThreadsOpt = Annotated[
-    int, typer.Option("--threads", help="torch intra-op threads (0: torch's default; 1 on a shared or small CPU).")
-]
-CacheOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--feature-cache", envvar="CLIP_FEATURE_CACHE", help="Frozen image features (default ~/.cache/clip-train)."
-    ),
-]
+
+@dataclass
+class RunOptions:
+    """What every method command needs besides the method's settings: the base, the data, where
+    to publish, the machine, and the run directory."""
+
+    model: str | None = None  # required: from the flag or the config file
+    data: Path | None = None  # required
+    labels: Path | None = None
+    store: str = DEFAULT_STORE
+    name: str | None = None
+    alias: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    precision: str = "auto"
+    seed: int = 0
+    run_dir: Path | None = None
+    resume: bool = True
+    feature_cache: Path | None = None
+    threads: int = 0
+
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(self.alias)
 
 
-def open_context(
-    command: str,
-    store: str,
-    model: str,
-    data: Path,
-    labels: Path | None,
-    run_dir: Path | None,
-    resume: bool,
-    cache: Path | None,
-    device: str,
-    precision: str,
-    seed: int,
-) -> RunContext:
+FLAGS: dict[str, FlagSpec] = {
+    "model": FlagSpec("Base version in the store: name@alias or name@version (required).", ("--model",)),
+    "data": FlagSpec("A .jsonl file, a .tar WebDataset shard, or a folder of them (required).", ("--data",)),
+    "labels": FlagSpec("Label set (JSON); default: labels.json beside the data."),
+    "store": FlagSpec("", annotation=StoreOpt),
+    "name": FlagSpec("Model name to publish under (default: the base's)."),
+    "alias": FlagSpec("Aliases to point at the new version."),
+    "device": FlagSpec("cpu, cuda or cuda:N."),
+    "precision": FlagSpec("auto (bf16/fp16 autocast on CUDA, fp32 on CPU), fp32, bf16 or fp16."),
+    "seed": FlagSpec("Random seed (batches, initialisation, generated texts)."),
+    "run_dir": FlagSpec("Checkpoints and caches of this run (default: runs/<command>)."),
+    "resume": FlagSpec("Continue from the run directory's checkpoint, or start over.", ("--resume/--restart",)),
+    "feature_cache": FlagSpec("Frozen image features (default ~/.cache/clip-train).", envvar="CLIP_FEATURE_CACHE"),
+    "threads": FlagSpec("torch intra-op threads (0: torch's default; 1 on a shared or small CPU)."),
+    # The methods' settings (their Hyper and what a user's data adds).
+    "steps": FlagSpec("Optimisation steps."),
+    "batch_size": FlagSpec("Items per step."),
+    "lr": FlagSpec("Peak learning rate (warm-up, then cosine decay)."),
+    "checkpoint_every": FlagSpec("Steps between checkpoints."),
+    "stop_after": FlagSpec("End this run after N steps in all (resume later); publish nothing."),
+    "temperature": FlagSpec("Difference-loss temperature."),
+    "loss": FlagSpec("Difference loss: contrastive or mse."),
+    "caption_weight": FlagSpec("Weight of the image-caption loss that keeps zero-shot."),
+    "generated_pairs": FlagSpec("Pairs with generated difference texts from labels."),
+    "ensemble_weight": FlagSpec("w * finetuned + (1 - w) * base."),
+    "make_default": FlagSpec("Make pcclip the version's default text encoder."),
+    "weight_decay": FlagSpec("AdamW weight decay."),
+    "warmup_steps": FlagSpec("Learning-rate warm-up steps."),
+    "k_random": FlagSpec("Other items' captions per image and other images per caption."),
+    "channels": FlagSpec("Scorer conv channels."),
+    "hidden": FlagSpec("Scorer head width."),
+    "table_seed": FlagSpec("Seed of the functional-word row table."),
+    "directions": FlagSpec("Random projection directions of the SemCLIP loss."),
+    "normalise": FlagSpec("Normalise the projected features in the SemCLIP loss."),
+    "negatives_in_clip": FlagSpec("Use the negations as extra negatives in the CLIP term."),
+    "width": FlagSpec("Inverter hidden width."),
+    "scale": FlagSpec("Logit scale of the matching loss."),
+    "distill_weight": FlagSpec("Weight of the distillation toward OTI's tokens (0: no OTI)."),
+    "oti_items": FlagSpec("Images OTI teaches the inverter on (0: no OTI)."),
+    "text_encoder": FlagSpec("Text encoder the text finetune starts from (default: the base's)."),
+    "pairs": FlagSpec("Most-confused label pairs to write comparatives for."),
+    "generator": FlagSpec("template (from label attributes) or llm."),
+    "llm_base_url": FlagSpec("OpenAI-compatible API root, e.g. http://host/v1."),
+    "llm_model": FlagSpec("Model name the endpoint serves."),
+    "llm_key_env": FlagSpec("Environment variable holding the API key."),
+    "llm_samples": FlagSpec("Answers asked per ordered pair."),
+    "split": FlagSpec("Split whose labelled images calibrate (train, val or test)."),
+}
+
+
+def config_error(exc: ConfigError) -> None:
+    console.print(f"[red]{exc}[/red]", markup=False)
+    raise typer.Exit(1)
+
+
+def open_context(command: str, options: RunOptions) -> RunContext:
     """Validate the data and load the base; exit 1 with every problem listed when the data is bad."""
     from training import distributed
     from training.userdata.context import RunContext
 
-    directory = run_dir or Path("runs") / command
-    if not resume:
-        for old in directory.glob(f"{command}.checkpoint.pt"):
+    if options.model is None or options.data is None:
+        missing = " and ".join(f"--{k}" for k in ("model", "data") if getattr(options, k) is None)
+        config_error(ConfigError(f'{missing} (or the config file\'s "model" / "data") is required'))
+    assert options.model is not None and options.data is not None
+    set_threads(options.threads)
+    directory = options.run_dir or Path("runs") / command
+    if not options.resume:
+        for old in directory.glob(f"{command}*.checkpoint.pt"):
             old.unlink()
     try:
-        _, device = distributed.setup(device)  # under torchrun: join the ranks (gloo / NCCL)
+        _, device = distributed.setup(options.device)  # under torchrun: join the ranks (gloo / NCCL)
         return RunContext.open(
-            ModelStore(store), model, data, labels=labels, run_dir=directory, cache_dir=cache, device=device,
-            precision=precision, seed=seed, log=console.print,  # type: ignore[arg-type]
+            ModelStore(options.store), options.model, options.data, labels=options.labels, run_dir=directory,
+            cache_dir=options.feature_cache, device=device, precision=options.precision,  # type: ignore[arg-type]
+            seed=options.seed, log=console.print,
         )  # fmt: skip
     except InvalidDataset as exc:
         report_problems(exc)
@@ -95,6 +139,13 @@ def open_context(
     except (ValueError, StoreError) as exc:  # an unknown model or device: say which, no traceback
         console.print(f"[red]{exc}[/red]", markup=False)
         raise typer.Exit(1) from None
+
+
+def save_settings(ctx: RunContext, command: str, options: RunOptions, cfg: Any) -> None:
+    """The run's resolved settings beside its checkpoints (``--config`` reads this file back)."""
+    settings = {**asdict(options), **asdict(cfg)}
+    path = ctx.run_dir / f"{command}.config.json"
+    path.write_text(json.dumps(settings, indent=2, default=str) + "\n")
 
 
 def report_problems(exc: InvalidDataset) -> None:
@@ -127,115 +178,68 @@ def _aliases(alias: list[str] | None) -> tuple[str, ...]:
     return tuple(alias or ())
 
 
-def pcclip_cmd(
-    model: ModelOpt, data: DataOpt, labels: LabelsOpt = None, store: StoreOpt = "models", name: NameOpt = None,
-    alias: AliasOpt = None, device: DeviceOpt = "cpu", precision: PrecisionOpt = "auto", seed: SeedOpt = 0,
-    steps: StepsOpt = 300, batch_size: BatchOpt = 64, lr: LrOpt = 1e-4,
-    temperature: Annotated[float, typer.Option(help="Difference-loss temperature.")] = 0.1,
-    caption_weight: Annotated[float, typer.Option(help="Weight of the image-caption loss that keeps zero-shot.")] = 0.3,
-    generated_pairs: Annotated[int, typer.Option(help="Pairs with generated difference texts from labels.")] = 2000,
-    ensemble_weight: Annotated[float, typer.Option(help="w * finetuned + (1 - w) * base.")] = 1.0,
-    make_default: Annotated[bool, typer.Option(help="Make pcclip the version's default text encoder.")] = True,
-    run_dir: RunDirOpt = None, resume: ResumeOpt = True, stop_after: StopAfterOpt = None,
-    feature_cache: CacheOpt = None, threads: ThreadsOpt = 0,
-) -> None:  # fmt: skip
+def pcclip(options: RunOptions, cfg: PCClipRun) -> None:
     """PC-CLIP: finetune the text tower on difference texts (yours, or generated from labels)."""
-    from training.userdata.pcclip import PCClipRun, run_pcclip
+    from training.userdata.pcclip import run_pcclip
 
-    set_threads(threads)
-    ctx = open_context("pcclip", store, model, data, labels, run_dir, resume, feature_cache, device, precision, seed)
-    cfg = PCClipRun(steps=steps, batch_size=batch_size, lr=lr, temperature=temperature, caption_weight=caption_weight,
-                    generated_pairs=generated_pairs, ensemble_weight=ensemble_weight, make_default=make_default,
-                    stop_after=stop_after)  # fmt: skip
-    finish(lambda: run_pcclip(ctx, cfg, name=name, aliases=_aliases(alias)), _aliases(alias))
+    ctx = open_context("pcclip", options)
+    save_settings(ctx, "pcclip", options, cfg)
+    finish(lambda: run_pcclip(ctx, cfg, name=options.name, aliases=options.aliases()), options.aliases())
 
 
-def dcsm_cmd(
-    model: ModelOpt, data: DataOpt, labels: LabelsOpt = None, store: StoreOpt = "models", name: NameOpt = None,
-    alias: AliasOpt = None, device: DeviceOpt = "cpu", precision: PrecisionOpt = "auto", seed: SeedOpt = 0,
-    steps: StepsOpt = 600, batch_size: BatchOpt = 32, lr: LrOpt = 2e-3,
-    channels: Annotated[int, typer.Option(help="Scorer conv channels.")] = 32,
-    hidden: Annotated[int, typer.Option(help="Scorer head width.")] = 128,
-    run_dir: RunDirOpt = None, resume: ResumeOpt = True, stop_after: StopAfterOpt = None,
-    feature_cache: CacheOpt = None, threads: ThreadsOpt = 0,
-) -> None:  # fmt: skip
+def dcsm(options: RunOptions, cfg: DCSMRun) -> None:
     """DCSM: train a dense scorer on captions and hard negatives (yours, or generated by rule)."""
-    from training.userdata.dcsm import DCSMRun, run_dcsm
+    from training.userdata.dcsm import run_dcsm
 
-    set_threads(threads)
-    ctx = open_context("dcsm", store, model, data, labels, run_dir, resume, feature_cache, device, precision, seed)
-    cfg = DCSMRun(steps=steps, batch_size=batch_size, lr=lr, channels=channels, hidden=hidden, stop_after=stop_after)
-    finish(lambda: run_dcsm(ctx, cfg, name=name, aliases=_aliases(alias)), _aliases(alias))
+    ctx = open_context("dcsm", options)
+    save_settings(ctx, "dcsm", options, cfg)
+    finish(lambda: run_dcsm(ctx, cfg, name=options.name, aliases=options.aliases()), options.aliases())
 
 
-def semclip_cmd(
-    model: ModelOpt, data: DataOpt, labels: LabelsOpt = None, store: StoreOpt = "models", name: NameOpt = None,
-    alias: AliasOpt = None, device: DeviceOpt = "cpu", precision: PrecisionOpt = "auto", seed: SeedOpt = 0,
-    steps: StepsOpt = 300, batch_size: BatchOpt = 64, lr: LrOpt = 1e-4,
-    run_dir: RunDirOpt = None, resume: ResumeOpt = True, stop_after: StopAfterOpt = None,
-    feature_cache: CacheOpt = None, threads: ThreadsOpt = 0,
-) -> None:  # fmt: skip
+def semclip(options: RunOptions, cfg: SemClipRun) -> None:
     """SemCLIP: finetune the text tower so paraphrases agree and negations part (both generated)."""
-    from training.userdata.semclip import SemClipRun, run_semclip
+    from training.userdata.semclip import run_semclip
 
-    set_threads(threads)
-    ctx = open_context("semclip", store, model, data, labels, run_dir, resume, feature_cache, device, precision, seed)
-    cfg = SemClipRun(steps=steps, batch_size=batch_size, lr=lr, stop_after=stop_after)
-    finish(lambda: run_semclip(ctx, cfg, name=name, aliases=_aliases(alias)), _aliases(alias))
-
-
-def yukino_cmd(
-    model: ModelOpt, data: DataOpt, labels: LabelsOpt = None, store: StoreOpt = "models", name: NameOpt = None,
-    alias: AliasOpt = None, device: DeviceOpt = "cpu", precision: PrecisionOpt = "auto", seed: SeedOpt = 0,
-    steps: StepsOpt = 500, batch_size: BatchOpt = 64, lr: LrOpt = 3e-4,
-    text_encoder: Annotated[str | None, typer.Option(help="Text encoder to invert into (default: the base's).")] = None,
-    run_dir: RunDirOpt = None, resume: ResumeOpt = True, stop_after: StopAfterOpt = None,
-    feature_cache: CacheOpt = None, threads: ThreadsOpt = 0,
-) -> None:  # fmt: skip
-    """YUKINO: train the image-to-pseudo-token inverter on your captions."""
-    from training.userdata.yukino import YukinoRun, run_yukino
-
-    set_threads(threads)
-    ctx = open_context("yukino", store, model, data, labels, run_dir, resume, feature_cache, device, precision, seed)
-    cfg = YukinoRun(steps=steps, batch_size=batch_size, lr=lr, text_encoder=text_encoder, stop_after=stop_after)
-    finish(lambda: run_yukino(ctx, cfg, name=name, aliases=_aliases(alias)), _aliases(alias))
+    ctx = open_context("semclip", options)
+    save_settings(ctx, "semclip", options, cfg)
+    finish(lambda: run_semclip(ctx, cfg, name=options.name, aliases=options.aliases()), options.aliases())
 
 
-def comparatives_cmd(
-    model: ModelOpt, data: DataOpt, labels: LabelsOpt = None, store: StoreOpt = "models", name: NameOpt = None,
-    alias: AliasOpt = None, device: DeviceOpt = "cpu", precision: PrecisionOpt = "auto", seed: SeedOpt = 0,
-    pairs: Annotated[int, typer.Option(help="Most-confused label pairs to write comparatives for.")] = 3,
-    generator: Annotated[str, typer.Option(help="template (from label attributes) or llm.")] = "template",
-    llm_base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible API root, e.g. http://host/v1.")] = None,
-    llm_model: Annotated[str | None, typer.Option(help="Model name the endpoint serves.")] = None,
-    llm_key_env: Annotated[str, typer.Option(help="Environment variable holding the API key.")] = "OPENAI_API_KEY",
-    llm_samples: Annotated[int, typer.Option(help="Answers asked per ordered pair.")] = 3,
-    run_dir: RunDirOpt = None, feature_cache: CacheOpt = None, threads: ThreadsOpt = 0,
-) -> None:  # fmt: skip
+def yukino(options: RunOptions, cfg: YukinoRun) -> None:
+    """YUKINO: finetune a text variant, teach the image-to-pseudo-token inverter with OTI, train it on your captions."""
+    from training.userdata.yukino import run_yukino
+
+    ctx = open_context("yukino", options)
+    save_settings(ctx, "yukino", options, cfg)
+    finish(lambda: run_yukino(ctx, cfg, name=options.name, aliases=options.aliases()), options.aliases())
+
+
+def comparatives(options: RunOptions, cfg: ComparativesRun) -> None:
     """Comparatives: find the label pairs the model confuses, write texts for them into a new version."""
-    from training.userdata.comparatives import ComparativesRun, run_comparatives
+    from training.userdata.comparatives import run_comparatives
 
-    set_threads(threads)
-    ctx = open_context(
-        "comparatives", store, model, data, labels, run_dir, True, feature_cache, device, precision, seed
-    )
-    cfg = ComparativesRun(pairs=pairs, generator=generator, llm_base_url=llm_base_url, llm_model=llm_model,
-                          llm_key_env=llm_key_env, llm_samples=llm_samples)  # fmt: skip
-    aliases = _aliases(alias)
-    finish(lambda: run_comparatives(ctx, cfg, llm_cache=ctx.run_dir / "llm-cache", name=name, aliases=aliases)[0],
-           aliases)  # fmt: skip
+    ctx = open_context("comparatives", options)
+    save_settings(ctx, "comparatives", options, cfg)
+    aliases = options.aliases()
+    finish(lambda: run_comparatives(ctx, cfg, llm_cache=ctx.run_dir / "llm-cache", name=options.name,
+                                    aliases=aliases)[0], aliases)  # fmt: skip
+
+
+# Each method's run configuration: its Hyper and what a user's data adds (training.userdata.<method>).
+METHODS: dict[str, tuple[Callable[..., None], type]] = {
+    "pcclip": (pcclip, PCClipRun),
+    "dcsm": (dcsm, DCSMRun),
+    "semclip": (semclip, SemClipRun),
+    "yukino": (yukino, YukinoRun),
+    "comparatives": (comparatives, ComparativesRun),
+}
 
 
 def register(app: typer.Typer) -> None:
-    """Add the per-method commands to ``clip-train``."""
-    commands: dict[str, Callable[..., Any]] = {
-        "pcclip": pcclip_cmd,
-        "dcsm": dcsm_cmd,
-        "semclip": semclip_cmd,
-        "yukino": yukino_cmd,
-        "comparatives": comparatives_cmd,
-    }
-    for command, fn in commands.items():
+    """Add the per-method commands to ``clip-train``: flags generated from ``RunOptions`` and the
+    method's run configuration, and ``--config FILE``."""
+    for command, (run, cfg_class) in METHODS.items():
+        fn = configured_command((RunOptions, cfg_class), FLAGS, run, config_error, run.__doc__ or "")
         app.command(command)(fn)
 
 

@@ -4,49 +4,28 @@ The recipe (see docs/model_card.md for why each piece is there): AdamW with warm
 the text tower frozen at its random initialisation for the first ``text_freeze_steps`` (random
 text embeddings act as fixed class targets and break the contrastive plateau), a FILIP-style
 token-level term from ``filip_start`` on, an optional token-to-object mask alignment term (the
-shapes world knows where each object is), autocast, gradient clipping and checkpoints every
-``checkpoint_every`` steps and at the last step. The step loss is
+shapes world knows where each object is), autocast, gradient clipping and checkpoints
+(``training.methods.checkpoint``: the model, the optimiser, the step and the history). The step loss is
 ``training.from_scratch.image_text_loss``; a data source gives each step's batch from the step
 number (so a resumed run sees the same batches) and records what it keeps of each step.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from clipcore.methods.losses import mask_alignment_loss
 from training.from_scratch import image_text_loss, param_groups, set_text_trainable
+from training.methods.checkpoint import Checkpoints, Runtime, resumed
+from training.methods.hyper import BaseHyper
 from training.progress import StepProgress
 from training.schedule import lr_at
 
-
-@dataclass
-class Hyper:
-    """Base training's own hyperparameters (every data source's config has them)."""
-
-    steps: int
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    text_freeze_steps: int
-    filip_weight: float  # 0: no token-level term
-    filip_start: int
-    grad_clip: float
-    checkpoint_every: int
-    # Warm-up + cosine over ``schedule_steps`` (default: all steps); from ``phase2_start`` on,
-    # a constant ``phase2_lr_frac * lr``.
-    schedule_steps: int | None = None
-    phase2_start: int | None = None
-    phase2_lr_frac: float = 0.1
-    align_weight: float = 0.0  # token-to-object mask alignment from ``align_start`` on
-    align_start: int = 0
-    align_temperature: float = 0.05
+Hyper = BaseHyper  # the method's hyperparameters (``training.methods.hyper``)
 
 
 Alignment = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rows, cols, targets
@@ -85,25 +64,23 @@ def train(
     batches: Batches,
     hyper: Hyper,
     *,
-    device: str,
-    checkpoint: Path,
     record: Record,
-    end: int | None = None,
-    amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-    log: Callable[[str], None] = print,
+    checkpoints: Checkpoints,
+    runtime: Runtime,
 ) -> Result:
-    """Train ``model`` in place for steps up to ``end`` (default ``hyper.steps``), resuming from
-    ``checkpoint`` when it exists."""
+    """Train ``model`` in place up to ``checkpoints.end(hyper.steps)``, resuming from its checkpoint."""
+    device = runtime.device
     opt = torch.optim.AdamW(param_groups(model, hyper.weight_decay), lr=hyper.lr, betas=(0.9, 0.98), eps=1e-6)
     start: int = 0
     history: list[dict[str, Any]] = []
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=device, weights_only=False)
+    saved = checkpoints.load()
+    if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         start, history = int(saved["step"]), list(saved["history"])
-        log(f"base: resumed from step {start}")
-    end = hyper.steps if end is None else end
+        resumed("base", start, runtime.log)
+    end = checkpoints.end(hyper.steps)
+    filip_start = hyper.text_freeze_steps if hyper.filip_start is None else hyper.filip_start
     contrastive = float("nan")
     with StepProgress("base", total=hyper.steps, completed=start) as bar:
         for step in range(start, end):
@@ -115,9 +92,9 @@ def train(
                                 warmup_steps=hyper.warmup_steps, phase2_start=hyper.phase2_start,
                                 phase2_lr_frac=hyper.phase2_lr_frac)  # fmt: skip
             images, tokens = batch.images.to(device), batch.tokens.to(device)
-            use_filip = hyper.filip_weight > 0 and step >= hyper.filip_start
+            use_filip = hyper.filip_weight > 0 and step >= filip_start
             use_align = hyper.align_weight > 0 and step >= hyper.align_start and batch.alignment is not None
-            with amp():
+            with runtime.amp():
                 loss, contrastive, img_tok, txt_tok = image_text_loss(
                     model,
                     images,
@@ -139,8 +116,7 @@ def train(
             opt.step()
             done = step + 1
             bar.update(info=record(done, model, loss.item(), history))
-            if done % hyper.checkpoint_every == 0 or done == end:
-                state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "history": history}
-                torch.save(state, checkpoint.with_suffix(".tmp"))
-                checkpoint.with_suffix(".tmp").replace(checkpoint)
+            if checkpoints.due(done, end):
+                checkpoints.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done,
+                                  "history": history})  # fmt: skip
     return Result(start, history, contrastive)

@@ -8,7 +8,8 @@ different hard negatives:
 - ``in_batch_pairs`` (the shapes world): every hard-negative caption comes with an image it is
   true of (the scene with the edit applied), so an item is two anchors, image/caption and hard
   negative image/caption, and each anchor's hard negative is the other anchor
-  (``dcsm_batch_loss``). Batches are epochs over a fixed permutation.
+  (``dcsm_batch_loss``). Batches are epochs over a permutation seeded by the epoch, and each
+  step's random candidates and dropout come from (seed, step), so a run resumes at any step.
 - ``caption_negatives`` (a user's data): hard negatives are captions only (written ``negatives``
   records, rule-based edits, other labels), possibly several per caption and no image of them,
   so every image is scored against its caption, one of its negatives drawn per step and other
@@ -30,19 +31,12 @@ import torch
 from clipcore.methods.dcsm import DEFAULT_SCORER_CONFIG, DCSMScorer, dcsm_scores, prepare_maps
 from clipcore.methods.losses import dcsm_batch_loss, dcsm_caption_negatives_loss
 from clipcore.models.dense import DenseEncoder
+from training.methods.checkpoint import Checkpoints, Runtime, resumed
+from training.methods.hyper import DCSMHyper
 from training.progress import StepProgress
 from training.schedule import lr_at
 
-
-@dataclass
-class Hyper:
-    """DCSM's own hyperparameters (every data source's config has them)."""
-
-    steps: int  # the schedule's length
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    k_random: int  # random in-batch candidates per anchor and side
+Hyper = DCSMHyper  # the method's hyperparameters (``training.methods.hyper``)
 
 
 @dataclass
@@ -138,16 +132,17 @@ def in_batch_pairs(
     """Epochs over a permutation of the items seeded by the epoch (a resumed epoch sees the same
     batches); each item is two anchors, each the other's hard negative."""
     n = len(items.kinds)
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.empty(0, dtype=torch.long)
+    orders: dict[int, torch.Tensor] = {}  # the current epoch's permutation
 
     def step_loss(scorer: DCSMScorer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        nonlocal order
         epoch, s = divmod(step, steps_per_epoch)
-        if s == 0:
-            gen.manual_seed(seed * 1000 + epoch)
-            order = torch.randperm(n, generator=gen)
-        rows = order[s * batch_size : (s + 1) * batch_size]
+        if epoch not in orders:
+            orders.clear()
+            orders[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        rows = orders[epoch][s * batch_size : (s + 1) * batch_size]
+        step_seed = int(np.random.default_rng([seed, step, 17]).integers(2**31))
+        torch.manual_seed(step_seed)  # dropout masks
+        gen = torch.Generator().manual_seed(step_seed)
         anchors = torch.stack([2 * rows, 2 * rows + 1], dim=1).reshape(-1)
         img, txt, valid, text_rows = (x.to(device) for x in items.batch(anchors))
         return dcsm_batch_loss(scorer, img, txt, valid, text_rows, table, hyper.k_random, gen)
@@ -193,7 +188,14 @@ def caption_negatives(
     return step_loss
 
 
-AfterStep = Callable[[int, DCSMScorer, torch.optim.Optimizer, float, float], None]
+# After every optimizer step: (step, scorer, loss, fit, history); what the source keeps of the
+# step goes into ``history`` (checkpointed with the scorer). What it changes in the scorer's mode
+# it restores.
+AfterStep = Callable[[int, DCSMScorer, float, float, list[dict[str, Any]]], None]
+
+
+def _no_record(step: int, scorer: DCSMScorer, loss: float, fit: float, history: list[dict[str, Any]]) -> None:
+    history.append({"step": step + 1, "loss": loss, "fit": fit})
 
 
 def train(
@@ -201,27 +203,27 @@ def train(
     step_loss: StepLoss,
     hyper: Hyper,
     *,
-    seed: int,
-    device: str,
-    start: int = 0,
-    end: int | None = None,
-    resume: tuple[dict[str, Any], dict[str, Any]] | None = None,
-    after_step: AfterStep | None = None,
+    runtime: Runtime,
+    checkpoints: Checkpoints,
+    after_step: AfterStep = _no_record,
     info: Callable[[int, float, float], str] = lambda _step, loss, fit: f"loss {loss:.3f} fit {fit:.2f}",
-) -> dict[str, torch.Tensor]:
-    """Train a scorer built from ``config`` for steps ``start`` to ``end`` (default ``hyper.steps``)
-    of a warm-up-then-cosine schedule over ``hyper.steps``; its state dict.
-
-    ``resume``: (scorer state, optimizer state) of a checkpoint taken after step ``start``.
-    ``after_step(step, scorer, optimizer, loss, fit)`` runs after every optimizer step (history,
-    validation, checkpoints); what it changes in the scorer's mode it restores."""
-    torch.manual_seed(seed)
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Train a scorer built from ``config`` up to ``checkpoints.end(hyper.steps)`` of a
+    warm-up-then-cosine schedule over ``hyper.steps``, resuming from its checkpoint (the scorer,
+    the optimiser, the step and the history); its state dict and the history. ``fit``: the share
+    of anchors that rank their own text first."""
+    device = runtime.device
+    torch.manual_seed(runtime.seed)
     scorer = DCSMScorer(config).to(device)
     opt = torch.optim.AdamW(scorer.parameters(), lr=hyper.lr, weight_decay=hyper.weight_decay)
-    if resume is not None:
-        scorer.load_state_dict(resume[0])
-        opt.load_state_dict(resume[1])
-    end = hyper.steps if end is None else end
+    start, history = 0, []
+    saved = checkpoints.load()
+    if saved is not None:
+        scorer.load_state_dict(saved["scorer"])
+        opt.load_state_dict(saved["optimizer"])
+        start, history = int(saved["step"]), list(saved["history"])
+        resumed("dcsm", start, runtime.log)
+    end = checkpoints.end(hyper.steps)
     scorer.train()
     with StepProgress("dcsm", total=hyper.steps, completed=start) as bar:
         for step in range(start, end):
@@ -233,7 +235,9 @@ def train(
             torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
             opt.step()
             value, fit = loss.item(), acc.item()
-            if after_step is not None:
-                after_step(step, scorer, opt, value, fit)
+            after_step(step, scorer, value, fit, history)
+            if checkpoints.due(step + 1, end):
+                checkpoints.save({"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                                  "history": history})  # fmt: skip
             bar.update(info=info(step, value, fit))
-    return {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+    return {k: v.detach().cpu() for k, v in scorer.state_dict().items()}, history

@@ -8,11 +8,8 @@ frozen) so zero-shot accuracy does not drift. The loop itself is ``training.text
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -22,8 +19,12 @@ from clipcore.methods.losses import clip_contrastive_loss, pcclip_difference_los
 from clipcore.models.clip_model import normalize, text_features
 from training.distributed import sharded_features
 from training.encode import Tokenize
+from training.methods.checkpoint import Checkpoints, Runtime
+from training.methods.hyper import PCClipHyper
 from training.progress import loss_with_chance
-from training.text_finetune import finetune_text_tower
+from training.text_finetune import NO_CHECKPOINTS, finetune_text_tower
+
+Hyper = PCClipHyper  # the method's hyperparameters (``training.methods.hyper``)
 
 
 @dataclass
@@ -43,18 +44,6 @@ class Batches(Protocol):
     def __call__(self, step: int) -> tuple[np.ndarray, np.ndarray | None]: ...
 
 
-@dataclass
-class Hyper:
-    """PC-CLIP's own hyperparameters (every data source's config has them)."""
-
-    steps: int
-    lr: float
-    temperature: float
-    loss: str  # contrastive or mse
-    caption_weight: float
-    ensemble_weight: float  # w * finetuned + (1 - w) * base
-
-
 def kind_of(hyper: Hyper) -> str:
     """The difference loss: ``contrastive`` (InfoNCE over the batch's texts) or ``mse``."""
     return "mse" if hyper.loss == "mse" else "contrastive"
@@ -68,16 +57,12 @@ def train(
     *,
     tokenize: Tokenize,
     scale: float,
-    seed: int,
-    device: str,
-    checkpoint: Path | None = None,
-    checkpoint_every: int = 100,
-    stop_after: int | None = None,
-    amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-    log: Callable[[str], None] | None = None,
+    runtime: Runtime,
+    checkpoints: Checkpoints = NO_CHECKPOINTS,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-    """The finetuned model's state dict (text tower changed, image tower untouched) and its history.
-    ``log``: where the last step's contrastive terms are reported beside their chance level."""
+    """The finetuned model's state dict (text tower changed, image tower untouched) and its history;
+    the last step's contrastive terms are logged beside their chance level."""
+    device = runtime.device
     last: dict[str, tuple[float, int]] = {}  # term -> (loss, candidates) of the last step
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
@@ -100,14 +85,12 @@ def train(
             loss = loss + hyper.caption_weight * caption
         return loss, f"loss {loss.item():.3f}"
 
-    state, history = finetune_text_tower(
-        base, step_loss, steps=hyper.steps, lr=hyper.lr, seed=seed, device=device, label="pcclip",
-        checkpoint=checkpoint, checkpoint_every=checkpoint_every, stop_after=stop_after, amp=amp,
-    )  # fmt: skip
-    if log is not None and last:
+    state, history = finetune_text_tower(base, step_loss, steps=hyper.steps, lr=hyper.lr, label="pcclip",
+                                         runtime=runtime, checkpoints=checkpoints)  # fmt: skip
+    if last:
         terms = [f"{term} {loss_with_chance(value, n)}" for term, (value, n) in last.items()
                  if term == "caption" or kind_of(hyper) == "contrastive"]  # fmt: skip
-        log("pcclip: last step's contrastive losses: " + ", ".join(terms))
+        runtime.log("pcclip: last step's contrastive losses: " + ", ".join(terms))
     if hyper.ensemble_weight < 1.0:
         base_state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
         state = weight_ensemble(base_state, state, hyper.ensemble_weight)

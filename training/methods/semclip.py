@@ -9,11 +9,8 @@ minimises ``clipcore.methods.losses.semclip_loss`` in a fixed random projection 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +21,11 @@ from clipcore.methods.semclip import projection_directions
 from clipcore.models.clip_model import embed_width, normalize, text_features
 from training.distributed import sharded_features
 from training.encode import Tokenize
-from training.text_finetune import finetune_text_tower
+from training.methods.checkpoint import Checkpoints, Runtime
+from training.methods.hyper import SemClipHyper
+from training.text_finetune import NO_CHECKPOINTS, finetune_text_tower
+
+Hyper = SemClipHyper  # the method's hyperparameters (``training.methods.hyper``)
 
 # Rows of one step: which triplets it reads.
 Rows = Callable[[int], np.ndarray]
@@ -38,18 +39,6 @@ class TripletData:
     negation: list[str]
 
 
-@dataclass
-class Hyper:
-    """SemCLIP's own hyperparameters (every data source's config has them)."""
-
-    steps: int
-    lr: float
-    weights: tuple[float, float, float]  # clip, paraphrase, negation
-    directions: int
-    normalise: bool = True
-    negatives_in_clip: bool = True
-
-
 def train(
     base: CLIP,
     data: TripletData,
@@ -58,14 +47,11 @@ def train(
     *,
     tokenize: Tokenize,
     scale: float,
-    seed: int,
-    device: str,
-    checkpoint: Path | None = None,
-    checkpoint_every: int = 50,
-    stop_after: int | None = None,
-    amp: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    runtime: Runtime,
+    checkpoints: Checkpoints = NO_CHECKPOINTS,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """The finetuned state dict (text tower changed, image tower untouched) and its history."""
+    seed, device = runtime.seed, runtime.device
     directions = torch.from_numpy(projection_directions(embed_width(base), hyper.directions, seed)).to(device)
 
     def step_loss(model: CLIP, step: int) -> tuple[torch.Tensor, str]:
@@ -81,7 +67,5 @@ def train(
                                    hyper.normalise, hyper.negatives_in_clip)  # fmt: skip
         return loss, " ".join(f"{k} {v:.3f}" for k, v in parts.items())
 
-    return finetune_text_tower(
-        base, step_loss, steps=hyper.steps, lr=hyper.lr, seed=seed, device=device, label="semclip",
-        checkpoint=checkpoint, checkpoint_every=checkpoint_every, stop_after=stop_after, amp=amp,
-    )  # fmt: skip
+    return finetune_text_tower(base, step_loss, steps=hyper.steps, lr=hyper.lr, label="semclip", runtime=runtime,
+                               checkpoints=checkpoints)  # fmt: skip

@@ -15,7 +15,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +30,15 @@ from training.datasets.source import ImageRef
 from training.encode import Tokenize
 from training.from_scratch import image_size
 from training.methods import base
+from training.methods.checkpoint import Checkpoints, Runtime
 from training.progress import StepProgress, loss_with_chance
 from training.userdata.context import captioned_images
 from training.userdata.device import autocast, seed_everything
 from training.userdata.features import Images
 from training.userdata.publishing import data_summary, run_settings
+from training.userdata.settings import BaseRun
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class BaseRun:
-    steps: int = 2000
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = 60
-    text_freeze_steps: int = 300
-    filip_weight: float = 0.5  # 0: no token-level term (DCSM then has little to read)
-    grad_clip: float = 1.0
-    checkpoint_every: int = 100
-    stop_after: int | None = None
 
 
 def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
@@ -101,13 +88,9 @@ def train_user_base(
     refs, texts = captioned(dataset)
     pixels = pixel_map(images, images.digests(refs), run_dir, log)
     tokenize = Tokenize(model.context_length)
-    hyper = base.Hyper(
-        steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-        text_freeze_steps=cfg.text_freeze_steps, filip_weight=cfg.filip_weight, filip_start=cfg.text_freeze_steps,
-        grad_clip=cfg.grad_clip, checkpoint_every=cfg.checkpoint_every,
-    )  # fmt: skip
     n, batch = len(refs), min(cfg.batch_size, len(refs))
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    checkpoints = Checkpoints(run_dir / "base.checkpoint.pt", every=cfg.checkpoint_every, stop_after=cfg.stop_after)
+    end = checkpoints.end(cfg.steps)
     t0 = time.time()
 
     def batches(step: int) -> base.Batch:
@@ -120,8 +103,8 @@ def train_user_base(
         history.append({"step": done, "loss": loss, "seconds": time.time() - t0})
         return f"loss {loss:.3f}"
 
-    result = base.train(model, batches, hyper, device=device, checkpoint=run_dir / "base.checkpoint.pt",
-                        record=record, end=end, amp=lambda: autocast(device, precision), log=log)  # fmt: skip
+    runtime = Runtime(seed, device, lambda: autocast(device, precision), log)
+    result = base.train(model, batches, cfg, record=record, checkpoints=checkpoints, runtime=runtime)
     start, contrastive = result.start, result.contrastive
     if start < end:
         log(f"base: image-text contrastive loss at step {end} {loss_with_chance(contrastive, batch)}")

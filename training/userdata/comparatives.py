@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,9 @@ from training.generate.comparatives import (
 from training.generate.llm import ChatClient
 from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary
+from training.userdata.settings import ComparativesRun
 
 MIN_CALIBRATION = 20  # images; below this the whole labelled set calibrates
-
-
-@dataclass
-class ComparativesRun:
-    pairs: int = 3  # confused label pairs to write comparatives for
-    generator: str = "template"  # or "llm"
-    llm_base_url: str | None = None
-    llm_model: str | None = None
-    llm_key_env: str = "OPENAI_API_KEY"
-    llm_samples: int = 3  # answers asked per ordered pair (each filtered)
-    split: str = "val"
 
 
 def calibration_predictions(ctx: RunContext, split: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -22,7 +22,8 @@ from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecor
 from training.datasets.source import ImageRef, Item
 from training.feature_cache import FeatureCache, default_cache_dir
 from training.generate.differences import article
-from training.userdata.device import Precision, check_device, resolve_precision, seed_everything
+from training.methods.checkpoint import Checkpoints, Runtime
+from training.userdata.device import Precision, autocast, check_device, resolve_precision, seed_everything
 from training.userdata.features import ImageFeatures, Images, Log
 
 
@@ -76,6 +77,14 @@ class RunContext:
 
     def checkpoint(self, name: str) -> Path:
         return self.run_dir / f"{name}.checkpoint.pt"
+
+    def checkpoints(self, name: str, every: int, stop_after: int | None) -> Checkpoints:
+        """The run's checkpoints of method ``name`` (in the run directory)."""
+        return Checkpoints(self.checkpoint(name), every=every, stop_after=stop_after)
+
+    def runtime(self) -> Runtime:
+        """Seed, device, autocast at the run's precision and log, as a method's loop takes them."""
+        return Runtime(self.seed, self.device, lambda: autocast(self.device, self.precision), self.log)
 
 
 def items_of(dataset: Dataset, kind: str, split: str | None = "train") -> list[Item]:

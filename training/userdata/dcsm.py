@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clipcore.methods.dcsm import DCSMScorer, functional_row_table
+from clipcore.methods.dcsm import functional_row_table
 from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
@@ -30,24 +30,11 @@ from training.datasets.source import ImageRef
 from training.generate.differences import article
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
 from training.methods import dcsm
+from training.methods.checkpoint import Checkpoints
 from training.progress import StepProgress
 from training.userdata.context import RunContext, items_of
 from training.userdata.publishing import data_summary, run_settings
-
-
-@dataclass
-class DCSMRun:
-    steps: int = 600
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.05
-    warmup_steps: int = 30
-    k_random: int = 2  # other items' captions per image and other images per caption
-    channels: int = 32
-    hidden: int = 128
-    table_seed: int = 0
-    checkpoint_every: int = 100
-    stop_after: int | None = None
+from training.userdata.settings import DCSMRun
 
 
 @dataclass
@@ -114,30 +101,11 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     caption_row = torch.tensor([where[c] for c in data.captions])
     negative_rows = [[where[n] for n in ns] for ns in data.negatives]
 
-    hyper = dcsm.Hyper(steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-                       k_random=cfg.k_random)  # fmt: skip
-    start, history, resume = 0, [], None
-    path = ctx.checkpoint("dcsm")
-    if path.exists():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        if saved["config"] == config:
-            resume = (saved["scorer"], saved["optimizer"])
-            start, history = int(saved["step"]), list(saved["history"])
-            ctx.log(f"dcsm: resumed at step {start}")
-    end = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-
-    def after_step(step: int, scorer: DCSMScorer, opt: torch.optim.Optimizer, loss: float, fit: float) -> None:
-        history.append({"step": step + 1, "loss": loss, "fit": fit})
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-            checkpoint_state = {"scorer": scorer.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                                "history": history, "config": config}  # fmt: skip
-            torch.save(checkpoint_state, path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").replace(path)
-
-    step_loss = dcsm.caption_negatives(images, texts, caption_row, negative_rows, table, hyper,
+    # A checkpoint of another scorer shape or functional-word table is not resumed.
+    checkpoints = Checkpoints(ctx.checkpoint("dcsm"), cfg.checkpoint_every, cfg.stop_after, settings=config)
+    step_loss = dcsm.caption_negatives(images, texts, caption_row, negative_rows, table, cfg,
                                        batch_size=cfg.batch_size, seed=ctx.seed, device=ctx.device)  # fmt: skip
-    state = dcsm.train(config, step_loss, hyper, seed=ctx.seed, device=ctx.device, start=start, end=end,
-                       resume=resume, after_step=after_step)  # fmt: skip
+    state, _ = dcsm.train(config, step_loss, cfg, runtime=ctx.runtime(), checkpoints=checkpoints)
     return state, config, table
 
 

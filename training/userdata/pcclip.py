@@ -22,23 +22,8 @@ from training.encode import Tokenize
 from training.generate.differences import pairs_from_labels
 from training.methods import pcclip
 from training.userdata.context import RunContext, captioned_images, items_of
-from training.userdata.device import autocast
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
-
-
-@dataclass
-class PCClipRun:
-    steps: int = 300
-    batch_size: int = 64
-    lr: float = 1e-4
-    temperature: float = 0.1
-    loss: str = "contrastive"  # or "mse"
-    caption_weight: float = 0.3
-    generated_pairs: int = 2000  # pairs drawn from labelled images (each in both orders)
-    ensemble_weight: float = 1.0  # w * finetuned + (1 - w) * base
-    make_default: bool = True  # the new variant answers requests that name no encoder
-    checkpoint_every: int = 50
-    stop_after: int | None = None
+from training.userdata.settings import PCClipRun
 
 
 @dataclass
@@ -86,13 +71,10 @@ def train_user_pcclip(ctx: RunContext, cfg: PCClipRun) -> dict[str, torch.Tensor
         cidx = rng.choice(len(cap_texts), size=min(batch, len(cap_texts)), replace=False) if captions else None
         return idx, cidx
 
-    hyper = pcclip.Hyper(steps=cfg.steps, lr=cfg.lr, temperature=cfg.temperature, loss=cfg.loss,
-                         caption_weight=cfg.caption_weight, ensemble_weight=cfg.ensemble_weight)  # fmt: skip
     state, _ = pcclip.train(
-        ctx.bundle.model, pcclip.DifferenceData(g1, g2, pairs.texts, g_cap, cap_texts), batches, hyper,
-        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, seed=ctx.seed, device=ctx.device,
-        checkpoint=ctx.checkpoint("pcclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
-        amp=lambda: autocast(ctx.device, ctx.precision), log=ctx.log,
+        ctx.bundle.model, pcclip.DifferenceData(g1, g2, pairs.texts, g_cap, cap_texts), batches, cfg,
+        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, runtime=ctx.runtime(),
+        checkpoints=ctx.checkpoints("pcclip", cfg.checkpoint_every, cfg.stop_after),
     )  # fmt: skip
     return state
 

@@ -9,7 +9,6 @@ cached pooled features; the loss is ``clipcore.methods.losses.semclip_loss``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,19 +19,8 @@ from training.encode import Tokenize
 from training.generate.negatives import paraphrase, toggle_negation
 from training.methods import semclip
 from training.userdata.context import RunContext, captioned_images
-from training.userdata.device import autocast
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
-
-
-@dataclass
-class SemClipRun:
-    steps: int = 300
-    batch_size: int = 64
-    lr: float = 1e-4
-    weights: tuple[float, float, float] = (1.0, 1.0, 1.0)  # clip, paraphrase, negation
-    directions: int = 2
-    checkpoint_every: int = 50
-    stop_after: int | None = None
+from training.userdata.settings import SemClipRun
 
 
 def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str]]:
@@ -63,12 +51,10 @@ def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tens
     def rows(step: int) -> np.ndarray:  # from the step: a resumed run sees the same batches
         return np.random.default_rng([ctx.seed, step, 31]).choice(len(keep), size=batch, replace=False)
 
-    hyper = semclip.Hyper(steps=cfg.steps, lr=cfg.lr, weights=cfg.weights, directions=cfg.directions)
     state, _ = semclip.train(
-        ctx.bundle.model, semclip.TripletData(images, orig, para, neg), rows, hyper,
-        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, seed=ctx.seed, device=ctx.device,
-        checkpoint=ctx.checkpoint("semclip"), checkpoint_every=cfg.checkpoint_every, stop_after=cfg.stop_after,
-        amp=lambda: autocast(ctx.device, ctx.precision),
+        ctx.bundle.model, semclip.TripletData(images, orig, para, neg), rows, cfg,
+        tokenize=Tokenize.for_bundle(ctx.bundle), scale=ctx.bundle.logit_scale, runtime=ctx.runtime(),
+        checkpoints=ctx.checkpoints("semclip", cfg.checkpoint_every, cfg.stop_after),
     )  # fmt: skip
     return state
 
