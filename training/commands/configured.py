@@ -138,13 +138,9 @@ def configured_command(
         inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ConfigOpt),
     ]
     for name, hint, default, spec in flags:
-        annotation = (
-            spec.annotation
-            or Annotated[
-                hint,
-                typer.Option(*(spec.decls or ("--" + name.replace("_", "-"),)), help=spec.help, envvar=spec.envvar),
-            ]
-        )
+        flag = "--" + name.replace("_", "-")
+        decls = spec.decls or ((f"{flag}/--no-{flag[2:]}",) if hint is bool else (flag,))
+        annotation = spec.annotation or Annotated[hint, typer.Option(*decls, help=spec.help, envvar=spec.envvar)]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
 
     def command(**values: Any) -> None:
