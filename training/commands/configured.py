@@ -167,3 +167,25 @@ def configured_command(
 
 def _has(cls: type, name: str) -> bool:
     return any(f.name == name for f in fields(cls))
+
+
+def options_command(cls: type[Any], run: Callable[[Any], None]) -> Callable[..., None]:
+    """A Typer command whose parameters are the fields of dataclass ``cls``, each declared with its
+    own ``Annotated[type, typer.Option(...)]`` (or ``typer.Argument``); it calls ``run(cls(...))``.
+    A command with many flags thereby keeps them as data, not as a function's parameters."""
+    hints = get_type_hints(cls, include_extras=True)
+    params = []
+    for f in fields(cls):
+        required = f.default is MISSING and f.default_factory is MISSING
+        default = inspect.Parameter.empty if required else _default(f)
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[f.name])
+        )
+
+    def command(**values: Any) -> None:
+        run(cls(**values))
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__doc__ = run.__doc__
+    command.__name__ = run.__name__
+    return command

@@ -8,6 +8,7 @@ own ``model-store`` command stays free of model code); the work is in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -19,6 +20,7 @@ from model_store import ModelStore, StoreError
 from model_store.alias_views import print_gate
 from model_store.cli_options import output_console
 from model_store.digest import sha256_stream
+from training.commands.configured import options_command
 from training.options import StoreOpt
 
 console = output_console(highlight=False, soft_wrap=True)
@@ -69,59 +71,64 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(code=1)
 
 
-def import_cmd(
-    name: Annotated[str, typer.Argument(help="Model name in the store.")],
-    store: StoreOpt = "models",
+@dataclass
+class ImportOptions:
+    """``clip-train import``'s options."""
+
+    name: Annotated[str, typer.Argument(help="Model name in the store.")]
+    store: StoreOpt = "models"
     arch: Annotated[
         str | None,
         typer.Option(
             help="open_clip model name (ViT-B-32, MobileCLIP-S1, ...) or path to a model config JSON. "
             "Optional with --hf-dir (the folder's config is used)."
         ),
-    ] = None,  # fmt: skip
+    ] = None  # fmt: skip
     weights: Annotated[
         Path | None, typer.Option(help="State dict: .pt, .pth, .bin or .safetensors (state_dict / module. unwrapped).")
-    ] = None,
+    ] = None
     hf_dir: Annotated[
         Path | None,
         typer.Option(
             help="open_clip hub-style folder: open_clip_config.json + open_clip_model.safetensors or "
             "open_clip_pytorch_model.bin."
         ),
-    ] = None,  # fmt: skip
+    ] = None  # fmt: skip
     pretrained: Annotated[
         str | None, typer.Option(help="open_clip pretrained tag, read from the local open_clip / HF caches only.")
-    ] = None,
+    ] = None
     allow_download: Annotated[
         bool, typer.Option(help="With --pretrained: download the weights when no cache holds them.")
-    ] = False,
-    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder to look in instead of the defaults.")] = None,
+    ] = False
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder to look in instead of the defaults.")] = None
     tokenizer_dir: Annotated[
         Path | None,
         typer.Option(
             help="Saved Hugging Face tokenizer folder, for architectures whose text config names hf_tokenizer_name "
             "(default: the --hf-dir folder, then the local Hugging Face cache)."
         ),
-    ] = None,  # fmt: skip
+    ] = None  # fmt: skip
     preprocess_tag: Annotated[
         str | None,
         typer.Option(
             help="Take mean, std, interpolation and resize mode from this open_clip pretrained tag's "
             "config (no download)."
         ),
-    ] = None,  # fmt: skip
-    mean: Annotated[str | None, typer.Option(help="Pixel mean, e.g. 0.5,0.5,0.5 (overrides the config).")] = None,
-    std: Annotated[str | None, typer.Option(help="Pixel std, e.g. 0.5,0.5,0.5 (overrides the config).")] = None,
-    interpolation: Annotated[str | None, typer.Option(help="bicubic or bilinear (overrides the config).")] = None,
-    resize_mode: Annotated[str | None, typer.Option(help="shortest, longest or squash (overrides).")] = None,
-    fp16: Annotated[bool, typer.Option(help="Store the weights as float16 (half the size).")] = False,
+    ] = None  # fmt: skip
+    mean: Annotated[str | None, typer.Option(help="Pixel mean, e.g. 0.5,0.5,0.5 (overrides the config).")] = None
+    std: Annotated[str | None, typer.Option(help="Pixel std, e.g. 0.5,0.5,0.5 (overrides the config).")] = None
+    interpolation: Annotated[str | None, typer.Option(help="bicubic or bilinear (overrides the config).")] = None
+    resize_mode: Annotated[str | None, typer.Option(help="shortest, longest or squash (overrides).")] = None
+    fp16: Annotated[bool, typer.Option(help="Store the weights as float16 (half the size).")] = False
     alias: Annotated[
         list[str] | None,
         typer.Option(help="Aliases to point at the new version, through the evaluation gate (none by default)."),
-    ] = None,
-    version: Annotated[str | None, typer.Option(help="Version name (default: the next vN).")] = None,
-    notes: Annotated[str, typer.Option(help="Free text stored in the manifest.")] = "",
-) -> None:
+    ] = None
+    version: Annotated[str | None, typer.Option(help="Version name (default: the next vN).")] = None
+    notes: Annotated[str, typer.Option(help="Free text stored in the manifest.")] = ""
+
+
+def import_model(o: ImportOptions) -> None:
     """Import an open_clip model into the store: weights copied into a new version as safetensors,
     a manifest written from the open_clip and pretrained configs, the model built from that manifest
     and run on one image and two texts before anything is published."""
@@ -131,17 +138,17 @@ def import_cmd(
     from clipcore.models.publish import TrainedModel, publish_bundle
     from clipcore.models.validate import validate_version
 
-    new_store = _check_store_location(store)
+    new_store = _check_store_location(o.store)
     overrides: dict[str, Any] = {}
-    for key, value in (("mean", _floats(mean, "--mean")), ("std", _floats(std, "--std")),
-                       ("interpolation", interpolation), ("resize_mode", resize_mode)):  # fmt: skip
+    for key, value in (("mean", _floats(o.mean, "--mean")), ("std", _floats(o.std, "--std")),
+                       ("interpolation", o.interpolation), ("resize_mode", o.resize_mode)):  # fmt: skip
         if value is not None:
             overrides[key] = value
     try:
         plan = plan_import(
-            arch, weights=weights, hf_dir=hf_dir, pretrained=pretrained, preprocess_tag=preprocess_tag,
-            preprocess_overrides=overrides, cache_dir=cache_dir, allow_download=allow_download,
-            tokenizer_dir=tokenizer_dir,
+            o.arch, weights=o.weights, hf_dir=o.hf_dir, pretrained=o.pretrained, preprocess_tag=o.preprocess_tag,
+            preprocess_overrides=overrides, cache_dir=o.cache_dir, allow_download=o.allow_download,
+            tokenizer_dir=o.tokenizer_dir,
         )  # fmt: skip
         model = load_planned_model(plan)
         with plan.checkpoint.open("rb") as checkpoint:
@@ -150,22 +157,25 @@ def import_cmd(
             trained = TrainedModel(
                 model,  # type: ignore[arg-type]
                 plan.architecture,
-                fp16=fp16,
+                fp16=o.fp16,
                 preprocess=plan.preprocess,
                 training={"imported_from": source},
-                notes=notes,
+                notes=o.notes,
                 **tokenizer_fields(plan.tokenizer_files),
             )
             manifest = publish_bundle(
-                ModelStore(store, validator=validate_version), name, trained, aliases=alias or (), version=version,
-                on_gate=lambda report: print_gate(console, report),
+                ModelStore(o.store, validator=validate_version), o.name, trained, aliases=o.alias or (),
+                version=o.version, on_gate=lambda report: print_gate(console, report),
             )  # fmt: skip
     except (ModelImportError, StoreError) as exc:
         _fail(str(exc))
-    aliases = f" ({', '.join(alias)} -> {manifest.version})" if alias else " (no alias: promote it when ready)"
+    aliases = f" ({', '.join(o.alias)} -> {manifest.version})" if o.alias else " (no alias: promote it when ready)"
     console.print(
         f"[green]imported[/green] {manifest.ref}{aliases}: {manifest.image_size} px, embed_dim {manifest.embed_dim}, "
         f"{manifest.total_bytes:,} bytes"
     )
     if new_store:
-        console.print(f"(a new model store at {Path(store).expanduser().resolve()}: serve it with --store)")
+        console.print(f"(a new model store at {Path(o.store).expanduser().resolve()}: serve it with --store)")
+
+
+import_cmd = options_command(ImportOptions, import_model)

@@ -254,6 +254,7 @@ def train_base_on_data(
     **settings: Any,
 ) -> None:
     """``clip-train base --data``: validate, train from scratch, publish."""
+    from training.methods.checkpoint import Runtime
     from training.userdata.base import BaseRun, run_user_base
     from training.userdata.context import load_valid_dataset
     from training.userdata.device import check_device
@@ -266,7 +267,8 @@ def train_base_on_data(
     seed, device, precision = settings.pop("seed"), check_device(settings.pop("device")), settings.pop("precision")
     cfg = BaseRun(**settings)
     finish(
-        lambda: run_user_base(ModelStore(store), name, dataset, model_config, cfg, run_dir, seed=seed, device=device,
-                              precision=precision, aliases=aliases, log=console.print),  # type: ignore[arg-type]
+        lambda: run_user_base(ModelStore(store), name, dataset, model_config, cfg, run_dir,
+                              runtime=Runtime(seed, device, log=console.print), precision=precision,  # type: ignore[arg-type]
+                              aliases=aliases),
         aliases,
     )  # fmt: skip

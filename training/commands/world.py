@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ import typer
 from model_store import ModelStore
 from model_store.cli_options import output_console
 from model_store.errors import StoreError
+from training.commands.configured import options_command
 from training.options import StoreOpt, set_threads
 
 # Each command imports what it runs (torch, open_clip, the trainers) when it runs: `clip-train
@@ -52,71 +54,79 @@ def world_bench(
     )
 
 
-def base_cmd(
-    out: Annotated[Path, typer.Option(help="Run directory (checkpoints, resume).")] = Path("runs/base"),
-    config: ConfigOpt = "shapes-vit-tiny",
-    steps: Annotated[int, typer.Option(help="Training steps.")] = 2200,
-    batch_size: Annotated[int, typer.Option(help="Scenes (or your images) per step.")] = 128,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
+@dataclass
+class BaseOptions:
+    """``clip-train base``'s options."""
+
+    out: Annotated[Path, typer.Option(help="Run directory (checkpoints, resume).")] = Path("runs/base")
+    config: ConfigOpt = "shapes-vit-tiny"
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 2200
+    batch_size: Annotated[int, typer.Option(help="Scenes (or your images) per step.")] = 128
+    seed: SeedOpt = 0
+    device: DeviceOpt = "cpu"
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0
     data: Annotated[
         Path | None, typer.Option(help="Train on your captions / labelled images instead (docs/data.md).")
-    ] = None,
-    labels: Annotated[Path | None, typer.Option(help="With --data: the label set (default labels.json).")] = None,
-    store: StoreOpt = "models",
-    name: Annotated[str, typer.Option(help="With --data: the model name to publish under.")] = "user",
-    alias: Annotated[list[str] | None, typer.Option(help="With --data: aliases to point at the version.")] = None,
-    precision: Annotated[str, typer.Option(help="With --data: bf16 (default), fp16 or fp32 autocast.")] = "bf16",
-    lr: Annotated[float, typer.Option(help="With --data: peak learning rate.")] = 1e-3,
-    text_freeze_steps: Annotated[int, typer.Option(help="With --data: steps with the text tower frozen.")] = 300,
-    stop_after: Annotated[
-        int | None, typer.Option(help="With --data: end after N steps in all (resume later).")
-    ] = None,
-) -> None:
+    ] = None
+    labels: Annotated[Path | None, typer.Option(help="With --data: the label set (default labels.json).")] = None
+    store: StoreOpt = "models"
+    name: Annotated[str, typer.Option(help="With --data: the model name to publish under.")] = "user"
+    alias: Annotated[list[str] | None, typer.Option(help="With --data: aliases to point at the version.")] = None
+    precision: Annotated[str, typer.Option(help="With --data: bf16 (default), fp16 or fp32 autocast.")] = "bf16"
+    lr: Annotated[float, typer.Option(help="With --data: peak learning rate.")] = 1e-3
+    text_freeze_steps: Annotated[int, typer.Option(help="With --data: steps with the text tower frozen.")] = 300
+    stop_after: Annotated[int | None, typer.Option(help="With --data: end after N steps in all (resume later).")] = None
+
+
+def base(o: BaseOptions) -> None:
     """Train a base CLIP from scratch: on the shapes world (resumes from OUT/checkpoint.pt), or with --data on
     your captions at the config's own image size, publishing a version (resumes from OUT/base.checkpoint.pt)."""
     from training.recipe import DefaultRecipe, model_config
     from training.train_base import BaseTrainConfig, train_base
 
-    set_threads(threads)
-    if data is not None:
+    set_threads(o.threads)
+    if o.data is not None:
         from training.commands.userdata import train_base_on_data
 
-        train_base_on_data(data, labels, model_config(config), out, store, name, tuple(alias or ()), steps=steps,
-                           batch_size=batch_size, lr=lr, text_freeze_steps=text_freeze_steps, seed=seed,
-                           device=device, precision=precision, stop_after=stop_after)  # fmt: skip
+        train_base_on_data(o.data, o.labels, model_config(o.config), o.out, o.store, o.name, tuple(o.alias or ()),
+                           steps=o.steps, batch_size=o.batch_size, lr=o.lr, text_freeze_steps=o.text_freeze_steps,
+                           seed=o.seed, device=o.device, precision=o.precision, stop_after=o.stop_after)  # fmt: skip
         return
     cfg = BaseTrainConfig(
-        model_config=model_config(config),
-        steps=steps,
-        batch_size=batch_size,
-        seed=seed,
-        device=device,
-        bf16=device == "cpu" or device.startswith("cuda"),
+        model_config=model_config(o.config),
+        steps=o.steps,
+        batch_size=o.batch_size,
+        seed=o.seed,
+        device=o.device,
+        bf16=o.device == "cpu" or o.device.startswith("cuda"),
     )
     # Normalised as build-default publishes the default model (DefaultRecipe.preprocess).
-    train_base(cfg, out, preprocess=DefaultRecipe().preprocess, log=console.print)
+    train_base(cfg, o.out, preprocess=DefaultRecipe().preprocess, log=console.print)
 
 
-def build_default(
-    store: StoreOpt = "models",
-    name: Annotated[str, typer.Option(help="Model name in the store.")] = "default",
-    config: ConfigOpt = "shapes-vit-tiny",
-    run_dir: Annotated[Path, typer.Option(help="Checkpoints; rerunning resumes.")] = Path("runs/default"),
-    steps: Annotated[int, typer.Option(help="Base training steps in all.")] = 1700,
-    schedule_steps: Annotated[int, typer.Option(help="Horizon of the warm-up + cosine schedule.")] = 2200,
-    align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400,
-    pcclip_steps: Annotated[int, typer.Option(help="PC-CLIP text-tower finetune steps.")] = 800,
-    semclip_steps: Annotated[int, typer.Option(help="SemCLIP steps (each variant).")] = 400,
-    yukino_steps: Annotated[int, typer.Option(help="YUKINO inverter steps.")] = 4000,
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "cpu",
-    promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None,
-    eval_seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
-    smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
-) -> None:
+@dataclass
+class BuildOptions:
+    """``clip-train build-default``'s options."""
+
+    store: StoreOpt = "models"
+    name: Annotated[str, typer.Option(help="Model name in the store.")] = "default"
+    config: ConfigOpt = "shapes-vit-tiny"
+    run_dir: Annotated[Path, typer.Option(help="Checkpoints; rerunning resumes.")] = Path("runs/default")
+    steps: Annotated[int, typer.Option(help="Base training steps in all.")] = 1700
+    schedule_steps: Annotated[int, typer.Option(help="Horizon of the warm-up + cosine schedule.")] = 2200
+    align_start: Annotated[int, typer.Option(help="First step of the mask-alignment phase.")] = 1400
+    pcclip_steps: Annotated[int, typer.Option(help="PC-CLIP text-tower finetune steps.")] = 800
+    semclip_steps: Annotated[int, typer.Option(help="SemCLIP steps (each variant).")] = 400
+    yukino_steps: Annotated[int, typer.Option(help="YUKINO inverter steps.")] = 4000
+    seed: SeedOpt = 0
+    device: DeviceOpt = "cpu"
+    promote: Annotated[list[str] | None, typer.Option(help="Aliases to point at the new version.")] = None
+    eval_seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3
+    smoke: Annotated[bool, typer.Option(help="Tiny config, few steps, small evaluation (CI).")] = False
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0
+
+
+def build(o: BuildOptions) -> None:
     """Train every stage from scratch (base CLIP, PC-CLIP, SemCLIP, YUKINO, DCSM), evaluate on held-out
     data, publish a version with its figures; point aliases at it only when --promote names them."""
     import numpy as np
@@ -127,17 +137,18 @@ def build_default(
     from training.recipe import DefaultRecipe, build_default_version
     from training.report import print_report
 
-    set_threads(threads)
-    torch.manual_seed(seed)
-    np.random.seed(seed)
+    set_threads(o.threads)
+    torch.manual_seed(o.seed)
+    np.random.seed(o.seed)
     recipe = DefaultRecipe(
-        name=name, config=config, run_dir=run_dir, steps=steps, schedule_steps=schedule_steps,
-        align_start=align_start, pcclip_steps=pcclip_steps, semclip_steps=semclip_steps, yukino_steps=yukino_steps,
-        seed=seed, device=device, eval=EvalConfig(seeds=tuple(range(eval_seeds))), aliases=list(promote or []),
+        name=o.name, config=o.config, run_dir=o.run_dir, steps=o.steps, schedule_steps=o.schedule_steps,
+        align_start=o.align_start, pcclip_steps=o.pcclip_steps, semclip_steps=o.semclip_steps,
+        yukino_steps=o.yukino_steps, seed=o.seed, device=o.device, eval=EvalConfig(seeds=tuple(range(o.eval_seeds))),
+        aliases=list(o.promote or []),
     )  # fmt: skip
     try:
         report = build_default_version(
-            ModelStore(store, validator=validate_version), recipe.smoke() if smoke else recipe, log=console.print
+            ModelStore(o.store, validator=validate_version), recipe.smoke() if o.smoke else recipe, log=console.print
         )
     except StoreError as exc:  # e.g. the evaluation gate refused --promote (the version is published)
         console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
@@ -145,31 +156,36 @@ def build_default(
     print_report(report, console.print)
 
 
-def evaluate_cmd(
-    ref: RefArg,
-    store: StoreOpt = "models",
-    device: DeviceOpt = "cpu",
-    seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3,
-    write: Annotated[bool, typer.Option(help="Write eval.json (and report.html) into the version.")] = True,
+@dataclass
+class EvaluateOptions:
+    """``clip-train evaluate``'s options."""
+
+    ref: RefArg
+    store: StoreOpt = "models"
+    device: DeviceOpt = "cpu"
+    seeds: Annotated[int, typer.Option(help="Evaluation seeds (mean and standard error over them).")] = 3
+    write: Annotated[bool, typer.Option(help="Write eval.json (and report.html) into the version.")] = True
     data: Annotated[
         Path | None, typer.Option(help="A dataset of your own (docs/data.md) instead of the built-in world.")
-    ] = None,
-    split: Annotated[str, typer.Option(help="With --data: train, val, test or all (a held-out file).")] = "test",
-    dataset_name: Annotated[
-        str | None, typer.Option(help="With --data: the key prefix (default: from the path).")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="With --data: also write report.html, PNGs and eval.json here.")
-    ] = None,
-    n_zeroshot: Annotated[int, typer.Option(help="With --data: labelled images per seed.")] = 2000,
-    n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000,
-    n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0,
+    ] = None
+    split: Annotated[str, typer.Option(help="With --data: train, val, test or all (a held-out file).")] = "test"
+    dataset_name: Annotated[str | None, typer.Option(help="With --data: the key prefix (default: from the path).")] = (
+        None
+    )
+    out: Annotated[Path | None, typer.Option(help="With --data: also write report.html, PNGs and eval.json here.")] = (
+        None
+    )
+    n_zeroshot: Annotated[int, typer.Option(help="With --data: labelled images per seed.")] = 2000
+    n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000
+    n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0
     compare: Annotated[
         str | None,
         typer.Option(help="With --data: name@version whose figures on the same data are shown beside, with changes."),
-    ] = None,
-) -> None:
+    ] = None
+
+
+def evaluate_version(o: EvaluateOptions) -> None:
     """Evaluate a stored version on held-out data; print a markdown table, write eval.json.
 
     With --data: on your own labelled images and captions (zero-shot with and without the
@@ -184,27 +200,27 @@ def evaluate_cmd(
     from training.evaluation.userdata.figures import summary_lines
     from training.report import print_report
 
-    set_threads(threads)
-    model_store = ModelStore(store)
-    if data is not None:
-        if split not in ("train", "val", "test", "all"):
+    set_threads(o.threads)
+    model_store = ModelStore(o.store)
+    if o.data is not None:
+        if o.split not in ("train", "val", "test", "all"):
             raise typer.BadParameter("--split must be train, val, test or all")
-        cfg = UserEvalConfig(seeds=tuple(range(seeds)), split=split, n_zeroshot=n_zeroshot,  # type: ignore[arg-type]
-                             n_pairs=n_pairs, n_captions=n_captions)  # fmt: skip
+        cfg = UserEvalConfig(seeds=tuple(range(o.seeds)), split=o.split, n_zeroshot=o.n_zeroshot,  # type: ignore[arg-type]
+                             n_pairs=o.n_pairs, n_captions=o.n_captions)  # fmt: skip
         try:
-            report, name = evaluate_on_data(model_store, ref, data, cfg, name=dataset_name, device=device, write=write,
-                                      out=out, compare=compare, log=console.print)  # fmt: skip
+            report, name = evaluate_on_data(model_store, o.ref, o.data, cfg, name=o.dataset_name, device=o.device,
+                                            write=o.write, out=o.out, compare=o.compare, log=console.print)  # fmt: skip
         except (InvalidDataset, ValueError, StoreError) as exc:  # bad data, or no such model / version
             console.print(str(exc), style="red", soft_wrap=True, highlight=False, markup=False)
             raise typer.Exit(1) from None
         for line in summary_lines(report, name):
             console.print(line, markup=False)
         return
-    if compare is not None:
+    if o.compare is not None:
         raise typer.BadParameter("--compare needs --data (the built-in world's figures: model-store gate)")
-    bundle = ModelBundle.load(model_store, ref, device=device)
-    report = evaluate(bundle, EvalConfig(seeds=tuple(range(seeds))), log=console.print)
-    if write:
+    bundle = ModelBundle.load(model_store, o.ref, device=o.device)
+    report = evaluate(bundle, EvalConfig(seeds=tuple(range(o.seeds))), log=console.print)
+    if o.write:
         model_store.write_annex(bundle.name, bundle.version, "eval.json", json.dumps(report, indent=2).encode())
     print_report(report, console.print)
 
@@ -350,9 +366,9 @@ def init_random(
 def register(app: typer.Typer) -> None:
     """Add these commands to ``app`` in the order ``--help`` lists them."""
     app.command("world-bench")(world_bench)
-    app.command("base")(base_cmd)
-    app.command("build-default")(build_default)
-    app.command("evaluate")(evaluate_cmd)
+    app.command("base")(options_command(BaseOptions, base))
+    app.command("build-default")(options_command(BuildOptions, build))
+    app.command("evaluate")(options_command(EvaluateOptions, evaluate_version))
     app.command("show-eval")(show_eval)
     app.command("pcclip-sweep")(pcclip_sweep)
     app.command("heatmap")(heatmap)

@@ -39,6 +39,7 @@ from training.userdata.publishing import data_summary, run_settings
 from training.userdata.settings import BaseRun
 
 Log = Callable[[str], None]
+DEFAULT_RUNTIME = Runtime()  # seed 0, CPU, printed log
 
 
 def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
@@ -73,14 +74,14 @@ def train_user_base(
     cfg: BaseRun,
     run_dir: Path,
     *,
-    seed: int = 0,
-    device: str = "cpu",
+    runtime: Runtime = DEFAULT_RUNTIME,
     precision: str = "bf16",
     preprocess: PreprocessConfig,
-    log: Log = print,
 ) -> torch.nn.Module:
     """Train (or resume from ``run_dir/base.checkpoint.pt``) and return the model. ``preprocess``:
-    what the version is published with (images are read and normalised as it will be served)."""
+    what the version is published with (images are read and normalised as it will be served).
+    ``runtime``: seed, device and log (the autocast is ``precision``'s)."""
+    seed, device, log = runtime.seed, runtime.device, runtime.log
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     model = build_model(model_config).to(device)
@@ -119,23 +120,22 @@ def run_user_base(
     cfg: BaseRun,
     run_dir: Path,
     *,
-    seed: int = 0,
-    device: str = "cpu",
+    runtime: Runtime = DEFAULT_RUNTIME,
     precision: str = "bf16",
     aliases: tuple[str, ...] = (),
     preprocess: PreprocessConfig | None = None,
-    log: Log = print,
 ) -> Manifest | None:
     """Train from scratch and publish ``name``'s new version (None when ``stop_after`` ended early),
     with ``preprocess`` in its manifest (OpenAI CLIP's values when None, as ``TrainedModel``)."""
     preprocess = preprocess or PreprocessConfig()
-    model = train_user_base(dataset, model_config, cfg, run_dir, seed=seed, device=device, precision=precision,
-                            preprocess=preprocess, log=log)  # fmt: skip
+    model = train_user_base(dataset, model_config, cfg, run_dir, runtime=runtime, precision=precision,
+                            preprocess=preprocess)  # fmt: skip
     if cfg.stop_after is not None and cfg.stop_after < cfg.steps:
         return None
     trained = TrainedModel(
         model.cpu(), model_config, preprocess=preprocess, data=data_summary(dataset, "user"),
-        training={"method": "base", "seed": seed, "device": device, "precision": precision, **run_settings(cfg)},
+        training={"method": "base", "seed": runtime.seed, "device": runtime.device, "precision": precision,
+                  **run_settings(cfg)},  # fmt: skip
         notes="CLIP trained from scratch on user data",
     )  # fmt: skip
     return publish_bundle(store, name, trained, aliases=list(aliases))
