@@ -163,7 +163,7 @@ def train_inverter(
     if saved is not None:
         inverter.load_state_dict(saved["inverter"])
         opt.load_state_dict(saved["optimizer"])
-        start, history = int(saved["step"]), list(saved["history"])
+        start, history = int(saved["step"]), list(saved.get("history", []))
         resumed("yukino", start, runtime.log)
     n_teacher = 0 if data.teacher is None else len(data.teacher)
     end = checkpoints.end(hyper.steps)
