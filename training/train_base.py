@@ -92,7 +92,8 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
     def amp() -> torch.autocast:
         return torch.autocast(device_type=cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16)
 
-    checkpoints = Checkpoints(out_dir / "checkpoint.pt", every=cfg.checkpoint_every)  # resumes with new steps too
+    # No settings check: a rerun with more --steps continues the same run.
+    checkpoints = Checkpoints(out_dir / "checkpoint.pt", every=cfg.checkpoint_every)
     result = base.train(model, batches, cfg, record=record, checkpoints=checkpoints,
                         runtime=Runtime(cfg.seed, cfg.device, amp, log))  # fmt: skip
     start, history, contrastive = result.start, result.history, result.contrastive
