@@ -157,6 +157,29 @@ def test_metrics_is_one_scrape_of_the_engine_and_the_front_ends(split: Split) ->
     assert text.count("# TYPE clip_frontend_requests_total counter") == 1
 
 
+def test_a_front_end_that_dies_ends_the_service(split: Split) -> None:
+    """Last of the tests on the module's service: it stops it."""
+    children = [
+        int(c) for c in Path(f"/proc/{split.process.pid}/task/{split.process.pid}/children").read_text().split()
+    ]
+    frontend = next(c for c in children if b"service.split.frontend" in Path(f"/proc/{c}/cmdline").read_bytes())
+    os.kill(frontend, signal.SIGKILL)
+    assert split.process.wait(timeout=60) != 0
+    assert "exited with code -9: stopping the service" in split.log.read_text()
+    for child in children:  # the engine and the other front-end were stopped too
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child}").exists() and b"zombie" not in _state(child):
+            assert time.monotonic() < deadline, f"process {child} outlived the service"
+            time.sleep(0.1)
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().lower()
+    except OSError:
+        return b"zombie"
+
+
 def test_a_hot_swap_is_followed_and_sigterm_drains(tmp_path: Path, serve_app: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     publish_tiny(root, "swap", seed=3)
