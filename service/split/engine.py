@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from service.split.wire import (
+    FRONT_END_HEADER,
     GENERATION_HEADER,
     PREDECODED,
     PREDECODED_HEADER,
@@ -34,6 +35,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _PREDECODED = PREDECODED_HEADER.encode()
+_FRONT_END = FRONT_END_HEADER.encode()
 
 
 class SpecTable:
@@ -83,7 +85,7 @@ class EngineGate:
                 message["headers"] = [*message.get("headers", []), (GENERATION_HEADER.encode(), table.generation)]
             await send(message)
 
-        if scope["path"] == SPECS_PATH:
+        if scope["path"] == SPECS_PATH and any(k == _FRONT_END for k, _ in scope["headers"]):
             body = json.dumps(table.current()).encode()
             await stamped({"type": "http.response.start", "status": 200,
                            "headers": [(b"content-type", b"application/json")]})  # fmt: skip

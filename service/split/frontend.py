@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 
 from service.config import Settings
 from service.split.predecode import IMAGE_ROUTES, rewrite
-from service.split.wire import GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH
+from service.split.wire import FRONT_END_HEADER, GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH
 
 log = logging.getLogger("service")
 
@@ -38,7 +38,8 @@ Send = Callable[[Message], Awaitable[None]]
 # Headers of one hop, not of the request or answer: each side of the front-end has its own.
 _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"expect",
                   b"proxy-connection", b"content-length"})  # fmt: skip
-_CLIENT_DROPS = _HOP | {PREDECODED_HEADER.encode()}  # never from a client: it would name pixels for a digest
+# Never from a client: pixels for a digest of its choosing, or a look at the engine's internals.
+_CLIENT_DROPS = _HOP | {PREDECODED_HEADER.encode(), FRONT_END_HEADER.encode()}
 _ENGINE_DROPS = _HOP | {GENERATION_HEADER.encode()}
 # Bodies up to this size are decoded on the event loop; larger ones (several or large images) in
 # the decode threads, so one large request does not stall the others' relaying.
@@ -138,7 +139,7 @@ class FrontEnd:
     async def _read_table(self) -> None:
         assert self.client is not None
         try:
-            response = await self.client.get(SPECS_PATH)
+            response = await self.client.get(SPECS_PATH, headers={FRONT_END_HEADER: "1"})
             self.table = response.json()
             self.generation = response.headers.get(GENERATION_HEADER)
         except (httpx.HTTPError, ValueError):

@@ -23,6 +23,9 @@ PREDECODED_HEADER = "x-clip-predecoded"
 # SPECS_PATH): a front-end re-reads the table when it changes (a hot swap, a load, an unload).
 GENERATION_HEADER = "x-clip-preprocessing"
 SPECS_PATH = "/_engine/preprocessing"
+# Only a front-end's own call reads the table (front-ends drop this header from clients): to a
+# client the path is as unknown as on a single process.
+FRONT_END_HEADER = "x-clip-front-end"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from clipcore.models.preprocess import fit_square
 from loadtests.local_stack import metric_value
 from service.images import decode_image
 from service.split.engine import EngineGate
-from service.split.wire import GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH, pack
+from service.split.wire import FRONT_END_HEADER, GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH, pack
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,10 @@ def _jpeg(seed: int) -> bytes:
     return out.getvalue()
 
 
+def _table(gated: Any) -> httpx.Response:
+    return httpx.get(f"{gated.url}{SPECS_PATH}", headers={FRONT_END_HEADER: "1"})
+
+
 def _packed(raw: bytes, spec: str, pixels: np.ndarray) -> tuple[bytes, dict[str, str]]:
     digest = hashlib.sha256(raw).hexdigest()
     body, manifest_length = pack(f'{{"images":[{{"sha256":"{digest}"}}]}}'.encode(), {digest: (raw, spec, pixels)})
@@ -44,7 +48,8 @@ def _packed(raw: bytes, spec: str, pixels: np.ndarray) -> tuple[bytes, dict[str,
 
 
 def test_the_table_names_the_served_spec_and_every_answer_its_digest(gated: Any) -> None:
-    r = httpx.get(f"{gated.url}{SPECS_PATH}")
+    assert httpx.get(f"{gated.url}{SPECS_PATH}").status_code == 404  # not without the front-end's header
+    r = _table(gated)
     assert r.status_code == 200
     table = r.json()
     assert table["specs"] == [table["default"]] and table["default"].endswith("/bicubic/shortest")
@@ -53,7 +58,7 @@ def test_the_table_names_the_served_spec_and_every_answer_its_digest(gated: Any)
 
 def test_pixels_of_the_serving_spec_are_used_and_answer_as_the_bytes_do(gated: Any) -> None:
     raw = _jpeg(1)
-    spec = httpx.get(f"{gated.url}{SPECS_PATH}").json()["default"]
+    spec = _table(gated).json()["default"]
     side = int(spec.split("/")[0])
     pixels = fit_square(decode_image(raw, "image", 10**8, min_side=side), side)
     used = metric_value(gated.url, "clip_predecoded_images_total", outcome="used")
@@ -69,7 +74,7 @@ def test_pixels_of_the_serving_spec_are_used_and_answer_as_the_bytes_do(gated: A
 
 def test_pixels_of_another_spec_are_decoded_again_from_the_bytes(gated: Any) -> None:
     raw = _jpeg(2)
-    spec = httpx.get(f"{gated.url}{SPECS_PATH}").json()["default"]
+    spec = _table(gated).json()["default"]
     side = int(spec.split("/")[0])
     other = spec.replace("shortest", "squash")
     wrong = np.zeros((side, side, 3), np.uint8)  # what a version with other preprocessing would get

@@ -127,6 +127,7 @@ def test_bad_images_get_the_answer_of_one_process(single: Any, split: Split, mak
         ("/classify", {"images": [good], "labels": ["only one"]}),
         ("/embed", {"images": [good], "model": "nosuch"}),
         ("/score/dense/heatmap", {"image": good, "text": "a green cross", "model": "dense@production"}),
+        ("/embed", {"images": [{"data": "A" * (21 * 1024 * 1024)}]}),  # over the body limit: 413
     ]
     for path, body in cases:
         one, two = (
@@ -142,11 +143,13 @@ def test_bad_images_get_the_answer_of_one_process(single: Any, split: Split, mak
     assert (one.status_code, two.status_code) == (200, 200) and one.json() == two.json()
 
 
-def test_a_client_cannot_hand_the_engine_pixels(split: Split, make_image: Any) -> None:
+def test_a_client_cannot_hand_the_engine_pixels_nor_read_its_internals(split: Split, make_image: Any) -> None:
     body = {"images": [make_image("circle", "green")]}
     plain = httpx.post(f"{split.url}/embed", json=body, timeout=60)
     forged = httpx.post(f"{split.url}/embed", json=body, headers={"x-clip-predecoded": "12"}, timeout=60)
     assert forged.status_code == 200 and forged.json() == plain.json()
+    internal = httpx.get(f"{split.url}/_engine/preprocessing", headers={"x-clip-front-end": "1"})
+    assert internal.status_code == 404
 
 
 def test_metrics_is_one_scrape_of_the_engine_and_the_front_ends(split: Split) -> None:
