@@ -21,10 +21,12 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
+import h11
 import httpx
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
 from service.config import Settings
+from service.split.channel import EngineChannel, EngineUnavailable
 from service.split.predecode import IMAGE_ROUTES, rewrite
 from service.split.wire import FRONT_END_HEADER, GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH
 
@@ -40,7 +42,8 @@ _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"u
                   b"proxy-connection", b"content-length"})  # fmt: skip
 # Never from a client: pixels for a digest of its choosing, or a look at the engine's internals.
 _CLIENT_DROPS = _HOP | {PREDECODED_HEADER.encode(), FRONT_END_HEADER.encode()}
-_ENGINE_DROPS = _HOP | {GENERATION_HEADER.encode()}
+_GENERATION = GENERATION_HEADER.encode()
+_ENGINE_DROPS = _HOP | {_GENERATION}
 # Bodies up to this size are decoded on the event loop; larger ones (several or large images) in
 # the decode threads, so one large request does not stall the others' relaying.
 INLINE_BODY_BYTES = 64 * 1024
@@ -55,7 +58,8 @@ class FrontEnd:
     def __init__(self, settings: Settings, engine_socket: str) -> None:
         self.settings = settings
         self.engine_socket = engine_socket
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # for streamed request bodies
+        self.channel = EngineChannel(engine_socket)  # for whole ones: lighter (service.split.channel)
         self.table: dict[str, Any] | None = None
         self.generation: str | None = None
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
@@ -99,6 +103,7 @@ class FrontEnd:
             elif message["type"] == "lifespan.shutdown":
                 if self.client is not None:
                     await self.client.aclose()
+                self.channel.close()
                 self.decode_pool.shutdown(wait=False, cancel_futures=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -154,19 +159,38 @@ class FrontEnd:
         outcome: str,
         send: Send,
     ) -> None:
+        if isinstance(content, bytes):
+            try:
+                status, answer, body = await self.channel.request(scope["method"], target, headers, content)
+            except h11.LocalProtocolError:
+                pass  # a head h11 will not write (uvicorn read it): relayed by httpx below
+            except EngineUnavailable:
+                await self._unreachable(send)
+                return
+            else:
+                self.requests.labels(outcome=outcome).inc()
+                self._note_generation(next((v.decode() for k, v in answer if k == _GENERATION), None))
+                length = next((v for k, v in answer if k == b"content-length"), None)
+                answer = [(k, v) for k, v in answer if k not in _ENGINE_DROPS]
+                if scope["method"] == "HEAD" and length is not None:  # the length of the GET's body
+                    await send({"type": "http.response.start", "status": status,
+                                "headers": [*answer, (b"content-length", length)]})  # fmt: skip
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                if scope["path"] == "/metrics" and status == 200:
+                    body += self._own_metrics()
+                await _answer(send, status, body, answer)
+                return
         assert self.client is not None
         request = self.client.build_request(scope["method"], target, headers=headers, content=content)
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError:
-            self.requests.labels(outcome="engine_unreachable").inc()
-            await _answer(send, 503, _UNREACHABLE, [(b"content-type", b"application/json"), (b"retry-after", b"1")])
+            await self._unreachable(send)
             return
         self.requests.labels(outcome=outcome).inc()
         try:
-            generation = response.headers.get(GENERATION_HEADER)
-            if generation != self.generation:  # the engine's loaded versions changed: re-read their specs
-                self.table, self.generation = None, generation
+            self._note_generation(response.headers.get(GENERATION_HEADER))
             answer = [(k, v) for k, v in response.headers.raw if k.lower() not in _ENGINE_DROPS]
             if scope["path"] == "/metrics" and response.status_code == 200:
                 body = await response.aread() + self._own_metrics()
@@ -180,6 +204,14 @@ class FrontEnd:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
+
+    def _note_generation(self, generation: str | None) -> None:
+        if generation != self.generation:  # the engine's loaded versions changed: re-read their specs
+            self.table, self.generation = None, generation
+
+    async def _unreachable(self, send: Send) -> None:
+        self.requests.labels(outcome="engine_unreachable").inc()
+        await _answer(send, 503, _UNREACHABLE, [(b"content-type", b"application/json"), (b"retry-after", b"1")])
 
     def _own_metrics(self) -> bytes:
         if self.registry is not None:
