@@ -20,6 +20,11 @@ only the counter is base64-encoded per image, so every image of the run is new b
 hits) at almost no cost to the generator. Its CPU time (user + system) per request is printed per
 cell: what the generator takes from the cores the servers share.
 
+``--arch`` serves another model (an open_clip name such as ``ViT-B-32``, random weights) for the
+same measurements without Infinity. ``--service two:CLIP_WORKERS=2`` runs front-ends and an engine
+(docs/operations.md): the tables then give the engine process's CPU per answer beside the whole
+tree's, and the memory table each process's RSS.
+
 This service runs as ``python -m service`` (this checkout) on a temporary store,
 ``CLIP_MODEL=bench@production``, ``--threads`` intra-op threads (Infinity gets the same), once per
 ``--service NAME:ENV=VALUE,ENV=VALUE`` variant (default ``torch-fp32``, no extra environment).
@@ -378,10 +383,43 @@ class Cell:
     images_per_request: int
     result: WrkResult
     server_cpu_s: float = float("nan")  # CPU time of the server's process tree during the cell
+    # CPU time of the process that runs the model during the cell: the engine with CLIP_WORKERS > 1,
+    # the one server process otherwise (what front-end processes cannot add to)
+    engine_cpu_s: float = float("nan")
 
     @property
     def server_cpu_ms_per_request(self) -> float:
         return 1000 * self.server_cpu_s / self.result.ok if self.result.ok else float("nan")
+
+    @property
+    def engine_cpu_ms_per_request(self) -> float:
+        return 1000 * self.engine_cpu_s / self.result.ok if self.result.ok else float("nan")
+
+
+ENGINE_MODULE = "service.split.engine"
+FRONTEND_MODULE = "service.split.frontend"
+
+
+def engine_pid(pid: int) -> int:
+    """The process of ``pid``'s tree that runs the model: the engine of a split service, else ``pid``."""
+    from loadtests.bench_rss import tree_processes
+
+    return next((p for p, command, _ in tree_processes(pid) if ENGINE_MODULE in command), pid)
+
+
+def rss_by_role(pid: int) -> dict[str, list[float]]:
+    """RSS MiB of each process of a server's tree by role: engine, front-end (one figure each),
+    supervisor; a single-process server is one ``server``."""
+    from loadtests.bench_rss import tree_processes
+
+    roles: dict[str, list[float]] = {}
+    processes = tree_processes(pid)
+    split = any(ENGINE_MODULE in command for _, command, _ in processes)
+    for p, command, rss in processes:
+        role = ("engine" if ENGINE_MODULE in command else "front-end" if FRONTEND_MODULE in command
+                else ("supervisor" if split else "server") if p == pid else "other")  # fmt: skip
+        roles.setdefault(role, []).append(rss)
+    return roles
 
 
 def machine() -> dict[str, Any]:
@@ -468,6 +506,7 @@ def endpoint_table(
     costs: list[tuple[str, Callable[[Cell], float], str]] = [
         ("wrk CPU ms per request", lambda c: c.result.wrk_cpu_ms_per_request, ".3f"),
         ("server CPU ms per answer", lambda c: c.server_cpu_ms_per_request, ".2f"),
+        ("engine CPU ms per answer", lambda c: c.engine_cpu_ms_per_request, ".2f"),
     ]
     for label, cost, fmt in costs:
         for s in present:
@@ -480,13 +519,14 @@ def endpoint_table(
     return "\n".join(lines)
 
 
-def rss_table(rss: dict[str, list[tuple[float, float]]]) -> str:
-    lines = ["| server | RSS idle after warm-up, MiB (per round) | RSS after its cells, MiB (per round) |",
-             "|---|---|---|"]  # fmt: skip
+def rss_table(rss: dict[str, list[tuple[float, float]]], roles: dict[str, dict[str, list[float]]]) -> str:
+    lines = ["| server | RSS idle after warm-up, MiB (per round) | RSS after its cells, MiB (per round) "
+             "| per process after its cells, MiB (last round) |", "|---|---|---|---|"]  # fmt: skip
     for server, figures in rss.items():
         idle = " / ".join(f"{a:.0f}" for a, _ in figures)
         after = " / ".join(f"{b:.0f}" for _, b in figures)
-        lines.append(f"| {server} | {idle} | {after} |")
+        each = "; ".join(f"{role} {' + '.join(f'{x:.0f}' for x in v)}" for role, v in roles.get(server, {}).items())
+        lines.append(f"| {server} | {idle} | {after} | {each or '-'} |")
     return "\n".join(lines)
 
 
@@ -497,6 +537,8 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="NAME:ENV=VALUE,...", help="a service variant (repeatable; default torch-fp32 with "
                         "no extra environment), e.g. auto:CLIP_PRECISION=auto")  # fmt: skip
     parser.add_argument("--no-infinity", action="store_true", help="leave Infinity out")
+    parser.add_argument("--arch", default=str(TINY_VIT), help="the served model: an open_clip config JSON or an "
+                        "open_clip model name with random weights (ViT-B-32; Infinity needs the tiny ViT)")  # fmt: skip
     parser.add_argument("--endpoints", nargs="+", default=["embed"], choices=list(ENDPOINTS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--duration", type=int, default=10, help="seconds per cell (wrk takes whole seconds)")
@@ -516,6 +558,8 @@ def main(argv: list[str] | None = None) -> None:
     variants: list[Variant] = args.services or [Variant("torch-fp32")]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit("--service: each variant needs its own NAME")
+    if args.arch != str(TINY_VIT) and not args.no_infinity:
+        raise SystemExit("--arch: Infinity serves the tiny ViT only; add --no-infinity")
     if min(args.concurrency) < 1 or args.duration < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("--concurrency and --duration must be at least 1, --rounds at least 1")
     wrk_or_exit()
@@ -525,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
 
         exe = ensure_infinity(args.infinity_venv)
 
-    from loadtests.bench_rss import settle_rss, tree_cpu_s, tree_rss_mib
+    from loadtests.bench_rss import process_cpu_s, settle_rss, tree_cpu_s, tree_rss_mib
     from loadtests.benchmark import publish_random_arch
 
     info = machine()
@@ -539,12 +583,12 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(tmp_name)
         store, onnx_cache = tmp / "store", tmp / "onnx"
         t0 = time.perf_counter()
-        ref = publish_random_arch(store, TINY_VIT)
+        ref = publish_random_arch(store, args.arch)
         jpegs = base_jpegs(args.bases)
         bases = tmp / "bases.txt"
         write_bases(bases, jpegs)
         sizes = sorted(len(j) for j in jpegs)
-        print(f"published a random {TINY_VIT.name} as {ref} (bench@production); {len(jpegs)} base JPEGs of "
+        print(f"published a random {Path(args.arch).name} as {ref} (bench@production); {len(jpegs)} base JPEGs of "
               f"{sizes[0]}-{sizes[-1]} bytes (median {sizes[len(sizes) // 2]}) in {time.perf_counter() - t0:.1f} s",
               flush=True)  # fmt: skip
         peer_dir = tmp / "hf-clip"
@@ -557,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
         counts = sorted({1, processes})
         ceilings = {n: decode_ceiling(store, ref, bases, n, args.ceiling_duration) for n in counts}
         ceiling = ceilings[processes]
-        print("decode-only ceiling (base64 + decode_image + preprocess to 64 px, in-process): "
+        print("decode-only ceiling (base64 + decode_image + preprocess to the model input, in-process): "
               + ", ".join(f"{n} process{'es' if n > 1 else ''} {v:.0f} images/s" for n, v in ceilings.items()),
               flush=True)  # fmt: skip
 
@@ -572,6 +616,7 @@ def main(argv: list[str] | None = None) -> None:
         servers = [v.name for v in variants] + (["infinity"] if exe is not None else [])
         cells: list[Cell] = []
         rss: dict[str, list[tuple[float, float]]] = {s: [] for s in servers}
+        roles: dict[str, dict[str, list[float]]] = {}
         cell_id = 0
         for r in range(1, args.rounds + 1):
             for server in servers if r % 2 == 1 else servers[::-1]:
@@ -597,19 +642,29 @@ def main(argv: list[str] | None = None) -> None:
                             if idle is None:
                                 idle = settle_rss(proc.pid, 1.0)
                             cell_id += 1
-                            cpu_before = tree_cpu_s(proc.pid)
+                            engine = engine_pid(proc.pid)
+                            cpu_before, engine_before = tree_cpu_s(proc.pid), process_cpu_s(engine)
                             res = run_wrk(url + path, bases, template, cell_id, c, args.duration, args.wrk_threads,
                                           args.wrk_timeout)  # fmt: skip
                             cell = Cell(
-                                server, r, endpoint, c, ENDPOINTS[endpoint], res, tree_cpu_s(proc.pid) - cpu_before
+                                server,
+                                r,
+                                endpoint,
+                                c,
+                                ENDPOINTS[endpoint],
+                                res,
+                                tree_cpu_s(proc.pid) - cpu_before,
+                                process_cpu_s(engine) - engine_before,
                             )
                             cells.append(cell)
                             print(f"round {r} {server} {endpoint} c={c}: {res.req_per_s:.1f} req/s, p50 "
                                   f"{res.p50_ms:.1f} p90 {res.p90_ms:.1f} p99 {res.p99_ms:.1f} ms; 2xx {res.ok}, 503 "
                                   f"{res.status_503}, other {res.status_other}, socket errors {res.socket_errors}; "
                                   f"wrk CPU {res.wrk_cpu_ms_per_request:.3f} ms/request; server CPU "
-                                  f"{cell.server_cpu_ms_per_request:.2f} ms/request", flush=True)  # fmt: skip
+                                  f"{cell.server_cpu_ms_per_request:.2f} ms/request, engine CPU "
+                                  f"{cell.engine_cpu_ms_per_request:.2f} ms/request", flush=True)  # fmt: skip
                     rss[server].append((idle or tree_rss_mib(proc.pid), settle_rss(proc.pid, 1.0)))
+                    roles[server] = rss_by_role(proc.pid)
 
     print()
     print(f"command: {command}")
@@ -621,7 +676,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(endpoint_table(endpoint, chosen, servers, args.concurrency, ceiling, processes))
     print()
-    print(rss_table(rss))
+    print(rss_table(rss, roles))
 
     if args.json is not None:
         record = {
@@ -638,11 +693,13 @@ def main(argv: list[str] | None = None) -> None:
                     "images_per_s": c.result.req_per_s * c.images_per_request,
                     "wrk_cpu_ms_per_request": c.result.wrk_cpu_ms_per_request,
                     "server_cpu_ms_per_request": c.server_cpu_ms_per_request,
+                    "engine_cpu_ms_per_request": c.engine_cpu_ms_per_request,
                     "share_of_ceiling": c.result.req_per_s * c.images_per_request / ceiling if ceiling else None,
                 }
                 for c in cells
             ],
             "rss_mib": {s: [{"idle": a, "after": b} for a, b in v] for s, v in rss.items()},
+            "rss_mib_by_process": roles,
         }
         args.json.write_text(json.dumps(record, indent=2) + "\n")
         print(f"\nwrote {args.json}")

@@ -90,6 +90,29 @@ def tree_cpu_s(pid: int) -> float:
     return _tree_sum(pid, _cpu_ticks) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` alone (0 once it has ended)."""
+    try:
+        return _cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def tree_processes(pid: int) -> list[tuple[int, str, float]]:
+    """(pid, command line, RSS MiB) of ``pid`` and every descendant that is still running."""
+    out: list[tuple[int, str, float]] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            command = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            out.append((p, command, _rss_kib(p) / 1024))
+        except OSError:
+            continue
+        todo += _children(p)
+    return out
+
+
 @contextmanager
 def service_set(
     store: Path, refs: list[str], threads: int, cwd: Path, onnx_cache: Path, python: str = sys.executable

@@ -94,14 +94,17 @@ def publish_tiny(
     seed: int = 0,
     aliases: tuple[str, ...] = ("production",),
     comparatives: list[dict[str, str]] | None = None,
+    resize_mode: str | None = None,
 ) -> str:
-    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version.
+    """Publish a random shapes-smoke model (plus a ``pcclip`` text variant) and return its version;
+    ``resize_mode`` gives it preprocessing other than the default (``squash``, ``longest``).
 
     Its ``aliases`` move to it past the evaluation gate (forced, with the reason in the alias
     history): random weights have no evaluation, and neither has the version they replace."""
     import torch
 
     from clipcore.models.clip_model import build_model
+    from clipcore.models.preprocess import PreprocessConfig
     from clipcore.models.publish import TrainedModel, publish_bundle
     from model_store import ModelStore
 
@@ -125,6 +128,7 @@ def publish_tiny(
             fp16=False,
             training={"seed": seed},
             metrics={"smoke.random": 0.5},
+            **({"preprocess": PreprocessConfig(resize_mode=resize_mode)} if resize_mode else {}),
         ),
         aliases=list(aliases),
         force=bool(aliases),

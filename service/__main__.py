@@ -57,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # A port in use is said before the seconds of importing torch and open_clip, as bad settings are.
     http_server.check_can_listen(settings.host, settings.port)
+    from service.split.supervisor import workers_for
+
+    workers = workers_for(settings)
+    if workers > 1:  # an engine process and front-end processes (service.split)
+        from service.split import supervisor
+
+        raise SystemExit(supervisor.run(settings, list(argv) if argv is not None else sys.argv[1:], workers))
     # The application imports torch and open_clip (seconds): only once the settings are known to be good.
     from service.app import create_app
 

@@ -202,6 +202,16 @@ class Settings(BaseSettings):
         "default, one per core). On a machine shared with other CPU-heavy work, 1 avoids threads waiting for "
         "descheduled siblings (see docs/benchmarks.md).",
     )
+    workers: int | Literal["auto"] = Field(
+        default=1,
+        description="Front-end processes. 1: one process does everything (HTTP, decoding, batching, the model). "
+        "N > 1: `python -m service` supervises one engine process (the served set, caches, batchers and towers, "
+        "on a private unix socket) and N front-ends that share the public port (SO_REUSEPORT), parse requests "
+        "and decode base64 images to model-input pixels before handing them to the engine. On the CPU the "
+        "engine's intra-op threads are the cores left to it (cores - N) unless `torch_threads` is set. `auto`: 1 "
+        "on a CPU-only node with fewer than 8 cores, else cores // 4 (at most 8) on the CPU and cores - 2 (at "
+        'most 8) with CUDA (docs/operations.md, "Front-ends and an engine").',
+    )
     max_header_bytes: int = Field(
         default=64 * 1024,
         ge=1024,
@@ -388,6 +398,17 @@ class Settings(BaseSettings):
         description="Serve the playground page at `/` (static files that call the public API; its API calls need "
         "a key like any other when keys are configured). `false`: `/` and `/playground/...` answer 404.",
     )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_form(cls, value: Any) -> Any:
+        # From the environment every value is a string: a number is the int, anything else stays for the
+        # Literal to refuse with its own message.
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError("workers must be at least 1 (or auto)")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

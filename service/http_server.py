@@ -313,7 +313,9 @@ def run(
     """``uvicorn.run`` with the head and body bounds and the keep-alive timeout."""
     # python -m service probed before importing the app; again here, for the port may have been taken
     # during those seconds, and uvicorn would only say so after the model load, with the bare errno.
-    check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
+    # (A unix socket, the engine's with workers > 1, is in a folder of its own: nothing to probe.)
+    if "uds" not in options and "fd" not in options:
+        check_can_listen(str(options.get("host", "127.0.0.1")), int(options.get("port", 8000)))
     uvicorn.run(
         app,
         http=guarded_protocol(max_header_bytes, header_timeout_s, body_idle_timeout_s, body_timeout_s),  # type: ignore[arg-type]

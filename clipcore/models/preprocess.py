@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import ExifTags, Image
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: front-end processes decode images without it
+    import torch
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -143,6 +145,8 @@ def upright(image: Image.Image) -> Image.Image:
 def normalize_uint8(batch: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """(N, H, W, 3) uint8 -> (N, 3, H, W) float32 normalised tensor. ``mean`` and ``std`` are a
     version's (``PreprocessConfig.normalize``): no default, so no caller picks them by omission."""
+    import torch
+
     # Cached arrays are read-only; torch needs a writable buffer (copied only when it is not).
     x = torch.from_numpy(np.require(batch, requirements=["C", "W"])).permute(0, 3, 1, 2).float().div_(255.0)
     m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)

@@ -226,6 +226,13 @@ class ServiceMetrics:
             "Images decoded from request payloads.",
             registry=r,
         )
+        self.predecoded_images_total = Counter(
+            "clip_predecoded_images_total",
+            "Images a front-end process decoded (workers > 1) that reached an encode: used (its pixels were "
+            "made under the serving version's preprocessing) or stale (decoded again from its bytes).",
+            ["outcome"],
+            registry=r,
+        )
         self.texts_truncated_total = Counter(
             "clip_texts_truncated_total",
             "Texts cut to the model context length.",
@@ -383,6 +390,12 @@ class ServiceMetrics:
 
     def image_decoded(self, count: int = 1) -> None:
         self.images_decoded_total.inc(count)
+
+    def images_predecoded(self, used: int, stale: int) -> None:
+        if used:
+            self.predecoded_images_total.labels(outcome="used").inc(used)
+        if stale:
+            self.predecoded_images_total.labels(outcome="stale").inc(stale)
 
     def texts_truncated(self, count: int = 1) -> None:
         if count > 0:

@@ -41,6 +41,7 @@ from service.runtime.batcher import (
 )
 from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
 from service.runtime.metrics import ServiceMetrics
+from service.split.wire import PREDECODED, Predecoded, bundle_spec
 
 T = TypeVar("T")
 
@@ -100,6 +101,7 @@ class _ReadImages:
     raw: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     first_field: dict[str, str] = field(default_factory=dict)
     decoded: dict[str, np.ndarray] = field(default_factory=dict)
+    predecoded: dict[str, Predecoded] = field(default_factory=dict)  # pixels a front-end made, by id
 
 
 @dataclass
@@ -283,8 +285,9 @@ class Pipeline:
         """Room in the batcher's queue for the images that may need encoding (those sent as data
         or URL: references are cached or unknown), taken before fetching or decoding anything,
         so an overloaded server refuses a request at once and cheaply."""
+        predecoded = PREDECODED.get() or {}
         try:
-            return batcher.reserve(sum(img.sha256 is None for img in images))
+            return batcher.reserve(sum(img.sha256 is None or img.sha256 in predecoded for img in images))
         except BatcherError as exc:
             raise self._batcher_error(exc) from None
 
@@ -295,12 +298,18 @@ class Pipeline:
             [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
         )
         read = _ReadImages()
+        predecoded = PREDECODED.get() or {}
         for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
             digest = img.sha256.lower() if img.sha256 is not None else bytes_digest(data or b"")
             read.ids.append(digest)
             read.first_field.setdefault(digest, fields[i])
             if data is not None and digest not in read.raw:
                 read.raw[digest] = (data, f"{fields[i]}.{'data' if img.data is not None else 'url'}")
+            elif digest in predecoded and digest not in read.raw:
+                # Sent as data to a front-end, which decoded it: its bytes stay at hand in case the
+                # version serving this request wants other pixels than the front-end made.
+                read.predecoded[digest] = predecoded[digest]
+                read.raw[digest] = (predecoded[digest].raw, f"{fields[i]}.data")
         return read
 
     async def _encode_images(
@@ -338,6 +347,13 @@ class Pipeline:
     async def _decode(self, runtime: ModelRuntime, read: _ReadImages, digests: Sequence[str]) -> list[np.ndarray]:
         """Model-input pixels of these images, decoding only those this request has not yet."""
         todo = [d for d in digests if d not in read.decoded]
+        if read.predecoded:
+            spec = bundle_spec(runtime.bundle)
+            ready = {d: read.predecoded[d] for d in todo if d in read.predecoded}
+            used = {d: p.pixels for d, p in ready.items() if p.spec == spec}
+            self.metrics.images_predecoded(used=len(used), stale=len(ready) - len(used))
+            read.decoded.update(used)
+            todo = [d for d in todo if d not in used]
         pixels = await asyncio.gather(*(self._pixels(runtime, *read.raw[d]) for d in todo))
         self.metrics.image_decoded(len(pixels))
         read.decoded.update(zip(todo, pixels, strict=True))

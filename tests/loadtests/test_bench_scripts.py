@@ -298,14 +298,16 @@ def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_cei
         rows = {row[0]: row[1:] for row in table_after(out, f"### /{endpoint}:")}
         assert set(rows) == {"torch-fp32", f"torch-fp32: % of decode-only ceiling ({os.cpu_count()} proc.)",
                              "torch-fp32: wrk CPU ms per request", "torch-fp32: server CPU ms per answer",
-                             "torch-fp32: non-2xx + socket errors"}  # fmt: skip
+                             "torch-fp32: engine CPU ms per answer", "torch-fp32: non-2xx + socket errors"}  # fmt: skip
         (rate,) = rows["torch-fp32"]
         assert float(rate.split(" (")[0]) > 0, (endpoint, rate)
         assert rows["torch-fp32: non-2xx + socket errors"] == ["0"], endpoint
         assert float(rows["torch-fp32: wrk CPU ms per request"][0]) > 0, endpoint
         assert float(rows["torch-fp32: server CPU ms per answer"][0]) > 0, endpoint
-    ((label, idle, after),) = table_after(out, "| server | RSS idle")
-    assert label == "torch-fp32" and float(idle) > 50 and float(after) > 50
+        # One process: the engine's CPU is the server's
+        assert rows["torch-fp32: engine CPU ms per answer"] == rows["torch-fp32: server CPU ms per answer"]
+    ((label, idle, after, each),) = table_after(out, "| server | RSS idle")
+    assert label == "torch-fp32" and float(idle) > 50 and float(after) > 50 and each.startswith("server ")
     record = json.loads((tmp_path / "out.json").read_text())
     assert all(v > 0 for v in record["decode_ceiling_images_per_s"].values())
     assert [(c["endpoint"], c["concurrency"]) for c in record["cells"]] == [

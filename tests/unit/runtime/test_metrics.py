@@ -38,6 +38,7 @@ NAMES = [
     "clip_model_quarantined",
     "clip_model_loads_skipped_total",
     "clip_images_decoded_total",
+    "clip_predecoded_images_total",
     "clip_texts_truncated_total",
     "clip_version_requests_total",
     "clip_version_request_duration_seconds",

@@ -1,0 +1,167 @@
+"""The engine process (``workers`` > 1): the whole application on a private unix socket.
+
+It is the single-process application (every route, the served set, canary and shadow, hot swaps,
+caches, batchers, towers and its own /metrics) behind ``EngineGate``, which takes the images the
+front-ends decoded (``service.split.wire``), answers the preprocessing table front-ends decode by,
+and stamps every answer with that table's digest so front-ends notice a change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.split.wire import (
+    FRONT_END_HEADER,
+    GENERATION_HEADER,
+    PREDECODED,
+    PREDECODED_HEADER,
+    SPECS_PATH,
+    MalformedFrame,
+    bundle_spec,
+    unpack,
+)
+
+log = logging.getLogger("service")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_PREDECODED = PREDECODED_HEADER.encode()
+_FRONT_END = FRONT_END_HEADER.encode()
+
+
+class SpecTable:
+    """The preprocessing specs of the loaded versions, and a digest that changes with them."""
+
+    def __init__(self, models: Any) -> None:
+        self.models = models
+        self._key: tuple[int, ...] = ()
+        self._table: dict[str, Any] = {"default": None, "specs": []}
+        self.generation = b"0"
+
+    def current(self) -> dict[str, Any]:
+        runtimes = [
+            (i, runtime)
+            for i, entry in enumerate(self.models.entries)
+            for runtime in (entry.current, *entry.sides.values())
+            if runtime is not None
+        ]
+        key = tuple(id(runtime) for _, runtime in runtimes)
+        if key != self._key:  # a version came or went: a few microseconds per answer otherwise
+            default = self.models.default.current
+            self._table = {
+                "default": bundle_spec(default.bundle) if default is not None else None,
+                "specs": sorted({bundle_spec(runtime.bundle) for _, runtime in runtimes}),
+            }
+            self.generation = str(zlib.crc32(json.dumps(self._table, sort_keys=True).encode())).encode()
+            self._key = key
+        return self._table
+
+
+class EngineGate:
+    """ASGI wrapper of the engine's application (see the module docstring)."""
+
+    def __init__(self, app: Any, models: Any) -> None:
+        self.app = app
+        self.table = SpecTable(models)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        table = self.table
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                table.current()
+                message["headers"] = [*message.get("headers", []), (GENERATION_HEADER.encode(), table.generation)]
+            await send(message)
+
+        if scope["path"] == SPECS_PATH and any(k == _FRONT_END for k, _ in scope["headers"]):
+            body = json.dumps(table.current()).encode()
+            await stamped({"type": "http.response.start", "status": 200,
+                           "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+            return
+        manifest_length = next((v for k, v in scope["headers"] if k == _PREDECODED), None)
+        if manifest_length is None:
+            await self.app(scope, receive, stamped)
+            return
+        body = await _read_body(receive)
+        try:
+            request_json, images = unpack(body, int(manifest_length))
+        except (MalformedFrame, ValueError) as exc:
+            log.error("a front-end sent %s", exc)
+            await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": str(exc).encode()})
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in (_PREDECODED, b"content-length")]
+        headers.append((b"content-length", str(len(request_json)).encode()))
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": request_json, "more_body": False}
+            return await receive()  # after the body: a disconnect, when the front-end goes away
+
+        token = PREDECODED.set(images)
+        try:
+            await self.app({**scope, "headers": headers}, replay, stamped)
+        finally:
+            PREDECODED.reset(token)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m service.split.engine SOCKET [service flags...]`` (started by the supervisor)."""
+    from service.__main__ import leave_out_gpu_compiler
+    from service.split.supervisor import child_settings
+
+    socket_path, settings = argv[0], child_settings(argv[1:])
+    leave_out_gpu_compiler(settings.device)
+    from service import http_server
+    from service.app import create_app
+
+    app = create_app(settings)
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    http_server.run(
+        EngineGate(app, app.state.services.models),
+        uds=socket_path,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        body_idle_timeout_s=settings.body_idle_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keep_alive_s=max(settings.keep_alive_s, 3600.0),  # front-ends keep their connections
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
