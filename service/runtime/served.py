@@ -58,10 +58,11 @@ from typing import Any
 from clipcore.errors import ClipError, ErrorCode
 from model_store import ModelStore
 from service.config import Settings
-from service.runtime.assembly import CANARY, ModelRuntime
-from service.runtime.lifecycle import ModelManager, ModelState, Quarantine
+from service.runtime.lifecycle import ModelManager, ModelState, Neighbours
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.model_runtime import ModelRuntime
 from service.runtime.pipeline import REQUEST_STAGES
+from service.runtime.policy import Quarantine
 
 __all__ = ["EntryStatus", "Selection", "ServedModels", "shown_name"]
 
@@ -105,13 +106,12 @@ class ServedModels:
     def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
         self.settings = settings
         self.budget = settings.max_loaded_models
+        # One server: a request for any model stops every entry's re-timing, and one re-times at a time.
+        neighbours = Neighbours()
         self.entries = [
-            ModelManager(settings, store, metrics, ref, on_change=self._wake) for ref in settings.served_refs()
+            ModelManager(settings, store, metrics, ref, on_change=self._wake, neighbours=neighbours)
+            for ref in settings.served_refs()
         ]
-        retiming = asyncio.Lock()  # one entry re-times at a time: two would be each other's noise
-        for entry in self.entries:  # one server: a request for any model stops every entry's re-timing
-            entry.peers = self.entries
-            entry.retimer.turn = retiming
         self.metrics = metrics
         self._waiters: set[asyncio.Future[None]] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
@@ -179,8 +179,8 @@ class ServedModels:
         """The set in words: ``default@production (default@v6), other@v3, big (not loaded)``."""
         parts = []
         for entry in self.entries:
-            current = entry.current
-            canary = entry.sides[CANARY] if current is not None else None
+            view = entry.view()
+            current, canary = view.primary, view.canary
             if current is None:
                 parts.append(f"{entry.ref} (not loaded)")
             elif current.ref != entry.ref or canary is not None:
@@ -194,8 +194,8 @@ class ServedModels:
         """Each entry's state, and which of its versions answers the caller ``key``."""
         out = []
         for entry in self.entries:
-            current = entry.current
-            canary = entry.sides[CANARY] if current is not None else None
+            view = entry.view()
+            current, canary = view.primary, view.canary
             out.append(
                 EntryStatus(
                     ref=entry.ref,
@@ -220,11 +220,11 @@ class ServedModels:
         or its primary, ``ModelManager.acquire``; the version ``requested`` names, if it names
         one), held for the whole request. Under a memory budget, a model that is not loaded is
         loaded first (the request waits)."""
-        return self.acquire_entry(self.resolve(requested), key)
+        return self.lease(self.resolve(requested), key)
 
     @contextlib.asynccontextmanager
-    async def acquire_entry(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
-        """``acquire`` for a ``model`` already resolved."""
+    async def lease(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+        """``acquire`` for a ``model`` already resolved: loaded if need be, routed, held."""
         entry = selection.entry
         # A model not loaded yet is waited for within the request's time budget: under a memory
         # budget it is loaded on request; otherwise it may still be loading at start (the server
