@@ -302,6 +302,10 @@ class ModelManager:
     def serves(self, version: str, role: str = PRIMARY) -> bool:
         return self.table.serves(version, role)
 
+    def pins(self, version: str) -> bool:
+        """Whether a request naming ``version`` belongs here (``RoleTable.pins``)."""
+        return self.table.pins(version)
+
     def answers(self, key: str | bytes | None) -> str | None:
         return self.table.answers(key)
 

@@ -106,7 +106,14 @@ class Reconciler:
                 continue
             self.alias = manager.selector if entry is not None or manager.selector in aliases else None
             # The canary and shadow load before the entry serves: every caller gets its version at once.
-            sides = await self._load_sides(entry, runtime) if entry is not None else {}
+            sides: dict[str, ModelRuntime] = {}
+            try:
+                if entry is not None:
+                    await self._load_sides(entry, runtime, sides)
+            except asyncio.CancelledError:  # shut down meanwhile: these versions never served
+                for loaded in {id(r): r for r in (runtime, *sides.values())}.values():
+                    await loaded.stop()
+                raise
             manager.table.follow(entry)
             manager.install(runtime, initial=True)
             for role, side in sides.items():
@@ -200,18 +207,16 @@ class Reconciler:
         want = part.version if part is not None else None
         return None if want == primary else want  # nothing runs beside the primary as itself
 
-    async def _load_sides(self, entry: AliasEntry, primary: ModelRuntime) -> dict[str, ModelRuntime]:
-        """The canary and shadow ``entry`` names, loaded for a first load of ``primary``."""
-        sides: dict[str, ModelRuntime] = {}
+    async def _load_sides(self, entry: AliasEntry, primary: ModelRuntime, sides: dict[str, ModelRuntime]) -> None:
+        """The canary and shadow ``entry`` names, loaded into ``sides`` for a first load of ``primary``."""
         for role in SIDES:
             want = self._wanted(role, entry, primary.version)
             if want is None:
                 continue
             held = next((r for r in (primary, *sides.values()) if r.version == want), None)
-            runtime = held or await self._load_side(role, want, primary, extra=list(sides.values()))
+            runtime = held or await self._load_side(role, want, primary, extra=[primary, *sides.values()])
             if runtime is not None:
                 sides[role] = runtime
-        return sides
 
     def _set_side(self, role: str, runtime: ModelRuntime) -> None:
         table = self.manager.table

@@ -301,7 +301,8 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
     entry = store.alias_entry("beta", "production")
     assert entry is not None
     key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
-    settings = {"max_loaded_models": 2, "watch_interval_s": 0.2, "batching": {"request_timeout_s": 60.0}}
+    # The budget counts versions: alpha's and beta's three fill it; gamma loads in beta's place.
+    settings = {"max_loaded_models": 4, "watch_interval_s": 0.2, "batching": {"request_timeout_s": 60.0}}
     with serve_app(store=str(root), model="alpha,beta@production,gamma", **settings) as running:
         url = running.url
         beta = running.services.models.entries[1]
