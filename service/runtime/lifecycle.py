@@ -190,9 +190,6 @@ class ModelManager:
         return self._budget(self, versions, size, extra) if self._budget is not None else None
 
     # ------------------------------------------------------------------ start and stop
-    async def start(self) -> None:
-        self.launch()
-
     def launch(self) -> None:
         """Start loading (and then watching) unless already started; returns at once."""
         if not self.started:
