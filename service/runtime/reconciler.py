@@ -118,6 +118,8 @@ class Reconciler:
             manager.install(runtime, initial=True)
             for role, side in sides.items():
                 self._set_side(role, side)
+            if sides:
+                manager.changed()  # the budget counts them: an idle model may have to make room
             manager.export_split()
             self.metrics.model_loaded(manager.ref)
             # The watcher below runs in this frame for good: it must not keep the first version
