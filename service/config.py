@@ -141,14 +141,27 @@ class Settings(BaseSettings):
     max_loaded_models: int = Field(
         default=0,
         ge=0,
-        description="Models of the served set held in memory at once (0: all of them). Beyond it, the first ones "
-        "load at start and the others on their first request (which waits for the load, within "
+        description="Model versions of the served set held in memory at once, every role counted: each entry's "
+        "primary, canary and shadow (a shadow of the canary's version once); 0: no bound. Beyond it, the first "
+        "entries load at start and the others on their first request (which waits for the load, within "
         "`batching.request_timeout_s`, else 503 with Retry-After), unloading the least recently used model that "
-        "has no request in flight, once the new one has loaded: a load that fails unloads nothing, and its model is "
-        "quarantined (503 with Retry-After, no load) until its backoff ends, or, for a version refused by its "
-        "checksums, manifest, warm-up or parity gate, until its alias names another version. While a load on "
-        "request runs, one model more than the budget is in memory, as during a hot swap (one such load at a "
-        "time). The first model is never unloaded, so a set of several needs at least 2.",
+        "has no request in flight, with its canary and shadow, once the new one has loaded: a load that fails "
+        "unloads nothing, and its model is quarantined (503 with Retry-After, no load) until its backoff ends, or, "
+        "for a version refused by its checksums, manifest, warm-up or parity gate, until its alias names another "
+        "version. While a load on request runs, one model more than the budget is in memory, as during a hot swap "
+        "(one such load at a time). A canary or shadow that would not fit even with every model but the default "
+        "unloaded is refused when its alias names it (logged, `problem` in /models, "
+        '`clip_side_loads_total{result="over_budget"}`). The first model is never unloaded, so a set of several '
+        "needs at least 2.",
+    )
+    max_loaded_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes of weights of the served set held in memory at once (every loaded version's tensors as "
+        "loaded, measured at its load; 0: no bound), beside `max_loaded_models` and enforced the same way: a load on "
+        "request starts at once while less is loaded, and once it has loaded, idle models are unloaded until the set "
+        "fits; a canary or shadow that would not fit beside the default model is refused. With this bound alone, "
+        "only the first model loads at start.",
     )
     max_loads_per_minute: int = Field(
         default=30,

@@ -1,9 +1,7 @@
-"""Annotated dependencies shared by the routers: services, the pipeline, the model a request names."""
+"""Annotated dependencies shared by the routers: services, the pipeline, the caller's key."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -14,10 +12,10 @@ from service.auth import ApiKeyAuth
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
 from service.runtime.canary import CANARY_KEY_HEADER, caller_key
-from service.runtime.lifecycle import ModelManager, ModelRuntime
+from service.runtime.lifecycle import ModelManager
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
-from service.runtime.served import Selection, ServedModels
+from service.runtime.served import ServedModels
 
 
 @dataclass
@@ -73,18 +71,3 @@ async def get_pipeline(services: ServicesDep) -> Pipeline:
 
 
 PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
-
-
-@contextlib.asynccontextmanager
-async def use_model(
-    request: Request, services: Services, model: Selection, key: bytes | None = None
-) -> AsyncIterator[ModelRuntime]:
-    """The runtime of ``model`` (from ``services.models.resolve``: an unknown name is a 404 before
-    the request's input is checked) that answers the caller ``key`` (``CallerKeyDep``): the entry's
-    canary for the callers its alias routes to it, else its primary; the version the request's
-    ``model`` named, if it named one. Held from start to end even if a new version is swapped in.
-    Under a memory budget, a model that is not loaded loads first."""
-    async with services.models.acquire_entry(model, key) as runtime:
-        request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
-        request.state.role = runtime.role
-        yield runtime

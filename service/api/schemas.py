@@ -469,6 +469,11 @@ class CanaryInfo(BaseModel):
         description="whether this server routes that share to it; false while it loads or when it was refused: "
         "the primary answers every request meanwhile"
     )
+    problem: str | None = Field(
+        default=None,
+        description="why it is not loaded, when it was refused (e.g. it does not fit max_loaded_models or "
+        "max_loaded_bytes) or its load is being retried; null while it loads or once it is loaded",
+    )
 
 
 class ShadowEndpointInfo(BaseModel):
@@ -499,6 +504,11 @@ class ShadowInfo(BaseModel):
     fraction: float = Field(description="share of the requests re-run on it after they were answered")
     loaded: bool = Field(description="whether this server has it loaded (false: nothing is re-run)")
     endpoints: dict[str, ShadowEndpointInfo] = Field(description="by route template, e.g. '/classify'")
+    problem: str | None = Field(
+        default=None,
+        description="why it is not loaded, when it was refused (it does not fit the memory budget, its embeddings "
+        "are not as wide as the primary's, it failed its checks) or its load is being retried",
+    )
 
 
 class ModelInfo(BaseModel):

@@ -1,10 +1,4 @@
-"""How a handler answers: on the request's runtime, and again on the shadow after the answer is sent.
-
-``AnswerDep`` runs an endpoint's operation on the runtime of the served-set entry the request
-names (``use_model``: that entry's canary for the callers routed to it) and, when the request is
-sampled for that entry's shadow, hands the same operation to that entry's shadow runner as a
-background task of the response, which Starlette runs once the answer has been sent. The
-shadow's answer is compared with the one sent and never returned.
+"""What a shadow comparison looks at in each endpoint's answer (``service.api.answering`` runs it).
 
 ``summarize`` says what is compared of each endpoint's answer: the top-1 label per image
 (/classify), the decision per pair (/rank-pair), the top image (/rank), the best caption and the
@@ -13,24 +7,14 @@ scores (/score/dense), the embeddings (/embed, /v1/embeddings).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Annotated, TypeVar
-
-from fastapi import BackgroundTasks, Depends, Request
 from pydantic import BaseModel
 
-from service.api.deps import CallerKeyDep, Services, ServicesDep, use_model
 from service.api.openai_schemas import EmbeddingsResponse
 from service.api.schemas import ClassifyResponse, DenseResponse, EmbedResponse, RankPairResponse, RankResponse
 from service.api.vector_encoding import decode_rows
-from service.runtime.lifecycle import ModelRuntime
-from service.runtime.served import Selection
-from service.runtime.shadow import Answer, ShadowJob
+from service.runtime.shadow import Answer
 
-__all__ = ["AnswerDep", "Answering", "summarize"]
-
-R = TypeVar("R", bound=BaseModel)
+__all__ = ["summarize"]
 
 
 def summarize(answer: BaseModel) -> Answer:
@@ -50,35 +34,3 @@ def summarize(answer: BaseModel) -> Answer:
         rows = [item.embedding for item in answer.data]
         return Answer(vectors=decode_rows(rows, "base64" if rows and isinstance(rows[0], str) else "float"))
     raise TypeError(f"no shadow comparison for {type(answer).__name__}")
-
-
-@dataclass
-class Answering:
-    """Call it with what the request's ``model`` picks (``ServedModels.resolve``) and the
-    endpoint's operation (a function of the runtime): it returns the answer."""
-
-    request: Request
-    services: Services
-    key: bytes | None  # the caller, for the entry's canary routing
-    endpoint: str
-    background: BackgroundTasks
-
-    async def __call__(self, model: Selection, operation: Callable[[ModelRuntime], Awaitable[R]]) -> R:
-        async with use_model(self.request, self.services, model, self.key) as runtime:
-            answer = await operation(runtime)
-        entry = model.entry
-        version = entry.shadow_sample()
-        if version is not None:
-            job = ShadowJob(version, self.endpoint, answer, operation, summarize)
-            self.background.add_task(entry.shadows.offer, job)
-        return answer
-
-
-async def answering(
-    request: Request, services: ServicesDep, key: CallerKeyDep, background: BackgroundTasks
-) -> Answering:
-    endpoint = getattr(request.scope.get("route"), "path", request.url.path)
-    return Answering(request, services, key, endpoint, background)
-
-
-AnswerDep = Annotated[Answering, Depends(answering)]

@@ -1,5 +1,10 @@
 """Serving runtime: batching, the embedding cache, the request pipeline, model lifecycle and metrics.
 
+Model lifecycle (docs/design.md, section 6): ``served`` (the served set and its memory budget,
+``budget``), per entry ``lifecycle.ModelManager`` with its role table (``roles``), version loader
+(``loader``), reconciler (``reconciler``, failures through ``policy``) and drain (``drain``);
+``model_runtime.ModelRuntime`` is one loaded version, built by ``assembly``.
+
 It raises ``clipcore.errors.ClipError`` and never imports the HTTP layer (an import contract).
 """
 

@@ -1,10 +1,10 @@
-"""One loaded model version as the service runs it: batchers over its towers on one model thread.
+"""Building a loaded version's runtime: its serving towers, warm-up, batchers on one model thread.
 
-A ``ModelRuntime`` is one loaded version with its own batchers (one for images, one per
-text-encoder variant, and for a version with a DCSM scorer one each for dense image and dense
-text features) sharing a single worker thread, so model calls of one version never overlap.
-Each runtime has a thread of its own: in a served set of several models, a request for one
-model never queues behind another model's batch (docs/benchmarks.md measures why).
+A ``ModelRuntime`` (``service.runtime.model_runtime``) is one loaded version with its own batchers
+(one for images, one per text-encoder variant, and for a version with a DCSM scorer one each for
+dense image and dense text features) sharing a single worker thread. Each runtime has a thread of
+its own: in a served set of several models, a request for one model never queues behind another
+model's batch (docs/benchmarks.md measures why).
 
 The pooled image and text batchers call the towers the settings pick (``serving_towers``):
 torch fp32, torch under bf16/fp16 autocast, or ONNX Runtime (fp32, or an int8 image tower).
@@ -17,115 +17,38 @@ trained on fp32 features). YUKINO's inverter and prompts always run on torch.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from clipcore.backends.auto import Interrupted, Pace
-from clipcore.backends.base import AutoDecision, ServingTowers
+from clipcore.backends.base import ServingTowers
 from clipcore.backends.residency import release_unserved, trim_heap
 from clipcore.backends.select import select_towers
 from clipcore.backends.torch_towers import AUTOCAST_DTYPES, TorchTowers, resolve_device
-from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 from service.config import Settings
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.model_runtime import ModelRuntime
+from service.runtime.roles import CANARY, PRIMARY, SHADOW
 
 __all__ = ["AUTOCAST_DTYPES", "CANARY", "PRIMARY", "SHADOW", "ModelRuntime", "TorchTowers", "build_runtime",
            "resolve_device", "serving_towers", "warm_up"]  # fmt: skip
 
 log = logging.getLogger("service.runtime")
-T = TypeVar("T")
 
 IMAGE_BATCHER = "image"
 DENSE_IMAGE_BATCHER = "dense-image"
 YUKINO_BATCHER = "yukino-image"
 DENSE_TEXT_BATCHER = "dense-text"
 WARMUP_TEXT = "a red circle to the left of a blue square"
-# What a loaded version does for its alias: answers every request the canary does not take, a
-# weighted share of the callers, or re-runs a sample of the requests after they were answered.
-PRIMARY, CANARY, SHADOW = "primary", "canary", "shadow"
-
-
-@dataclass(eq=False)
-class ModelRuntime:
-    bundle: ModelBundle
-    image_batcher: DynamicBatcher[np.ndarray, np.ndarray]
-    text_batchers: dict[str, DynamicBatcher[str, np.ndarray]]
-    executor: concurrent.futures.ThreadPoolExecutor
-    # Only for versions with a DCSM component; None otherwise.
-    dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
-    # Only for versions with a YUKINO component: images -> (2, D) yes / no prompt features.
-    yukino_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
-    dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None
-    active: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    backend: str = "torch fp32"  # what the pooled batchers call, for logs
-    auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
-    load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
-    role: str = PRIMARY
-
-    @property
-    def ref(self) -> str:
-        return self.bundle.ref
-
-    def set_role(self, role: str) -> None:
-        """Take ``role``; a canary's or shadow's batchers are named ``canary:image``,
-        ``shadow:text-base`` ..., so their queues and batch times are told apart from the primary's
-        (whose plain names dashboards and autoscaling read), and lose the prefix when promoted."""
-        self.role = role
-        for batcher in self.batchers:
-            base = batcher.name.rpartition(":")[2]
-            batcher.name = base if role == PRIMARY else f"{role}:{base}"
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[ModelRuntime]:
-        """Count one user (a request, a shadow run) until the block ends: a retired version is
-        stopped only once it is idle."""
-        self.active += 1
-        self.idle.clear()
-        try:
-            yield self
-        finally:
-            self.active -= 1
-            if self.active == 0:
-                self.idle.set()
-
-    @property
-    def batchers(self) -> list[DynamicBatcher]:  # type: ignore[type-arg]
-        extra = (self.dense_image_batcher, self.dense_text_batcher, self.yukino_batcher)
-        dense = [b for b in extra if b is not None]
-        return [self.image_batcher, *self.text_batchers.values(), *dense]
-
-    async def start(self) -> None:
-        self.idle.set()
-        for batcher in self.batchers:
-            await batcher.start()
-
-    async def stop(self) -> None:
-        for batcher in self.batchers:
-            await batcher.stop(drain=True)
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run model work (not batched, e.g. DCSM scoring) on this version's model thread."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-        except RuntimeError as exc:
-            if "shutdown" not in str(exc):
-                raise
-            # Only after a drain timeout: the version was stopped under a slow request.
-            raise ClipError(ErrorCode.not_ready, "model is being replaced; retry", retry_after=1) from None
 
 
 def serving_towers(
@@ -237,3 +160,19 @@ def build_runtime(
     if bundle.yukino is not None:
         runtime.yukino_batcher = batcher(YUKINO_BATCHER, _stacked(serving.yukino_prompts), b.max_batch_images)
     return runtime
+
+
+def weight_bytes(bundle: ModelBundle) -> int:
+    """Bytes of the version's weights as loaded (every tensor of its torch modules, each storage
+    once; text-encoder variants share the image tower's): what the memory budget counts for it.
+    Measured before the serving path frees the towers it does not call, so a version costs the
+    same whichever backend serves it (ONNX Runtime holds its own copy of what torch freed)."""
+    modules = [bundle.model, *bundle.text_models.values(), bundle.dcsm, bundle.dense, bundle.yukino]
+    seen: dict[int, int] = {}
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            continue
+        for tensor in [*module.parameters(), *module.buffers()]:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())

@@ -268,8 +268,9 @@ class ServiceMetrics:
         )
         self.side_loads_total = Counter(
             "clip_side_loads_total",
-            "Loads of a canary or shadow version beside the primary, by result (ok, refused, retrying); `model` is "
-            "the served-set entry (CLIP_MODEL).",
+            "Loads of a canary or shadow version beside the primary, by result (ok, refused, retrying; over_budget: "
+            "refused by max_loaded_models or max_loaded_bytes; width: a shadow whose embeddings are not as wide as "
+            "the primary's); `model` is the served-set entry (CLIP_MODEL).",
             ["model", "role", "result"],
             registry=r,
         )

@@ -48,11 +48,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from clipcore.backends.auto import Interrupted, Pace, TimingInterrupted
+from model_store import ModelStore
 from service.config import Settings
-from service.runtime.assembly import ModelRuntime
+from service.runtime.loader import VersionLoader
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.model_runtime import ModelRuntime
 
-__all__ = ["Pacer", "RetimeState", "Retimer"]
+__all__ = ["Pacer", "RetimeState", "Retimer", "attempt_copy"]
 
 log = logging.getLogger("service.retime")
 
@@ -126,7 +128,7 @@ class Retimer:
     when the last request on the served set ended (monotonic), None while one is in flight (or a
     version loads); ``loading``: whether a version of the served set loads (an attempt under traffic
     waits for it, and stops when one starts); ``attempt``: one attempt on a serving runtime
-    (``ModelManager._retime_attempt``)."""
+    (``ModelManager.retime_attempt``)."""
 
     def __init__(
         self,
@@ -137,6 +139,7 @@ class Retimer:
         idle_since: Callable[[], float | None],
         attempt: Attempt,
         loading: Callable[[], bool] = lambda: False,
+        turn: asyncio.Lock | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -149,8 +152,8 @@ class Retimer:
         self._task: asyncio.Task[None] | None = None
         self._stop = threading.Event()  # set when a request arrives: a measurement stops at its next call
         self._halt = threading.Event()  # set when re-timing stops: a measurement under traffic stops too
-        # Held during an attempt; the served set gives its entries one lock, so they take turns.
-        self.turn = asyncio.Lock()
+        # Held during an attempt; the entries of a served set share one lock, so they take turns.
+        self.turn = turn if turn is not None else asyncio.Lock()
 
     def request_arrived(self) -> None:
         """A request started on the entry: a measurement in progress stops at its next timed call."""
@@ -285,3 +288,59 @@ class Retimer:
                 return True
             naps = [left, POLL_S] if now >= deadline else [left, POLL_S, deadline - now]
             await asyncio.sleep(min(naps))
+
+
+async def attempt_copy(
+    loader: VersionLoader,
+    store: ModelStore,
+    serving: ModelRuntime,
+    interrupted: Interrupted,
+    pace: Pace | None,
+    *,
+    serving_now: Callable[[], ModelRuntime | None],
+    install: Callable[[ModelRuntime], None],
+) -> Result:
+    """One re-timing of the serving primary: the version loaded again beside it by the entry's
+    version loader, its ``auto`` decided again (deferred: timed, asking ``interrupted`` before every
+    timed call; decided here: only a shared decision replaces it); a winner is swapped in like a new
+    version (``install``) and the serving towers drain. ``pace`` (under traffic): called after the
+    load and each build and timed call (``Pacer``). ``serving_now``: the entry's primary now."""
+    decision = serving.auto
+    assert decision is not None
+    if decision.outcome != "deferred" and not await asyncio.to_thread(_shared_exists, loader, store, serving):
+        return "unshared"
+    loader.retiming += 1
+    try:
+        prepared = await loader.prepare(serving.ref, interrupted, pace)
+    finally:
+        loader.retiming -= 1
+    found = prepared.towers.auto
+    if found is not None and found.outcome == "deferred":
+        loader.metrics.backend_auto(found.outcome, found.margin, found.spread)
+        return "deferred"
+    if found is None or (decision.outcome != "deferred" and found.outcome != "shared"):
+        return "unshared"  # the shared decision could not be used here: the local one stays
+    if serving_now() is not serving:
+        return "superseded"
+    runtime = await loader.start(prepared)
+    if serving_now() is not serving:  # replaced while this one started: it never served
+        await runtime.stop()
+        return "superseded"
+    log.info("auto re-timing of %s: %s %s (%s) replaces %s %s", serving.ref, found.backend, found.precision,
+             found.outcome, decision.backend, decision.precision)  # fmt: skip
+    install(runtime)
+    return found.outcome
+
+
+def _shared_exists(loader: VersionLoader, store: ModelStore, serving: ModelRuntime) -> bool:
+    """Whether the store holds a decision ``clip-train tune`` shared for this CPU kind and these settings."""
+    from clipcore.backends.shared import shared_key
+
+    settings = loader.settings
+    key, _ = shared_key(loader.device, settings.torch_threads or None, settings.precision,
+                        settings.batching.max_batch_images)  # fmt: skip
+    try:
+        return store.artifacts(serving.bundle.name, serving.version, key) is not None
+    except Exception:  # unreadable now: looked up again at the next attempt
+        log.warning("auto re-timing of %s: the store's shared decisions cannot be read", serving.ref, exc_info=True)
+        return False

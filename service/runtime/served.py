@@ -17,9 +17,11 @@ has its own canary, shadow and shadow runner, ``service.runtime.lifecycle``):
   whatever the caller's key (``Selection.version``);
 * anything else is ``unknown_model``, whose message lists the set.
 
-Memory budget (``max_loaded_models``, 0 = none): the first entries load at start, the others on
-their first request. That request waits for the load, within the request's time budget, else it
-gets 503 with Retry-After while the load goes on.
+Memory budget (``max_loaded_models``: loaded versions, every role counted; ``max_loaded_bytes``:
+their weights' bytes; 0 = none; ``service.runtime.budget``): the first entries load at start, the
+others on their first request (and again on a request after an unload). That request waits for
+the load, within the request's time budget, else it gets 503 with Retry-After while the load goes
+on.
 
 Only a load that succeeded makes room, and only by unloading an idle model: the new version is
 loaded first, beside the models already in memory, and once it serves, the least recently used
@@ -36,7 +38,7 @@ first) is unloaded. (Unloading first, then loading, would keep to the budget dur
 but a load that then fails has already thrown out a healthy model: a caller could empty the set
 of its loaded models by naming a broken one every few seconds.)
 
-A failed load on request quarantines its entry (``lifecycle.Quarantine``): requests for it get
+A failed load on request quarantines its entry (``policy.Quarantine``): requests for it get
 503 at once with Retry-After and the reason, nothing is loaded, until its backoff ends (or, for a
 refused version, its alias names another version). Loads on request are also bounded in rate,
 all entries together (``max_loads_per_minute``): past it, 503 with Retry-After instead of a load.
@@ -58,10 +60,12 @@ from typing import Any
 from clipcore.errors import ClipError, ErrorCode
 from model_store import ModelStore
 from service.config import Settings
-from service.runtime.assembly import CANARY, ModelRuntime
-from service.runtime.lifecycle import ModelManager, ModelState, Quarantine
+from service.runtime.budget import MemoryBudget
+from service.runtime.lifecycle import ModelManager, ModelState, Neighbours
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.model_runtime import ModelRuntime
 from service.runtime.pipeline import REQUEST_STAGES
+from service.runtime.policy import Quarantine
 
 __all__ = ["EntryStatus", "Selection", "ServedModels", "shown_name"]
 
@@ -104,21 +108,23 @@ class Selection:
 class ServedModels:
     def __init__(self, settings: Settings, store: ModelStore, metrics: ServiceMetrics) -> None:
         self.settings = settings
-        self.budget = settings.max_loaded_models
+        self.budget = MemoryBudget(settings)
+        # One server: a request for any model stops every entry's re-timing, and one re-times at a time.
+        neighbours = Neighbours()
         self.entries = [
-            ModelManager(settings, store, metrics, ref, on_change=self._wake) for ref in settings.served_refs()
+            ModelManager(
+                settings, store, metrics, ref, on_change=self._wake, neighbours=neighbours, budget=self._side_refusal
+            )  # fmt: skip
+            for ref in settings.served_refs()
         ]
-        retiming = asyncio.Lock()  # one entry re-times at a time: two would be each other's noise
-        for entry in self.entries:  # one server: a request for any model stops every entry's re-timing
-            entry.peers = self.entries
-            entry.retimer.turn = retiming
         self.metrics = metrics
         self._waiters: set[asyncio.Future[None]] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
         self._load_starts: deque[float] = deque()  # monotonic starts of the loads on request in the window
         self._enforcing = False
         if self.on_demand:
-            for entry in self.entries[1:]:  # the default entry loads at start and retries until it serves
+            at_start = self.budget.at_start(len(self.entries))
+            for entry in self.entries[at_start:]:  # the default entry loads at start and retries until it serves
                 entry.loads_on_request = True
                 metrics.set_quarantined(False, model=entry.ref)
 
@@ -128,16 +134,19 @@ class ServedModels:
 
     @property
     def on_demand(self) -> bool:
-        """Whether the budget holds fewer models than the set (some load on request)."""
-        return 0 < self.budget < len(self.entries)
+        """Whether some entries load on their first request (not at start)."""
+        return self.budget.at_start(len(self.entries)) < len(self.entries)
 
     async def start(self) -> None:
-        for i, entry in enumerate(self.entries):
-            if not self.on_demand or i < self.budget:
-                entry.launch()
+        at_start = self.budget.at_start(len(self.entries))
+        for entry in self.entries[:at_start]:
+            entry.launch()
         if self.on_demand:
-            later = ", ".join(e.ref for e in self.entries[self.budget :])
-            log.info("max_loaded_models=%d: %s load on their first request", self.budget, later)
+            later = ", ".join(e.ref for e in self.entries[at_start:])
+            log.info("%s: %s load on their first request", self.budget.describe(), later)
+
+    def _side_refusal(self, entry: ModelManager, versions: int, size: int, extra: list[ModelRuntime]) -> str | None:
+        return self.budget.side_refusal(entry, self.default, versions, size, extra)
 
     async def close(self) -> None:
         # Each entry closes even if one before it fails.
@@ -151,7 +160,9 @@ class ServedModels:
     # ------------------------------------------------------------------ routing
     def resolve(self, requested: str | None) -> Selection:
         """The entry a request's ``model`` names (the default entry for None), with the version it
-        pins if it names one its entry serves (as primary or canary); unknown_model else."""
+        pins if it names one its entry serves (as primary or canary; an entry unloaded under the
+        memory budget serves what its alias named when it was unloaded, and loads for it);
+        unknown_model else."""
         if requested is None:
             return Selection(self.default)
         name, at, selector = requested.partition("@")
@@ -160,13 +171,12 @@ class ServedModels:
             found = next((Selection(e) for e in self.entries if e.name == name), None)
         else:
             found = next((Selection(e) for e in self.entries if (e.name, e.selector) == (name, selector)), None)
-            # A version: the entry that answers with it now, as its primary (first) or its canary.
-            for role in ("primary", "canary"):
+            # A version: the entry that answers with it now, as its primary (first) or its canary,
+            # else one whose alias names it while the entry is not loaded.
+            tests = (lambda e: e.serves(selector), lambda e: e.serves(selector, "canary"), lambda e: e.pins(selector))
+            for serves in tests:
                 if found is None:
-                    found = next(
-                        (Selection(e, selector) for e in self.entries if e.name == name and e.serves(selector, role)),
-                        None,
-                    )
+                    found = next((Selection(e, selector) for e in self.entries if e.name == name and serves(e)), None)
         if found is None:
             raise ClipError(
                 ErrorCode.unknown_model,
@@ -179,8 +189,8 @@ class ServedModels:
         """The set in words: ``default@production (default@v6), other@v3, big (not loaded)``."""
         parts = []
         for entry in self.entries:
-            current = entry.current
-            canary = entry.sides[CANARY] if current is not None else None
+            view = entry.view()
+            current, canary = view.primary, view.canary
             if current is None:
                 parts.append(f"{entry.ref} (not loaded)")
             elif current.ref != entry.ref or canary is not None:
@@ -194,8 +204,8 @@ class ServedModels:
         """Each entry's state, and which of its versions answers the caller ``key``."""
         out = []
         for entry in self.entries:
-            current = entry.current
-            canary = entry.sides[CANARY] if current is not None else None
+            view = entry.view()
+            current, canary = view.primary, view.canary
             out.append(
                 EntryStatus(
                     ref=entry.ref,
@@ -220,16 +230,16 @@ class ServedModels:
         or its primary, ``ModelManager.acquire``; the version ``requested`` names, if it names
         one), held for the whole request. Under a memory budget, a model that is not loaded is
         loaded first (the request waits)."""
-        return self.acquire_entry(self.resolve(requested), key)
+        return self.lease(self.resolve(requested), key)
 
     @contextlib.asynccontextmanager
-    async def acquire_entry(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
-        """``acquire`` for a ``model`` already resolved."""
+    async def lease(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+        """``acquire`` for a ``model`` already resolved: loaded if need be, routed, held."""
         entry = selection.entry
         # A model not loaded yet is waited for within the request's time budget: under a memory
         # budget it is loaded on request; otherwise it may still be loading at start (the server
         # is ready once its default model is). A failed load answers 503 at once.
-        if entry.current is None and entry is not self.default and (self.on_demand or entry.state == "loading"):
+        if entry.current is None and entry is not self.default and (self.budget.limited or entry.state == "loading"):
             await self._load_on_demand(entry)
         async with entry.acquire(key, selection.version) as runtime:  # no await between the check above and this
             yield runtime
@@ -256,7 +266,7 @@ class ServedModels:
         saw_load = False  # whether this request waited for a load (its failure, not a skip, answers then)
         while entry.current is None:
             if not entry.started:
-                if not self.on_demand:  # every model loads at start; this one stopped (shutting down)
+                if not self.budget.limited:  # every model loads at start; this one stopped (shutting down)
                     raise ClipError(ErrorCode.not_ready, entry.not_ready_message(), retry_after=1)
                 quarantine = await entry.check_quarantine()  # may read a refused entry's alias
                 if quarantine is not None:
@@ -298,32 +308,28 @@ class ServedModels:
                 retry_after=wait_s,
             )
         self._load_starts.append(now)
-        log.info("loading %s on request (max_loaded_models=%d)", entry.ref, self.budget)
+        log.info("loading %s on request (%s)", entry.ref, self.budget.describe())
         entry.launch()
 
     def _room_for_load(self) -> bool:
-        """Whether one more model may start loading: at once while fewer than the budget are held
-        (loaded or loading); one beyond it while no other load beyond it runs and an idle model is
-        there to be unloaded once it has loaded (``_enforce_budget``); False otherwise."""
-        held = [e for e in self.entries if e.started]
-        if len(held) < self.budget:
-            return True
-        if len(held) > self.budget:
-            return False  # a load beyond the budget runs, or its model waits for another to be idle
-        return any(e is not self.default and e.current is not None and e.evictable for e in held)
+        """Whether one more model may start loading (``MemoryBudget.room_for_load``)."""
+        return self.budget.room_for_load(self.entries, self.default)
 
     def _enforce_budget(self) -> None:
-        """While more models are loaded than the budget holds (a load on request succeeded), unload
-        the least recently used idle one (never the default); none idle: again at the next change."""
-        if not self.on_demand or self._enforcing:
+        """While more is loaded than the budget holds (a load on request succeeded, a canary
+        loaded), unload the least recently used idle model (never the default); none idle: again
+        at the next change."""
+        if not self.budget.limited or self._enforcing:
             return
         self._enforcing = True  # unload() reports a change itself
         try:
-            while len(loaded := [e for e in self.entries if e.current is not None]) > self.budget:
+            while self.budget.over(self.entries):
+                loaded = [e for e in self.entries if e.current is not None]
                 idle = [e for e in loaded if e is not self.default and e.evictable]
                 if not idle:
                     return
-                victim = min(idle, key=lambda e: e.last_used)
+                # Among models equally idle (none used yet, as at start) the later entries of the set go first.
+                victim = min(idle, key=lambda e: (e.last_used, -self.entries.index(e)))
                 log.info("unloading %s, the least recently used idle model, to make room", victim.ref)
                 self._track(victim.unload())  # lets go of its version now; stops it in the background
         finally:
@@ -346,7 +352,7 @@ class ServedModels:
         if waited_for_room and not entry.started:
             why = (
                 f"every loaded model has requests in flight, or another model is loading beyond the budget "
-                f"(max_loaded_models={self.budget})"
+                f"({self.budget.describe()})"
             )
             return f"model {entry.ref} is not loaded and {why}; retry"
         return f"model {entry.ref} is still loading (it was not in memory); not ready within {budget_s:g}s, retry"

@@ -36,8 +36,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from service.runtime.assembly import ModelRuntime
 from service.runtime.metrics import ServiceMetrics
+from service.runtime.model_runtime import ModelRuntime
 from service.runtime.pipeline import REQUEST_STAGES, RequestStages
 
 __all__ = [

@@ -78,7 +78,7 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         url = running.url
         store.canary("split", "production", "v2", 10, force=True, reason=UNEVALUATED)
         wait_until(lambda: _canary(url, auth).get("loaded"))
-        assert _canary(url, auth) == {"version": "v2", "weight": 10.0, "loaded": True}
+        assert _canary(url, auth) == {"version": "v2", "weight": 10.0, "loaded": True, "problem": None}
         entry = store.alias_entry("split", "production")
         assert entry is not None
         rng = random.Random(7)
@@ -187,14 +187,14 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
     with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
         url, manager = running.url, running.services.manager
         polls: list[tuple[float, float]] = []  # (started, finished) of each poll of the alias
-        poll = manager.poll_once
+        poll = manager.reconciler.poll_once
 
         async def timed_poll() -> None:
             started = time.monotonic()
             await poll()
             polls.append((started, time.monotonic()))
 
-        manager.poll_once = timed_poll  # type: ignore[method-assign]
+        manager.reconciler.poll_once = timed_poll  # type: ignore[method-assign]
 
         def applied(moved_at: float) -> float:
             """When the first poll that began after the move ended: it read the move."""
@@ -245,7 +245,9 @@ def test_a_canary_that_cannot_load_is_refused_and_the_primary_answers_everything
         wait_until(lambda: metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1)
         callers = [f"caller-{i}" for i in range(40)]
         assert set(asyncio.run(_embed_as(url, callers, {}))) == {"split@v1"}
-        assert _canary(url) == {"version": broken, "weight": 50.0, "loaded": False}
+        assert _canary(url) == {
+            "version": broken, "weight": 50.0, "loaded": False, "problem": f"{broken} refused: ValueError"
+        }  # fmt: skip
         time.sleep(0.5)  # several polls: a refused version is not tried again
         assert metric_value(url, "clip_side_loads_total", role="canary", result="refused") == 1
         assert metric_value(url, "clip_canary_weight_ratio") == 0  # no split is exported for a canary not loaded
@@ -308,7 +310,7 @@ def test_a_request_naming_a_version_gets_it_and_v1_models_names_the_callers_vers
 
             # Once the canary ends, its version is no longer served: naming it is a 404 listing the set.
             store.rollback("split", "production")
-            wait_until(lambda: running.services.manager.sides["canary"] is None)
+            wait_until(lambda: running.services.manager.view().canary is None)
             r = client.post("/embed", json={"texts": ["a red circle"], "model": "split@v2"})
             assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
             assert "split@production (split@v1)" in r.json()["error"]["message"]

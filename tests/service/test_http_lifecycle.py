@@ -333,7 +333,7 @@ def test_the_watcher_backs_off_and_logs_once_while_polls_keep_failing(
             calls.append(time.monotonic())
             raise RuntimeError("a bug in one poll")
 
-        manager.poll_once = failing_poll  # type: ignore[method-assign]
+        manager.reconciler.poll_once = failing_poll  # type: ignore[method-assign]
         time.sleep(2.0)
         assert manager._task is not None and not manager._task.done()
     # 0.05 s between polls would be 40 polls; doubling waits (0.05, 0.1, 0.2, ...) make about 6.
@@ -351,7 +351,7 @@ def test_shutdown_stops_a_version_still_draining(tmp_path: Path, serve_app: Any,
         old.idle.clear()
         publish_model(root, "draining", seed=18)  # v2 = production
         wait_until(lambda: manager.current.ref == "draining@v2")
-        assert list(manager._retiring.values()) == [old]
+        assert list(manager.drain.retiring.values()) == [old]
     assert old.executor._shutdown and all(b._closing for b in old.batchers)  # its model thread is gone
 
 
@@ -416,7 +416,7 @@ def test_a_swapped_out_version_is_freed(tmp_path: Path, serve_app: Any, publish_
         assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
         publish_model(root, "freed", seed=13)
         wait_until(lambda: manager.current is not None and manager.current.ref == "freed@v2")
-        wait_until(lambda: not manager._retiring)  # drained and stopped
+        wait_until(lambda: not manager.drain.retiring)  # drained and stopped
         assert httpx.post(f"{running.url}/classify", json=body, timeout=30).status_code == 200
         deadline = time.monotonic() + 10
         while old_model() is not None or old_runtime() is not None:

@@ -301,7 +301,8 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
     entry = store.alias_entry("beta", "production")
     assert entry is not None
     key_of = {route(entry, key): key for key in (f"caller-{i}" for i in range(64))}
-    settings = {"max_loaded_models": 2, "watch_interval_s": 0.2, "batching": {"request_timeout_s": 60.0}}
+    # The budget counts versions: alpha's and beta's three fill it; gamma loads in beta's place.
+    settings = {"max_loaded_models": 4, "watch_interval_s": 0.2, "batching": {"request_timeout_s": 60.0}}
     with serve_app(store=str(root), model="alpha,beta@production,gamma", **settings) as running:
         url = running.url
         beta = running.services.models.entries[1]
@@ -311,7 +312,7 @@ def test_unloading_a_model_with_a_canary_and_a_shadow_frees_all_three_and_reload
             return bool(split["canary"].get("loaded") and split["shadow"].get("loaded"))
 
         wait_until(split_loaded, what="beta's canary and shadow to load")
-        held = [weakref.ref(rt.bundle.model) for rt in (beta.current, beta.sides["canary"], beta.sides["shadow"])]
+        held = [weakref.ref(rt.bundle.model) for rt in (beta.current, beta.view().canary, beta.view().shadow)]
 
         # Callers of beta keep sending while gamma's requests unload it (when it is idle between
         # two of them) and beta's load it again: every request is answered, none fails.
@@ -360,20 +361,20 @@ def test_a_request_for_a_model_still_loading_at_start_waits_for_it(
 ) -> None:
     # The server is ready once its default model is; a request for another model that is still
     # loading waits for it (within its time budget) instead of a 503.
-    from service.runtime import lifecycle
+    from service.runtime import loader
 
     root = tmp_path / "store"
     publish_model(root, "alpha", seed=61)
     publish_model(root, "beta", seed=62)
     release = threading.Event()
-    real_load = lifecycle.ModelBundle.load
+    real_load = loader.ModelBundle.load
 
     def held_load(store: Any, ref: str, *args: Any, **kwargs: Any) -> Any:
         if ref.startswith("beta"):
             release.wait(timeout=60)  # beta's load lasts until the test lets it finish
         return real_load(store, ref, *args, **kwargs)
 
-    monkeypatch.setattr(lifecycle.ModelBundle, "load", held_load)
+    monkeypatch.setattr(loader.ModelBundle, "load", held_load)
     with serve_app(store=str(root), model="alpha,beta") as running:
         assert _states(running.url) == {"alpha": "ready", "beta": "loading"}
         answers: list[tuple[str, np.ndarray]] = []

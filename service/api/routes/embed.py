@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api import operations
+from service.api.answering import AnswerDep
 from service.api.deps import PipelineDep, ServicesDep
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
-from service.api.shadowing import AnswerDep
 from service.api.validation import check_embed
 
 router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)

@@ -31,9 +31,9 @@ from service.api.schemas import (
     VersionInfo,
 )
 from service.config import Limits
-from service.runtime.assembly import CANARY, SHADOW
-from service.runtime.lifecycle import Quarantine
+from service.runtime.policy import Quarantine
 from service.runtime.retime import RetimeState
+from service.runtime.roles import CANARY, SHADOW
 from service.runtime.served import EntryStatus, shown_name
 
 router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
@@ -153,37 +153,31 @@ def _auto_info(decision: AutoDecision | None, retime: RetimeState | None = None)
 
 def _retimes(services: ServicesDep) -> dict[str, RetimeState]:
     """name@version -> where the re-timing of its ``auto`` decision stands, for serving primaries."""
-    out = {}
-    for entry in services.models.entries:
-        state, current = entry.retimer.state, entry.current
-        if state is not None and current is not None and state.version == current.bundle.version:
-            out[current.ref] = state
-    return out
+    views = (entry.view() for entry in services.models.entries)
+    return {view.primary.ref: view.retime for view in views if view.primary is not None and view.retime is not None}
 
 
 def _autos(services: ServicesDep) -> dict[str, AutoDecision]:
     """name@version -> how auto chose its backend, for every loaded runtime that auto chose
     (canaries and shadows included)."""
-    runtimes = (rt for entry in services.models.entries for rt in (entry.current, *entry.sides.values()))
+    views = [entry.view() for entry in services.models.entries]
+    runtimes = (rt for view in views for rt in (view.primary, view.canary, view.shadow))
     return {rt.ref: rt.auto for rt in runtimes if rt is not None and rt.auto is not None}
 
 
 def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
     """``info`` with the canary and shadow of the alias that this model's first served-set entry
     following an alias routes by (the entry a request naming just the model gets), if any."""
-    manager = next(
-        (e for e in services.models.entries if e.name == info.name and e.entry is not None and e.current is not None),
-        None,
-    )
-    entry = manager.entry if manager is not None else None
-    if manager is None or entry is None:
+    views = (entry.view() for entry in services.models.entries if entry.name == info.name)
+    view = next((v for v in views if v.alias is not None), None)
+    if view is None or view.alias is None:
         return info
-    loaded = {role: runtime.bundle.version for role, runtime in manager.sides.items() if runtime is not None}
+    entry = view.alias
     if entry.canary is not None:
         canary = entry.canary
-        info.canary = CanaryInfo(
-            version=canary.version, weight=canary.weight, loaded=loaded.get(CANARY) == canary.version
-        )
+        loaded = view.canary is not None and view.canary.version == canary.version
+        info.canary = CanaryInfo(version=canary.version, weight=canary.weight, loaded=loaded,
+                                 problem=None if loaded else view.side_problems.get(CANARY))  # fmt: skip
     if entry.shadow is not None:
         shadow = entry.shadow
         endpoints = {
@@ -195,11 +189,12 @@ def with_split(info: ModelInfo, services: ServicesDep) -> ModelInfo:
                 mean_cosine=stats.mean_cosine,
                 mean_correlation=stats.mean_correlation,
             )
-            for endpoint, stats in sorted(manager.shadows.summary(shadow.version).items())
+            for endpoint, stats in sorted(view.shadow_stats.items())
         }
+        loaded = view.shadow is not None and view.shadow.version == shadow.version
         info.shadow = ShadowInfo(
-            version=shadow.version, fraction=shadow.fraction, loaded=loaded.get(SHADOW) == shadow.version,
-            endpoints=endpoints,
+            version=shadow.version, fraction=shadow.fraction, loaded=loaded, endpoints=endpoints,
+            problem=None if loaded else view.side_problems.get(SHADOW),
         )  # fmt: skip
     return info
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from service.api import openai_embeddings
+from service.api.answering import AnswerDep
 from service.api.deps import VARY_BY_CALLER, CallerKeyDep, PipelineDep, ServicesDep
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
-from service.api.shadowing import AnswerDep
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 

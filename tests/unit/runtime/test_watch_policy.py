@@ -6,7 +6,7 @@ import pytest
 
 from clipcore.backends.base import BackendError
 from model_store import ChecksumMismatch, InvalidManifest, ModelNotFound
-from service.runtime.lifecycle import MAX_BACKOFF_S, backoff_s, may_pass
+from service.runtime.policy import MAX_BACKOFF_S, backoff_s, may_pass
 
 
 @pytest.mark.parametrize(
