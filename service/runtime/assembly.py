@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -78,6 +79,12 @@ class ModelRuntime:
     @property
     def ref(self) -> str:
         return self.bundle.ref
+
+    @functools.cached_property
+    def logit_scale(self) -> float:
+        """The bundle's logit scale, read once: a served version's weights do not change, and
+        reading it is a torch op (tens of microseconds) that /classify paid on every request."""
+        return self.bundle.logit_scale
 
     def set_role(self, role: str) -> None:
         """Take ``role``; a canary's or shadow's batchers are named ``canary:image``,

@@ -87,16 +87,22 @@ def bytes_digest(data: bytes) -> str:
 
 def embedding_key(model_ref: str, kind: str, variant: str, digest: str) -> str:
     """Cache key for one embedding; ``model_ref`` must be the resolved ``name@version``."""
+    digest = digest.lower()
+    if not _HEX64.match(digest):
+        raise ValueError("digest must be a sha256 hex string")
+    return embedding_key_prefix(model_ref, kind, variant) + digest
+
+
+def embedding_key_prefix(model_ref: str, kind: str, variant: str) -> str:
+    """What every ``embedding_key`` of these arguments starts with, checked once: a request's
+    hundred prompts take ``prefix + text_digest(text)`` (a lowercase sha256 hex by construction)."""
     name, sep, version = model_ref.partition("@")
     if not sep or not name or not version or ":" in model_ref:
         raise ValueError(f"model_ref must be 'name@version' without ':', got {model_ref!r}")
     for label, part in (("kind", kind), ("variant", variant)):
         if not _TOKEN.match(part):
             raise ValueError(f"{label} must match [A-Za-z0-9_.-]+, got {part!r}")
-    digest = digest.lower()
-    if not _HEX64.match(digest):
-        raise ValueError("digest must be a sha256 hex string")
-    return f"{KEY_PREFIX}:{model_ref}:{kind}:{variant}:{digest}"
+    return f"{KEY_PREFIX}:{model_ref}:{kind}:{variant}:"
 
 
 def encode_value(array: np.ndarray) -> bytes:

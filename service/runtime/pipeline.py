@@ -39,7 +39,14 @@ from service.runtime.batcher import (
     Reservation,
     SubmitTimings,
 )
-from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
+from service.runtime.cache import (
+    EmbeddingCache,
+    bytes_digest,
+    embedding_key,
+    embedding_key_prefix,
+    quantize,
+    text_digest,
+)
 from service.runtime.metrics import ServiceMetrics
 
 T = TypeVar("T")
@@ -177,7 +184,8 @@ class Pipeline:
         batcher: DynamicBatcher[Any, np.ndarray],
     ) -> np.ndarray:
         unique = list(dict.fromkeys(texts))
-        keys = [embedding_key(runtime.ref, kind, variant, text_digest(t)) for t in unique]
+        prefix = embedding_key_prefix(runtime.ref, kind, variant)
+        keys = [prefix + text_digest(t) for t in unique]
         found = await self.cache.get_many(keys)
         missing = [i for i, value in enumerate(found) if value is None]
         step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)

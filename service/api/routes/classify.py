@@ -8,12 +8,13 @@ from fastapi import APIRouter, Query, Request
 
 from service.api import operations
 from service.api.deps import PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from service.api.shadowing import AnswerDep
 from service.api.validation import check_classify
 
-router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post(

@@ -6,12 +6,13 @@ from fastapi import APIRouter, Request, Response
 
 from service.api import dense_operations
 from service.api.deps import CallerKeyDep, PipelineDep, ServicesDep, use_model
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
 from service.api.shadowing import AnswerDep
 from service.api.validation import check_dense, check_heatmap
 
-router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 class PNGResponse(Response):

@@ -6,11 +6,12 @@ from fastapi import APIRouter, Response
 
 from service.api import openai_embeddings
 from service.api.deps import VARY_BY_CALLER, CallerKeyDep, PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
 from service.api.shadowing import AnswerDep
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post("/embeddings", response_model=EmbeddingsResponse)

@@ -6,12 +6,13 @@ from fastapi import APIRouter
 
 from service.api import operations
 from service.api.deps import PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
 from service.api.shadowing import AnswerDep
 from service.api.validation import check_rank, check_rank_pair
 
-router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post(
