@@ -299,9 +299,19 @@ class Pipeline:
     async def _read_images(self, images: Sequence[ImageRef], fields: Sequence[str]) -> _ReadImages:
         budget = ByteBudget(self.settings.limits.max_url_bytes)
         slots = asyncio.Semaphore(self.settings.url_fetches_per_request)
-        payloads = await _all_or_none(
-            [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
-        )
+        reads = [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
+        if all(img.url is None and len(img.data or "") <= INLINE_BASE64_CHARS for img in images):
+            # Nothing here waits (inline base64, references): one after the other, in order, without
+            # a task per image; the first failure is the one a concurrent run would raise too.
+            payloads = []
+            try:
+                for read_one in reads:
+                    payloads.append(await read_one)
+            finally:
+                for unread in reads[len(payloads) :]:
+                    unread.close()  # not started: closed, so none warns that it was never awaited
+        else:
+            payloads = await _all_or_none(reads)
         read = _ReadImages()
         for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
             digest = img.sha256.lower() if img.sha256 is not None else bytes_digest(data or b"")
