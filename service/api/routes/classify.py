@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from service.api import operations
-from service.api.deps import PipelineDep, ServicesDep
 from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
@@ -26,11 +25,10 @@ router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES, route_class=Jso
 async def classify(
     req: ClassifyRequest,
     request: Request,
-    services: ServicesDep,
-    pipeline: PipelineDep,
     answer: AnswerDep,
     comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
 ) -> ClassifyResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_classify(req, services.settings.limits)
-    return await answer(model, lambda rt: operations.classify(pipeline, rt, req, comparative))
+    return await answer(model, lambda rt: operations.classify(services.pipeline, rt, req, comparative))

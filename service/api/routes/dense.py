@@ -35,12 +35,11 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
     response_model_exclude_none=True,
     openapi_extra=openapi_form(DenseRequest),
 )
-async def score_dense(
-    req: DenseRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
-) -> DenseResponse:
+async def score_dense(req: DenseRequest, answer: AnswerDep) -> DenseResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_dense(req, services.settings.limits)
-    return await answer(model, lambda rt: dense_operations.score_dense(pipeline, rt, req))
+    return await answer(model, lambda rt: dense_operations.score_dense(services.pipeline, rt, req))
 
 
 @router.post(
