@@ -21,8 +21,9 @@ from typing import Annotated, TypeVar
 from fastapi import BackgroundTasks, Depends, Request
 from pydantic import BaseModel
 
-from service.api.deps import CallerKeyDep, Services, ServicesDep
+from service.api.deps import CanaryKeyHeader, Services
 from service.api.shadowing import summarize
+from service.runtime.canary import caller_key
 from service.runtime.model_runtime import ModelRuntime
 from service.runtime.served import Selection
 from service.runtime.shadow import ShadowJob
@@ -66,11 +67,14 @@ class Answering:
         return answer
 
 
-async def answering(
-    request: Request, services: ServicesDep, key: CallerKeyDep, background: BackgroundTasks
-) -> Answering:
-    endpoint = getattr(request.scope.get("route"), "path", request.url.path)
-    return Answering(request, services, key, endpoint, background)
+async def answering(request: Request, background: BackgroundTasks, canary_key: CanaryKeyHeader = None) -> Answering:
+    """The one dependency of the answering routes (FastAPI solves each dependency, and the path,
+    query, header and cookie parameters of each, on every request): the services, the caller's key
+    (``get_caller_key``'s header, read here) and the endpoint come with it."""
+    route = request.scope.get("route")
+    endpoint = route.path if route is not None else request.url.path
+    key = caller_key(canary_key, request.headers.get("authorization"))
+    return Answering(request, request.app.state.services, key, endpoint, background)
 
 
 AnswerDep = Annotated[Answering, Depends(answering)]

@@ -45,7 +45,7 @@ async def score_dense(pipeline: Pipeline, rt: ModelRuntime, req: DenseRequest) -
     scores, maps = await _score(rt, image, texts)
     assert image.pooled is not None
     # Cached embeddings are float16-rounded: renormalise so this is a true cosine.
-    _, cosine = zero_shot_logits(l2_normalize(image.pooled), l2_normalize(pooled.vectors), rt.bundle.logit_scale)
+    _, cosine = zero_shot_logits(l2_normalize(image.pooled), l2_normalize(pooled.vectors), rt.logit_scale)
     layouts = texts.layouts
     truncated = sum(lay.truncated or cut for lay, cut in zip(layouts, pooled.truncated, strict=True))
     return DenseResponse(

@@ -45,17 +45,17 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-async def get_caller_key(
-    request: Request,
-    canary_key: Annotated[
-        str | None,
-        Header(
-            alias=CANARY_KEY_HEADER,
-            description="who the caller is, for canary routing: one key is always answered by the same version "
-            "(default: the API key, else random)",
-        ),
-    ] = None,
-) -> bytes | None:
+CanaryKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=CANARY_KEY_HEADER,
+        description="who the caller is, for canary routing: one key is always answered by the same version "
+        "(default: the API key, else random)",
+    ),
+]
+
+
+async def get_caller_key(request: Request, canary_key: CanaryKeyHeader = None) -> bytes | None:
     """Who the request comes from, for the canary routing of the entry it picks
     (``service.runtime.canary.caller_key``)."""
     return caller_key(canary_key, request.headers.get("authorization"))

@@ -24,6 +24,21 @@ from service.runtime.pipeline import REQUEST_STAGES, RequestStages
 
 access_log = logging.getLogger("service.access")
 
+# The security headers as ASGI header pairs, made once rather than per answer.
+_SECURITY_RAW: tuple[tuple[bytes, bytes], ...] = tuple(
+    (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in SECURITY_HEADERS.items()
+)
+
+
+def request_header(scope: Scope, name: bytes) -> bytes | None:
+    """The last value of header ``name`` (lower case) of an ASGI request, or None (as a dict of
+    the headers would say, without building one per request)."""
+    found = None
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            found = value
+    return found
+
 
 class BodyTooLarge(HTTPException):
     """Raised from ``receive``; an HTTPException so FastAPI's body reader re-raises it as is."""
@@ -50,13 +65,17 @@ class SecurityHeadersMiddleware:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 # A copy: a response object may hand the same header list to every request it answers.
-                headers = MutableHeaders(raw=list(message.get("headers", [])))
-                for name, value in SECURITY_HEADERS.items():
-                    headers.setdefault(name, value)
-                if headers.get("content-type", "").startswith("text/html"):
+                raw = list(message.get("headers", []))
+                present = {name.lower() for name, _ in raw}
+                # The usual answer (JSON, none of these set by the route) takes the plain path.
+                raw.extend(pair for pair in _SECURITY_RAW if pair[0] not in present)
+                content_type = next((value for name, value in raw if name.lower() == b"content-type"), b"")
+                if content_type.startswith(b"text/html"):
+                    headers = MutableHeaders(raw=raw)
                     headers.setdefault("Content-Security-Policy", self.html_policy)
                     headers.setdefault("Referrer-Policy", "no-referrer")
-                message = {**message, "headers": headers.raw}
+                    raw = headers.raw
+                message = {**message, "headers": raw}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -100,7 +119,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        declared = request_header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             response = error_response(
                 ErrorCode.payload_too_large,
@@ -160,7 +179,7 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.auth.enabled and not is_public(scope.get("path", "")):
-            header = dict(scope.get("headers") or []).get(b"authorization")
+            header = request_header(scope, b"authorization")
             try:
                 self.auth.check(header.decode("latin-1") if header is not None else None)
             except ApiError as exc:
@@ -214,14 +233,15 @@ class ObserveMiddleware:
             state = scope.get("state") or {}
             if state.get("model"):
                 self.metrics.observe_answer(state["model"], state.get("role", "primary"), status, seconds)
-            access_log.info(
-                json.dumps(
-                    {
-                        "route": route,
-                        "method": method,
-                        "status": status,
-                        "ms": round(seconds * 1000, 2),
-                        "model": state.get("model"),
-                    }
+            if access_log.isEnabledFor(logging.INFO):  # the line is made only where it is written
+                access_log.info(
+                    json.dumps(
+                        {
+                            "route": route,
+                            "method": method,
+                            "status": status,
+                            "ms": round(seconds * 1000, 2),
+                            "model": state.get("model"),
+                        }
+                    )
                 )
-            )

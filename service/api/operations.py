@@ -111,7 +111,7 @@ async def classify_yukino(
     f_c, _ = label_embeddings(prompts, text_emb.vectors)
     p = image_prompts.vectors
     scores = yes_no_scores(p[:, 0], p[:, 1], f_c)
-    probs = softmax(float(head.config.get("scale", rt.bundle.logit_scale)) * scores, axis=-1)
+    probs = softmax(float(head.config.get("scale", rt.logit_scale)) * scores, axis=-1)
     info = ComparativeInfo(applied=False, pairs=[], alpha=req.alpha, source="none")
     return ClassifyResponse(
         model=rt.ref,
@@ -134,7 +134,7 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
     )
     g = image_emb.vectors
     f_c, offset = label_embeddings(prompts, text_emb.vectors)
-    scale = rt.bundle.logit_scale
+    scale = rt.logit_scale
     probs, cosine = label_scores(g, f_c, scale)
     gated: list[bool] | None = None
     if comps:

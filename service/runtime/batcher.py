@@ -215,8 +215,10 @@ class DynamicBatcher(Generic[T, R]):
         self._publish_depth()
         self._wakeup.set()
         try:
-            # shield: a timeout must not cancel the future the collector may complete.
-            results = await asyncio.wait_for(asyncio.shield(req.future), timeout)
+            # shield: a timeout must not cancel the future the collector may complete. A timeout
+            # block rather than wait_for: no waiter future and callbacks of its own per request.
+            async with asyncio.timeout(timeout):
+                results = await asyncio.shield(req.future)
         except TimeoutError:
             self._drop(req)
             self.record_rejection("deadline")
@@ -300,7 +302,9 @@ class DynamicBatcher(Generic[T, R]):
                     break
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    # Not wait_for, which wraps the wait in a new task on every arrival that wakes it.
+                    async with asyncio.timeout(remaining):
+                        await self._wakeup.wait()
                 except TimeoutError:
                     break
             parts = self._take()

@@ -306,21 +306,36 @@ class ServiceMetrics:
         self._model_labels: dict[str, list[tuple[str, str, str, str]]] = {}
         # Series of the version-labelled metrics above, per (model, version), for forget_version.
         self._version_series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
+        # The child series the request path records into, by (metric, label values): prometheus_client's
+        # labels() checks the values and takes a lock on every call, a dozen times per request.
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 
     # -- convenience recorders (keep call sites one line) -------------------------------------
 
+    def _child(self, metric: M, *labels: str) -> M:
+        """``metric.labels(*labels)`` (values in the order of its label names), looked up once.
+        A series removed from its metric must also leave here (``_forget_child``)."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child  # type: ignore[return-value]
+
+    def _forget_child(self, metric: MetricWrapperBase, labels: tuple[str, ...]) -> None:
+        self._children.pop((metric, labels), None)
+
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Record one finished HTTP request; ``route`` is the template, never the raw path."""
-        self.http_requests_total.labels(route=route, method=method, status=str(status)).inc()
-        self.http_request_duration_seconds.labels(route=route, method=method).observe(seconds)
+        self._child(self.http_requests_total, route, method, str(status)).inc()
+        self._child(self.http_request_duration_seconds, route, method).observe(seconds)
 
     def observe_batch(self, batcher: str, size: int, wait_s: float, run_s: float, model: str = "") -> None:
-        self.batch_size.labels(model=model, batcher=batcher).observe(size)
-        self.batch_wait_seconds.labels(model=model, batcher=batcher).observe(wait_s)
-        self.encode_seconds.labels(model=model, batcher=batcher).observe(run_s)
+        self._child(self.batch_size, model, batcher).observe(size)
+        self._child(self.batch_wait_seconds, model, batcher).observe(wait_s)
+        self._child(self.encode_seconds, model, batcher).observe(run_s)
 
     def set_queue_depth(self, batcher: str, depth: int, model: str = "") -> None:
-        self.queue_depth.labels(model=model, batcher=batcher).set(depth)
+        self._child(self.queue_depth, model, batcher).set(depth)
 
     def batcher_rejected(self, batcher: str, reason: str, model: str = "") -> None:
         self.batcher_rejected_total.labels(model=model, batcher=batcher, reason=reason).inc()
@@ -335,11 +350,11 @@ class ServiceMetrics:
     def cache_event(self, layer: str, result: str, count: int = 1) -> None:
         """``layer`` is "lru" or "redis"; ``result`` is "hit", "miss" or "error"."""
         if count > 0:
-            self.cache_requests_total.labels(layer=layer, result=result).inc(count)
+            self._child(self.cache_requests_total, layer, result).inc(count)
 
     def observe_cache_lookup(self, layer: str, seconds: float) -> None:
         """``layer`` is "lru" or "redis", as in ``clip_cache_requests_total``."""
-        self.cache_lookup_seconds.labels(layer=layer).observe(seconds)
+        self._child(self.cache_lookup_seconds, layer).observe(seconds)
 
     def set_serving_model(self, name: str, version: str, encoders: Iterable[str], model: str | None = None) -> None:
         """Export ``name@version`` as what entry ``model`` (default: ``name``) serves; what that
@@ -404,8 +419,11 @@ class ServiceMetrics:
 
     def _versioned(self, metric: M, model: str, version: str, *rest: str) -> M:
         labels = (model, version, *rest)
-        self._version_series.setdefault((model, version), set()).add((metric, labels))
-        return metric.labels(*labels)
+        child = self._children.get((metric, labels))
+        if child is None:  # a new series: remembered for forget_version
+            self._version_series.setdefault((model, version), set()).add((metric, labels))
+            child = self._child(metric, *labels)
+        return child  # type: ignore[return-value]
 
     def observe_answer(self, ref: str, role: str, status: int, seconds: float) -> None:
         """One HTTP request answered by the version ``ref`` (``name@version``) in ``role``."""
@@ -429,6 +447,7 @@ class ServiceMetrics:
         for gauge in (self.canary_weight, self.shadow_fraction):
             if (gauge, (model, version)) in series:
                 series.discard((gauge, (model, version)))
+                self._forget_child(gauge, (model, version))
                 gauge.remove(model, version)
 
     def side_load(self, role: str, result: str, model: str = "") -> None:
@@ -462,6 +481,7 @@ class ServiceMetrics:
     def forget_version(self, model: str, version: str) -> None:
         """Remove every version-labelled series of ``model@version`` (it is no longer loaded)."""
         for metric, labels in self._version_series.pop((model, version), set()):
+            self._forget_child(metric, labels)
             try:
                 metric.remove(*labels)
             except KeyError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -51,6 +52,12 @@ class ModelRuntime:
     @property
     def ref(self) -> str:
         return self.bundle.ref
+
+    @functools.cached_property
+    def logit_scale(self) -> float:
+        """The bundle's logit scale, read once: a served version's weights do not change, and
+        reading it is a torch op (tens of microseconds) that /classify paid on every request."""
+        return self.bundle.logit_scale
 
     @property
     def version(self) -> str:

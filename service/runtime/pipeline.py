@@ -39,7 +39,14 @@ from service.runtime.batcher import (
     Reservation,
     SubmitTimings,
 )
-from service.runtime.cache import EmbeddingCache, bytes_digest, embedding_key, quantize, text_digest
+from service.runtime.cache import (
+    EmbeddingCache,
+    bytes_digest,
+    embedding_key,
+    embedding_key_prefix,
+    quantize,
+    text_digest,
+)
 from service.runtime.metrics import ServiceMetrics
 from service.split.wire import PREDECODED, Predecoded, bundle_spec
 
@@ -179,7 +186,8 @@ class Pipeline:
         batcher: DynamicBatcher[Any, np.ndarray],
     ) -> np.ndarray:
         unique = list(dict.fromkeys(texts))
-        keys = [embedding_key(runtime.ref, kind, variant, text_digest(t)) for t in unique]
+        prefix = embedding_key_prefix(runtime.ref, kind, variant)
+        keys = [prefix + text_digest(t) for t in unique]
         found = await self.cache.get_many(keys)
         missing = [i for i, value in enumerate(found) if value is None]
         step = min(self.settings.batching.max_batch_texts, self.settings.batching.max_queue)
@@ -294,9 +302,19 @@ class Pipeline:
     async def _read_images(self, images: Sequence[ImageRef], fields: Sequence[str]) -> _ReadImages:
         budget = ByteBudget(self.settings.limits.max_url_bytes)
         slots = asyncio.Semaphore(self.settings.url_fetches_per_request)
-        payloads = await _all_or_none(
-            [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
-        )
+        reads = [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
+        if all(img.url is None and len(img.data or "") <= INLINE_BASE64_CHARS for img in images):
+            # Nothing here waits (inline base64, references): one after the other, in order, without
+            # a task per image; the first failure is the one a concurrent run would raise too.
+            payloads = []
+            try:
+                for read_one in reads:
+                    payloads.append(await read_one)
+            finally:
+                for unread in reads[len(payloads) :]:
+                    unread.close()  # not started: closed, so none warns that it was never awaited
+        else:
+            payloads = await _all_or_none(reads)
         read = _ReadImages()
         predecoded = PREDECODED.get() or {}
         for i, (img, data) in enumerate(zip(images, payloads, strict=True)):

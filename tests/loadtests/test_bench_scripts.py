@@ -321,6 +321,19 @@ def test_bench_host_path_measures_every_endpoint_with_wrk_against_the_decode_cei
 
 
 @pytest.mark.slow
+def test_bench_host_ab_alternates_two_servers_and_splits_their_cpu_per_answer() -> None:
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    out = run_script("bench_host_ab.py", "--a", "one", "--b", "two", "--cells", "2", "--cell", "1", "--warmup", "0",
+                     "--concurrency", "2", "--threads", "1")  # fmt: skip
+    ((label, cpu_a, cpu_b, ratio, loop_a, loop_b, rate_a, rate_b, _, _, failed),) = table_after(out, "| endpoint, c |")
+    assert label == "/embed, c=2" and failed == "0"
+    assert 0 < float(loop_a) < float(cpu_a) and 0 < float(loop_b) < float(cpu_b)
+    assert float(ratio.strip("*x")) == pytest.approx(float(cpu_b) / float(cpu_a), abs=0.01)
+    assert float(rate_a) > 0 and float(rate_b) > 0
+
+
+@pytest.mark.slow
 def test_bench_broken_neighbour_shows_the_healthy_model_kept_in_memory() -> None:
     out = run_script("bench_broken_neighbour.py", "--seconds", "1", "--interval", "0.2")
     rows = table(out)

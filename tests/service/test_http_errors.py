@@ -53,6 +53,14 @@ def test_bad_base64_is_400_with_field_path(client: httpx.Client, red: dict[str, 
     assert_error(r, 400, "bad_input", "images.1.data")
 
 
+def test_of_several_bad_images_the_first_is_reported(client: httpx.Client, red: dict[str, str]) -> None:
+    """Inline images are read one after the other: the error names the first bad one, as when
+    they were read concurrently."""
+    images = [red, {"data": "not base64 at all!!"}, {"data": "also not base64!!"}]
+    r = classify(client, images=images, labels=["a", "b"])
+    assert_error(r, 400, "bad_input", "images.1.data")
+
+
 def test_truncated_base64_is_400(client: httpx.Client, red: dict[str, str]) -> None:
     cut = red["data"][:-3]  # no longer a multiple of 4: a padding error
     r = classify(client, images=[{"data": cut}], labels=["a", "b"])

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Query, Request
 
 from service.api import operations
 from service.api.answering import AnswerDep
-from service.api.deps import PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, ClassifyRequest, ClassifyResponse
 from service.api.validation import check_classify
 
-router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post(
@@ -25,11 +25,10 @@ router = APIRouter(tags=["classify"], responses=ERROR_RESPONSES)
 async def classify(
     req: ClassifyRequest,
     request: Request,
-    services: ServicesDep,
-    pipeline: PipelineDep,
     answer: AnswerDep,
     comparative: Annotated[bool, Query(description="apply comparative prompts (request or model library)")] = False,
 ) -> ClassifyResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_classify(req, services.settings.limits)
-    return await answer(model, lambda rt: operations.classify(pipeline, rt, req, comparative))
+    return await answer(model, lambda rt: operations.classify(services.pipeline, rt, req, comparative))

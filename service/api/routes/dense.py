@@ -7,11 +7,12 @@ from fastapi import APIRouter, Request, Response
 from service.api import dense_operations
 from service.api.answering import AnswerDep, use_model
 from service.api.deps import CallerKeyDep, PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, DenseRequest, DenseResponse, HeatmapRequest
 from service.api.validation import check_dense, check_heatmap
 
-router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["dense"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 class PNGResponse(Response):
@@ -34,12 +35,11 @@ _JSON_ERRORS: dict[int | str, dict[str, object]] = {
     response_model_exclude_none=True,
     openapi_extra=openapi_form(DenseRequest),
 )
-async def score_dense(
-    req: DenseRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
-) -> DenseResponse:
+async def score_dense(req: DenseRequest, answer: AnswerDep) -> DenseResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_dense(req, services.settings.limits)
-    return await answer(model, lambda rt: dense_operations.score_dense(pipeline, rt, req))
+    return await answer(model, lambda rt: dense_operations.score_dense(services.pipeline, rt, req))
 
 
 @router.post(

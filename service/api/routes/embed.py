@@ -6,18 +6,19 @@ from fastapi import APIRouter
 
 from service.api import operations
 from service.api.answering import AnswerDep
-from service.api.deps import PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, EmbedRequest, EmbedResponse
 from service.api.validation import check_embed
 
-router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["embed"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post(
     "/embed", response_model=EmbedResponse, response_model_exclude_none=True, openapi_extra=openapi_form(EmbedRequest)
 )
-async def embed(req: EmbedRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep) -> EmbedResponse:
+async def embed(req: EmbedRequest, answer: AnswerDep) -> EmbedResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_embed(req, services.settings.limits)
-    return await answer(model, lambda rt: operations.embed(pipeline, rt, req))
+    return await answer(model, lambda rt: operations.embed(services.pipeline, rt, req))

@@ -16,6 +16,7 @@ from clipcore.models.components import BASE_ENCODER, Components
 from model_store import ModelNotFound, ModelStore, StoreError
 from service.api.deps import VARY_BY_CALLER, CallerKeyDep, ServicesDep
 from service.api.errors import ApiError, ErrorCode
+from service.api.json_body import JsonBodyRoute
 from service.api.schemas import (
     ERROR_RESPONSES,
     AutoInfo,
@@ -36,7 +37,7 @@ from service.runtime.retime import RetimeState
 from service.runtime.roles import CANARY, SHADOW
 from service.runtime.served import EntryStatus, shown_name
 
-router = APIRouter(tags=["models"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["models"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 log = logging.getLogger("service.models")
 
 

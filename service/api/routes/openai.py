@@ -6,19 +6,21 @@ from fastapi import APIRouter, Response
 
 from service.api import openai_embeddings
 from service.api.answering import AnswerDep
-from service.api.deps import VARY_BY_CALLER, CallerKeyDep, PipelineDep, ServicesDep
+from service.api.deps import VARY_BY_CALLER, CallerKeyDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.openai_schemas import EmbeddingsRequest, EmbeddingsResponse, OpenAIModelList
 from service.api.schemas import ERROR_RESPONSES
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post("/embeddings", response_model=EmbeddingsResponse)
-async def create_embeddings(
-    req: EmbeddingsRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
-) -> EmbeddingsResponse:
+async def create_embeddings(req: EmbeddingsRequest, answer: AnswerDep) -> EmbeddingsResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
-    return await answer(model, lambda rt: openai_embeddings.embeddings(pipeline, rt, req, services.settings.limits))
+    return await answer(
+        model, lambda rt: openai_embeddings.embeddings(services.pipeline, rt, req, services.settings.limits)
+    )
 
 
 @router.get("/models", response_model=OpenAIModelList)

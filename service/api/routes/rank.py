@@ -6,12 +6,12 @@ from fastapi import APIRouter
 
 from service.api import operations
 from service.api.answering import AnswerDep
-from service.api.deps import PipelineDep, ServicesDep
+from service.api.json_body import JsonBodyRoute
 from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, RankPairRequest, RankPairResponse, RankRequest, RankResponse
 from service.api.validation import check_rank, check_rank_pair
 
-router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES, route_class=JsonBodyRoute)
 
 
 @router.post(
@@ -20,18 +20,18 @@ router = APIRouter(tags=["rank"], responses=ERROR_RESPONSES)
     response_model_exclude_none=True,
     openapi_extra=openapi_form(RankPairRequest),
 )
-async def rank_pair(
-    req: RankPairRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep
-) -> RankPairResponse:
+async def rank_pair(req: RankPairRequest, answer: AnswerDep) -> RankPairResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_rank_pair(req, services.settings.limits)
-    return await answer(model, lambda rt: operations.rank_pair(pipeline, rt, req))
+    return await answer(model, lambda rt: operations.rank_pair(services.pipeline, rt, req))
 
 
 @router.post(
     "/rank", response_model=RankResponse, response_model_exclude_none=True, openapi_extra=openapi_form(RankRequest)
 )
-async def rank(req: RankRequest, services: ServicesDep, pipeline: PipelineDep, answer: AnswerDep) -> RankResponse:
+async def rank(req: RankRequest, answer: AnswerDep) -> RankResponse:
+    services = answer.services
     model = services.models.resolve(req.model)
     check_rank(req, services.settings.limits)
-    return await answer(model, lambda rt: operations.rank(pipeline, rt, req))
+    return await answer(model, lambda rt: operations.rank(services.pipeline, rt, req))

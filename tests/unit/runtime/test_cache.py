@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.runtime import EmbeddingCache, ServiceMetrics, bytes_digest, embedding_key, text_digest
-from service.runtime.cache import decode_value, encode_value, quantize
+from service.runtime.cache import decode_value, embedding_key_prefix, encode_value, quantize
 
 from .conftest import RedisServer, free_port
 
@@ -63,6 +63,14 @@ def test_key_carries_model_version_kind_and_variant() -> None:
 def test_bad_key_parts_are_rejected(args: tuple[str, str, str]) -> None:
     with pytest.raises(ValueError):
         embedding_key(*args, text_digest("x"))
+    with pytest.raises(ValueError):
+        embedding_key_prefix(*args)
+
+
+def test_key_prefix_and_digest_make_the_key() -> None:
+    """The pipeline keys a request's many texts as prefix + digest: the same keys as one by one."""
+    d = text_digest("a red circle")
+    assert embedding_key_prefix("default@v3", "text", "pcclip") + d == embedding_key("default@v3", "text", "pcclip", d)
 
 
 def test_bad_digest_is_rejected() -> None:

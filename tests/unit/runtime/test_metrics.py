@@ -208,3 +208,25 @@ def test_two_instances_do_not_share_state() -> None:
     a.image_decoded(3)
     assert a.registry.get_sample_value("clip_images_decoded_total") == 3
     assert b.registry.get_sample_value("clip_images_decoded_total") == 0
+
+
+def test_recorders_count_into_the_same_series_and_a_forgotten_version_comes_back() -> None:
+    """The request path's recorders keep the series they looked up; a series removed with its
+    version (``forget_version``, ``clear_split``) must be exported again when recorded again, not
+    counted into a removed object."""
+    m = ServiceMetrics()
+    get = m.registry.get_sample_value
+    for _ in range(3):
+        m.observe_request("/embed", "POST", 200, 0.01)
+        m.observe_answer("default@v1", "primary", 200, 0.01)
+    assert get("clip_http_requests_total", {"route": "/embed", "method": "POST", "status": "200"}) == 3
+    answered = {"model": "default", "version": "v1", "role": "primary", "status": "200"}
+    assert get("clip_version_requests_total", answered) == 3
+    m.forget_version("default", "v1")
+    assert get("clip_version_requests_total", answered) is None
+    m.observe_answer("default@v1", "primary", 200, 0.01)
+    assert get("clip_version_requests_total", answered) == 1
+    m.set_split("default", "v2", weight=10)
+    m.clear_split("default", "v2")
+    m.set_split("default", "v2", weight=20)
+    assert get("clip_canary_weight_ratio", {"model": "default", "version": "v2"}) == 0.2
