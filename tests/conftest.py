@@ -12,6 +12,7 @@ import base64
 import io
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -118,6 +119,8 @@ def serve(settings: Any = None, *, ready: bool = True, wrap: Any = None, **overr
     from service.config import Settings
 
     if settings is None:
+        # Collections a test creates go to a folder of its own, never the working directory's.
+        overrides.setdefault("collections", {"url": f"file://{tempfile.mkdtemp(prefix='collections-')}"})
         settings = Settings(**overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)

@@ -52,6 +52,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.unknown_model: 404,
     ErrorCode.unknown_image: 404,
     ErrorCode.unknown_component: 404,
+    ErrorCode.unknown_collection: 404,
+    ErrorCode.collection_exists: 409,  # a collection of that name exists
+    ErrorCode.version_mismatch: 409,  # a collection's version is no longer the one its model serves
     # A method the serving model's family cannot run (per-token text features of a CustomTextCLIP):
     # the request cannot succeed on this model, whatever is retried.
     ErrorCode.unsupported_for_family: 400,
