@@ -240,6 +240,16 @@ def test_add_bounds(client: httpx.Client, shop: str, images: Any) -> None:
     error(client.post(url, json={"items": [{**item, "metadata": {"k": "v" * 5000}}]}), 413, "payload_too_large")
     error(client.post(url, json={"items": [{**item, "metadata": {"1k": 1}}]}), 400, "bad_input")
     error(client.post(url, json={"items": [{**item, "metadata": {"k": {"nested": 1}}}]}), 422, "validation_error")
+    # A lone surrogate (JSON's "\ud800" escape) cannot be stored or answered as UTF-8.
+    surrogate = '{"items": [{"id": "\\ud800", "image": {"sha256": "%s"}}]}' % ("0" * 64)
+    headers = {"Content-Type": "application/json"}
+    assert error(client.post(url, content=surrogate, headers=headers), 422, "validation_error")["field"] == "items.0.id"
+    surrogate = '{"items": [{"id": "s", "image": {"sha256": "%s"}, "metadata": {"k": "\\udc00"}}]}' % ("0" * 64)
+    assert (
+        error(client.post(url, content=surrogate, headers=headers), 400, "bad_input")["field"] == "items.0.metadata.k"
+    )
+    filters = '{"text": "x", "filters": {"k": "\\udc00"}}'
+    error(client.post(url.replace("/images", "/search"), content=filters, headers=headers), 400, "bad_input")
     bad = {"id": "b", "image": {"data": "bm90IGFuIGltYWdl"}}
     error(client.post(url, json={"items": [item | {"id": "c"}, bad]}), 400, "bad_image")
     assert ok(client.get(url.removesuffix("/images")))["count"] == len(SCENES)  # nothing of a refused add

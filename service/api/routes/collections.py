@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from service.api.deps import PipelineDep, ServicesDep
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
-from service.api.validation import check_count, check_text
+from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
 from service.collections.schemas import (
     AddImagesRequest,
@@ -137,7 +137,7 @@ def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
         if item.id in seen:
             raise bad_input(f"id {item.id!r} appears twice in one add", f"items.{i}.id")
         seen.add(item.id)
-        check_metadata_keys(item.metadata, f"items.{i}.metadata")
+        check_metadata(item.metadata, f"items.{i}.metadata")
         if len(item.metadata) > bounds.max_metadata_keys:
             raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"items.{i}.metadata")
         size = len(json.dumps(item.metadata, separators=(",", ":")).encode())
@@ -160,13 +160,16 @@ def check_search(req: SearchRequest, bounds: CollectionsSettings, services: Serv
         req.k = min(DEFAULT_CANDIDATES, bounds.max_results)
     elif req.k > bounds.max_results:
         raise too_large(f"k is at most {bounds.max_results} (collections.max_results)", "k")
-    check_metadata_keys(req.filters, "filters")
+    check_metadata(req.filters, "filters")
 
 
-def check_metadata_keys(values: Mapping[str, object], field: str) -> None:
-    for key in values:
+def check_metadata(values: Mapping[str, object], field: str) -> None:
+    for key, value in values.items():
         if not _METADATA_KEY.match(key):
             raise bad_input(
                 f"metadata keys are 1-64 letters, digits and '_', not starting with a digit; got {key[:80]!r}",
                 f"{field}.{key[:80]}",
             )
+        # A str inside a union takes JSON's lone-surrogate escapes, which cannot be answered as UTF-8.
+        if isinstance(value, str) and not is_unicode(value):
+            raise bad_input("a metadata value must be Unicode text (it holds an unpaired surrogate)", f"{field}.{key}")
