@@ -4,6 +4,7 @@ scores against the endpoints that compute the same math, bounds and errors), a v
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import time
@@ -360,3 +361,36 @@ def test_dense_rerank_on_the_default_model_puts_the_true_scene_first_where_cosin
     print(f"true scene first of {len(items)} pairs: cosine {cosine:.2f}, DCSM rerank {dense:.2f}")
     assert dense >= 0.6 and dense > cosine, f"true scene first: DCSM {dense:.2f}, cosine {cosine:.2f}"
     assert any(d and not c for c, d in zip(cosine_right, dense_right, strict=True))
+
+
+# ----------------------------------------------------------------------------- SDK
+def test_the_sdk_manages_and_searches_a_collection(server: Any, images: Any) -> None:
+    from clipdiff import AsyncClient, Client, NotFound
+
+    with Client(server.url) as client:
+        info = client.create_collection("sdk")
+        assert (info.name, info.count, info.dense) == ("sdk", 0, True)
+        added = client.add_to_collection(
+            "sdk", [("a", images["red-circle"], {"colour": "red"}), ("b", images["blue-square"])]
+        )
+        assert (added.added, added.count) == (["a", "b"], 2)
+        assert [c.name for c in client.collections()].count("sdk") == 1
+        hits = client.search_collection("sdk", image=images["red-circle"], limit=1).hits
+        assert [(h.id, h.stage, h.metadata) for h in hits] == [("a", "cosine", {"colour": "red"})]
+        found = client.search_collection("sdk", text="a red circle", rerank="dense", k=2, filters={"colour": "red"})
+        assert [h.id for h in found.hits] == ["a"] and found.hits[0].scores.dense is not None
+        diff = client.search_collection("sdk", image=images["red-circle"], difference="bluer", k=2)
+        assert {h.stage for h in diff.hits} == {"difference"} and diff.candidates == 2
+        client.remove_from_collection("sdk", "b")
+        assert client.collection("sdk").count == 1
+        with pytest.raises(NotFound):
+            client.remove_from_collection("sdk", "b")
+
+    async def drop() -> None:
+        async with AsyncClient(server.url) as aclient:
+            assert (await aclient.collection("sdk")).count == 1
+            await aclient.drop_collection("sdk")
+            with pytest.raises(NotFound):
+                await aclient.collection("sdk")
+
+    asyncio.run(drop())
