@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
+from pydantic.config import JsonDict
 
-from service.api.schemas import ImageInput, Shape, Text, _min_items, _Request
+from service.api.schemas import ImageInput, IntegralFloat, Shape, Text, _min_items, _Request
 from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
 
 Scalar = str | int | float | bool
+# Metadata keys: the schema states the pattern, the server answers 400 with the field otherwise.
+_KEYS: JsonDict = {"propertyNames": {"pattern": METADATA_KEY_PATTERN}}
 Stage = Literal["cosine", "difference", "dense"]
 
 
 class CreateCollectionRequest(_Request):
     model: str | None = Field(
         default=None,
-        description="the served model (`default`, `default@production`) whose current version embeds the "
-        "collection; left out, the first model of the served set",
+        description="the served model (`default`, `default@production`, or the version it serves now, "
+        "`default@v6`) whose current version embeds the collection; left out, the first model of the served set",
     )
 
 
@@ -40,7 +43,9 @@ class CollectionItem(_Request):
     image: ImageInput
     metadata: dict[str, Scalar] = Field(
         default_factory=dict,
-        description=f"flat JSON: keys matching {METADATA_KEY_PATTERN}, values strings, numbers or booleans",
+        description="flat JSON: keys of letters, digits and '_' (not starting with a digit), values strings, "
+        "numbers or booleans",
+        json_schema_extra=_KEYS,
     )
 
 
@@ -85,15 +90,16 @@ class SearchRequest(_Request):
     rerank: Literal["dense"] | None = Field(
         default=None, description="`dense`: re-score the first stage's top `k` by DCSM (text searches only)"
     )
-    k: int | None = Field(
+    k: Annotated[int, Field(ge=1), IntegralFloat] | None = Field(
         default=None,
-        ge=1,
         description="first-stage candidates that a difference or a rerank ranks; left out, 100 (or "
         "`collections.max_results` when smaller)",
     )
-    filters: dict[str, Scalar] = Field(default_factory=dict, description="metadata keys that must equal these values")
-    limit: int = Field(default=10, ge=1)
-    offset: int = Field(default=0, ge=0)
+    filters: dict[str, Scalar] = Field(
+        default_factory=dict, description="metadata keys that must equal these values", json_schema_extra=_KEYS
+    )
+    limit: Annotated[int, Field(ge=1), IntegralFloat] = 10
+    offset: Annotated[int, Field(ge=0), IntegralFloat] = 0
 
 
 class HitScores(BaseModel):

@@ -47,15 +47,15 @@ def model_ref(info: CollectionInfo) -> str:
 def current_runtime(services: Services, model: str | None) -> tuple[Selection, ModelRuntime]:
     """The entry ``model`` names and the version it serves now (its primary), for a new collection."""
     selection = services.models.resolve(model)
-    if selection.version is not None:
-        raise bad_input(
-            "a collection is bound to the version its model serves now: name the model "
-            f"({selection.entry.name} or {selection.entry.ref}), not a version",
-            "model",
-        )
     runtime = selection.entry.current
     if runtime is None:
         raise ClipError(ErrorCode.not_ready, selection.entry.not_ready_message(), retry_after=1)
+    if selection.version is not None and selection.version != runtime.bundle.version:
+        raise bad_input(
+            f"a collection is bound to the version its model serves now ({runtime.ref}), not to "
+            f"{selection.entry.name}@{selection.version} (a canary); name the model ({selection.entry.ref})",
+            "model",
+        )
     return selection, runtime
 
 

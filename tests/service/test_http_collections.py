@@ -106,6 +106,12 @@ def test_create_list_inspect_and_drop(client: httpx.Client) -> None:
     assert ok(client.get("/collections/tmp-1")) == info
     assert "tmp-1" in [c["name"] for c in ok(client.get("/collections"))["collections"]]
     error(client.put("/collections/tmp-1", json={}), 409, "collection_exists")
+    pinned = client.put("/collections/tmp-1b", json={"model": version})  # the version it serves now
+    assert pinned.status_code == 201 and pinned.json()["model"] == version
+    ok(client.delete("/collections/tmp-1b"))
+    refused = client.patch("/collections/tmp-1")
+    assert refused.status_code == 405
+    assert set(refused.headers["allow"].split(", ")) >= {"PUT", "GET", "DELETE"}  # every route of the path
     assert ok(client.delete("/collections/tmp-1"))["removed"] == "tmp-1"
     error(client.get("/collections/tmp-1"), 404, "unknown_collection")
     error(client.delete("/collections/tmp-1"), 404, "unknown_collection")
