@@ -138,6 +138,7 @@ class EmbeddedCollections:
 
     # ------------------------------------------------------------------ items
     def upsert(self, name: str, items: Sequence[NewItem]) -> int:
+        items = list({item.id: item for item in items}.values())  # an id given twice: the last one
         with self._use(name) as coll:
             db, dim = coll.db, int(coll.info["dim"])  # type: ignore[call-overload]
             replaced: list[tuple[int, dict[str, Scalar]]] = []

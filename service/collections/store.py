@@ -65,7 +65,8 @@ class CollectionStore(Protocol):
     def drop(self, name: str) -> None: ...
 
     def upsert(self, name: str, items: Sequence[NewItem]) -> int:
-        """Add items, replacing those whose id exists; returns how many items it holds now."""
+        """Add items, replacing those whose id exists (an id twice in ``items``: the last one);
+        returns how many items it holds now."""
 
     def remove(self, name: str, item_id: str) -> bool:
         """Whether the item was there."""

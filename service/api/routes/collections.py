@@ -130,13 +130,9 @@ async def search(
 # ----------------------------------------------------------------------------- bounds
 def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
     check_count(req.items, "items", 1, bounds.max_items_per_add, "items")
-    seen: set[str] = set()
     for i, item in enumerate(req.items):
         if len(item.id) > bounds.max_id_chars:
             raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"items.{i}.id")
-        if item.id in seen:
-            raise bad_input(f"id {item.id!r} appears twice in one add", f"items.{i}.id")
-        seen.add(item.id)
         check_metadata(item.metadata, f"items.{i}.metadata")
         if len(item.metadata) > bounds.max_metadata_keys:
             raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"items.{i}.metadata")
