@@ -29,10 +29,11 @@ from service.api.middleware import (
     SecurityHeadersMiddleware,
 )
 from service.api.multipart import MultipartFormMiddleware, form_models
-from service.api.routes import classify, dense, embed, health, models, openai, rank
+from service.api.routes import classify, collections, dense, embed, health, models, openai, rank
 from service.api.routes.docs import install_docs
 from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
+from service.collections.service import Collections
 from service.config import Settings
 from service.runtime.cache import EmbeddingCache
 from service.runtime.heap import settle
@@ -70,6 +71,7 @@ def build_services(settings: Settings) -> Services:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else Settings()
     services = build_services(settings)
+    user_collections = Collections(settings.collections)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             # Each part closes even if one before it fails.
-            for part in (services.models, services.pipeline, services.cache):
+            for part in (services.models, services.pipeline, services.cache, user_collections):
                 try:
                     await part.close()
                 except Exception:
@@ -101,11 +103,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         'Errors are always {"error": {"code", "message", "field"}}.',
     )
     app.state.services = services
+    app.state.collections = user_collections
     install_error_handlers(app)
     # Keys are enforced by AuthMiddleware; this only documents the scheme in the OpenAPI spec, and
     # only on a server that has keys (the committed contract is that of the default, open server).
     documented = [Depends(HTTPBearer(auto_error=False, description="API key"))] if services.auth.enabled else []
-    routers = [module.router for module in (classify, rank, dense, embed, models, openai)]
+    routers = [module.router for module in (classify, rank, dense, embed, models, openai, collections)]
     for router in routers:
         app.include_router(router, dependencies=documented)
     app.include_router(health.router)
@@ -125,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(HeadMiddleware)

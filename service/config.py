@@ -103,6 +103,38 @@ class Batching(BaseModel):
     decode_workers: int = Field(default=2, ge=1, description="Threads that decode and preprocess images.")
 
 
+class CollectionsSettings(BaseModel):
+    """Collections of a user's images (``/collections``): where they are kept and their bounds
+    (exceeding a count or size bound answers 413 ``payload_too_large``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(
+        default="file:collections",
+        description="Where collections are kept: `file:///var/lib/clip/collections` (or `file:collections`, "
+        "relative to the working directory) is the embedded backend, one SQLite file per collection searched "
+        "with an exact FAISS index, needing no other server; one server process owns the folder. Other "
+        "schemes are refused at start-up.",
+    )
+    max_items_per_add: int = Field(default=64, ge=1, description="Images per `POST /collections/{name}/images`.")
+    max_id_chars: int = Field(default=128, ge=1, description="Characters of an item id.")
+    max_metadata_keys: int = Field(default=32, ge=0, description="Keys of an item's metadata.")
+    max_metadata_bytes: int = Field(
+        default=4096, ge=2, description="Bytes of an item's metadata written as compact JSON."
+    )
+    max_results: int = Field(
+        default=1000, ge=1, description="`offset` + `limit` of a search, and its first stage's `k`."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from service.collections.store import collections_path
+
+        collections_path(value)  # a file: URL with a folder; any other scheme is refused here
+        return value
+
+
 class Settings(BaseSettings):
     # hide_input_in_errors: an error must not print what was given, which for redis_url or an
     # API key is a secret (`python -m service` prints validation errors to stderr, into the logs).
@@ -298,6 +330,7 @@ class Settings(BaseSettings):
     )
     limits: Limits = Field(default_factory=lambda: Limits())
     batching: Batching = Field(default_factory=lambda: Batching())
+    collections: CollectionsSettings = Field(default_factory=lambda: CollectionsSettings())
     allow_url_images: bool = Field(
         default=False, description='Accept `{"url": ...}` images (fetched with an SSRF guard).'
     )

@@ -12,6 +12,7 @@ import base64
 import io
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -117,7 +118,12 @@ def serve(settings: Any = None, *, ready: bool = True, wrap: Any = None, **overr
     from service.app import create_app
     from service.config import Settings
 
+    own_folder = None
     if settings is None:
+        if "collections" not in overrides:
+            # Collections a test creates go to a folder of its own, never the working directory's.
+            own_folder = tempfile.mkdtemp(prefix="collections-")
+            overrides["collections"] = {"url": f"file://{own_folder}"}
         settings = Settings(**overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)
@@ -147,6 +153,8 @@ def serve(settings: Any = None, *, ready: bool = True, wrap: Any = None, **overr
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        if own_folder is not None:
+            shutil.rmtree(own_folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

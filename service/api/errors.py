@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from service.api.security import SECURITY_HEADERS
@@ -52,6 +53,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.unknown_model: 404,
     ErrorCode.unknown_image: 404,
     ErrorCode.unknown_component: 404,
+    ErrorCode.unknown_collection: 404,
+    ErrorCode.collection_exists: 409,  # a collection of that name exists
+    ErrorCode.version_mismatch: 409,  # a collection's version is no longer the one its model serves
     # A method the serving model's family cannot run (per-token text features of a CustomTextCLIP):
     # the request cannot succeed on this model, whatever is retried.
     ErrorCode.unsupported_for_family: 400,
@@ -159,6 +163,8 @@ _HTTP_CODES = {
 }
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
 # FastAPI's words for a body its JSON parser gave up on (e.g. nested deeper than Python's recursion
 # limit): a malformed body, which the API answers 422 like any other invalid JSON.
 _UNPARSABLE_BODY = "There was an error parsing the body"
@@ -174,13 +180,28 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404 and message == "Not Found":  # Starlette's words for a path no route has
         message = f"no endpoint {where}; the API's endpoints are listed at /docs and /openapi.json"
-    elif exc.status_code == 405 and message == "Method Not Allowed":
-        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405 and message == "Method Not Allowed":
+        allowed = _allowed_methods(request) or headers.get("allow") or headers.get("Allow")
+        if allowed:
+            headers = {k: v for k, v in headers.items() if k.lower() != "allow"} | {"Allow": allowed}
         message = f"{where} is not allowed" + (f"; this path takes {allowed}" if allowed else "")
-    response = error_response(code, message, None, dict(exc.headers or {}))
+    response = error_response(code, message, None, headers)
     if exc.status_code not in _HTTP_CODES:
         response.status_code = exc.status_code
     return response
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route takes on this path: Starlette's Allow names only the first
+    route's (a path served by several routes, one per method, would list one)."""
+    routes = getattr(request.app, "routes", [])
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -19,6 +19,10 @@ from clipdiff.errors import (
 from clipdiff.images import ImageRef, image_bytes, image_id, image_input, image_sha256
 from clipdiff.models import (
     ClassifyResult,
+    CollectionAdd,
+    CollectionHit,
+    CollectionInfo,
+    CollectionSearch,
     ComparativeInfo,
     DenseResult,
     EmbedResult,
@@ -41,6 +45,10 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "ClassifyResult",
+    "CollectionAdd",
+    "CollectionHit",
+    "CollectionInfo",
+    "CollectionSearch",
     "Client",
     "ClipServiceError",
     "ComparativeInfo",

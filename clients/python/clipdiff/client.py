@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -23,6 +23,9 @@ from clipdiff import endpoints as ep
 from clipdiff.errors import NotFound
 from clipdiff.models import (
     ClassifyResult,
+    CollectionAdd,
+    CollectionInfo,
+    CollectionSearch,
     DenseResult,
     EmbedResult,
     ModelInfo,
@@ -233,6 +236,48 @@ class Client(_Base):
     def model(self, name: str) -> ModelInfo:
         return self._run(ep.model_info(name))
 
+    # ------------------------------------------------------------------ collections
+    def create_collection(self, name: str, *, model: str | None = None) -> CollectionInfo:
+        """A new collection bound to the version ``model`` (the default model) serves now."""
+        return self._run(ep.create_collection(name, self._model(model)))
+
+    def collections(self) -> list[CollectionInfo]:
+        return self._run(ep.collections())
+
+    def collection(self, name: str) -> CollectionInfo:
+        return self._run(ep.collection(name))
+
+    def drop_collection(self, name: str) -> None:
+        self._run(ep.drop_collection(name))
+
+    def add_to_collection(self, name: str, items: Iterable[ep.CollectionItem]) -> CollectionAdd:
+        """Add ``(id, image)`` or ``(id, image, metadata)`` items (an id already there is replaced)."""
+        return self._run(ep.add_to_collection(name, items))
+
+    def remove_from_collection(self, name: str, item_id: str) -> None:
+        self._run(ep.remove_from_collection(name, item_id))
+
+    def search_collection(
+        self,
+        name: str,
+        *,
+        text: str | None = None,
+        image: Any = None,
+        difference: str | None = None,
+        rerank: Literal["dense"] | None = None,
+        k: int | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        encoder: str | None = None,
+    ) -> CollectionSearch:
+        """By ``text``, by ``image``, or by ``image`` and a ``difference`` text; see docs/api.md."""
+        plan = ep.search_collection(
+            name, text=text, image=image, difference=difference, rerank=rerank, k=k, filters=filters,
+            limit=limit, offset=offset, encoder=encoder,
+        )  # fmt: skip
+        return self._run(plan)
+
     def _probe(self, path: str) -> bool:
         # Probes answer a yes/no question, so they never retry and never raise.
         try:
@@ -388,6 +433,45 @@ class AsyncClient(_Base):
 
     async def model(self, name: str) -> ModelInfo:
         return await self._run(ep.model_info(name))
+
+    # ------------------------------------------------------------------ collections
+    async def create_collection(self, name: str, *, model: str | None = None) -> CollectionInfo:
+        return await self._run(ep.create_collection(name, self._model(model)))
+
+    async def collections(self) -> list[CollectionInfo]:
+        return await self._run(ep.collections())
+
+    async def collection(self, name: str) -> CollectionInfo:
+        return await self._run(ep.collection(name))
+
+    async def drop_collection(self, name: str) -> None:
+        await self._run(ep.drop_collection(name))
+
+    async def add_to_collection(self, name: str, items: Iterable[ep.CollectionItem]) -> CollectionAdd:
+        return await self._run(ep.add_to_collection(name, items))
+
+    async def remove_from_collection(self, name: str, item_id: str) -> None:
+        await self._run(ep.remove_from_collection(name, item_id))
+
+    async def search_collection(
+        self,
+        name: str,
+        *,
+        text: str | None = None,
+        image: Any = None,
+        difference: str | None = None,
+        rerank: Literal["dense"] | None = None,
+        k: int | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        encoder: str | None = None,
+    ) -> CollectionSearch:
+        plan = ep.search_collection(
+            name, text=text, image=image, difference=difference, rerank=rerank, k=k, filters=filters,
+            limit=limit, offset=offset, encoder=encoder,
+        )  # fmt: skip
+        return await self._run(plan)
 
     async def _probe(self, path: str) -> bool:
         try:

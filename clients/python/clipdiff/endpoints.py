@@ -18,6 +18,9 @@ from clipdiff.errors import ClipServiceError
 from clipdiff.images import image_input
 from clipdiff.models import (
     ClassifyResult,
+    CollectionAdd,
+    CollectionInfo,
+    CollectionSearch,
     DenseResult,
     EmbedResult,
     ModelInfo,
@@ -295,6 +298,74 @@ def model_info(name: str) -> Plan[ModelInfo]:
 
 def limits() -> Call:
     return Call("GET", "/limits")
+
+
+# ----------------------------------------------------------------------------- collections
+CollectionItem = tuple[str, Any] | tuple[str, Any, Mapping[str, Any]]
+
+
+def _collection(name: str, *rest: str) -> str:
+    return "/".join([f"/collections/{quote(name, safe='')}", *(quote(r, safe="") for r in rest)])
+
+
+def create_collection(name: str, model: str | None) -> Plan[CollectionInfo]:
+    return single(Call("PUT", _collection(name), _drop_none({"model": model})), CollectionInfo.model_validate)
+
+
+def collections() -> Plan[list[CollectionInfo]]:
+    return single(
+        Call("GET", "/collections"), lambda data: [CollectionInfo.model_validate(c) for c in data["collections"]]
+    )
+
+
+def collection(name: str) -> Plan[CollectionInfo]:
+    return single(Call("GET", _collection(name)), CollectionInfo.model_validate)
+
+
+def drop_collection(name: str) -> Plan[None]:
+    return single(Call("DELETE", _collection(name)), lambda _: None)
+
+
+def add_to_collection(name: str, items: Iterable[CollectionItem]) -> Plan[CollectionAdd]:
+    """``items``: ``(id, image)`` or ``(id, image, metadata)``; an image as ``image_input`` takes it."""
+    body = [
+        {"id": item[0], "image": image_input(item[1]), "metadata": dict(item[2]) if len(item) > 2 else {}}  # type: ignore[misc]
+        for item in items
+    ]
+    return single(Call("POST", _collection(name, "images"), {"items": body}), CollectionAdd.model_validate)
+
+
+def remove_from_collection(name: str, item_id: str) -> Plan[None]:
+    return single(Call("DELETE", _collection(name, "images", item_id)), lambda _: None)
+
+
+def search_collection(
+    name: str,
+    *,
+    text: str | None,
+    image: Any,
+    difference: str | None,
+    rerank: Literal["dense"] | None,
+    k: int | None,
+    filters: Mapping[str, Any] | None,
+    limit: int,
+    offset: int,
+    encoder: str | None,
+) -> Plan[CollectionSearch]:
+    body = _drop_none(
+        {
+            "text": text,
+            "image": image_input(image) if image is not None else None,
+            "difference": difference,
+            "rerank": rerank,
+            "k": k,
+            "filters": dict(filters) if filters else None,
+            "limit": limit,
+            "offset": offset,
+            "encoder": encoder,
+        }
+    )
+    return single(Call("POST", _collection(name, "search"), body), CollectionSearch.model_validate)
 
 
 # ----------------------------------------------------------------------------- parsing

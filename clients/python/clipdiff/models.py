@@ -12,9 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 __all__ = [
     "ClassifyResult",
+    "CollectionAdd",
+    "CollectionHit",
+    "CollectionInfo",
+    "CollectionSearch",
     "ComparativeInfo",
     "DenseResult",
     "EmbedResult",
+    "HitScores",
     "ImageClassification",
     "LabelScore",
     "ModelInfo",
@@ -183,3 +188,43 @@ class ServerLimits(_Result):
     max_texts: int | None = None
     max_labels: int | None = None
     max_pairs: int | None = None
+
+
+class CollectionInfo(_Result):
+    """A collection: the ``name@version`` whose embeddings it holds (``model``), the served model
+    it was created on (``entry``), its width, item count and whether it can re-rank by DCSM."""
+
+    name: str
+    model: str
+    entry: str
+    dim: int
+    count: int
+    dense: bool
+    created_at: str
+
+
+class CollectionAdd(_Result):
+    model: str
+    collection: str
+    added: list[str]
+    count: int
+
+
+class HitScores(_Result):
+    cosine: float
+    difference: float | None = None
+    dense: float | None = None
+
+
+class CollectionHit(_Result):
+    id: str
+    metadata: dict[str, Any]
+    stage: Literal["cosine", "difference", "dense"]
+    scores: HitScores
+
+
+class CollectionSearch(_Result):
+    model: str
+    collection: str
+    candidates: int
+    hits: list[CollectionHit]

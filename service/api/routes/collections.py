@@ -1,0 +1,171 @@
+"""/collections: create, list, inspect and drop collections; add, remove and search their images."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request
+
+from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
+from service.api.deps import PipelineDep, ServicesDep
+from service.api.schemas import ERROR_RESPONSES, error_response_doc
+from service.api.validation import check_count, check_text, is_unicode
+from service.collections import operations
+from service.collections.schemas import (
+    AddImagesRequest,
+    AddImagesResponse,
+    CollectionInfo,
+    CollectionList,
+    CreateCollectionRequest,
+    RemovedResponse,
+    SearchRequest,
+    SearchResponse,
+)
+from service.collections.service import Collections, bound_runtime, current_runtime, model_ref
+from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
+from service.collections.store import CollectionInfo as StoredInfo
+from service.config import CollectionsSettings
+
+router = APIRouter(
+    tags=["collections"],
+    responses={
+        **ERROR_RESPONSES,
+        409: error_response_doc(
+            "collection_exists, or version_mismatch (the collection's model serves another version now)"
+        ),
+    },
+)
+_METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+DEFAULT_CANDIDATES = 100  # a search's first-stage k when the request leaves it out
+
+
+async def get_collections(request: Request) -> Collections:
+    return request.app.state.collections  # type: ignore[no-any-return]
+
+
+CollectionsDep = Annotated[Collections, Depends(get_collections)]
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="the collection's name")]
+
+
+def _shown(info: StoredInfo) -> CollectionInfo:
+    return CollectionInfo(
+        name=info.name,
+        model=model_ref(info),
+        entry=info.model,
+        dim=info.dim,
+        count=info.count,
+        dense=info.dense,
+        created_at=info.created_at,
+    )
+
+
+@router.put("/collections/{name}", response_model=CollectionInfo, status_code=201)
+async def create_collection(
+    name: Name, req: CreateCollectionRequest, services: ServicesDep, collections: CollectionsDep
+) -> CollectionInfo:
+    selection, runtime = current_runtime(services, req.model)
+    dense = operations.stores_dense(runtime)
+    info = await collections.call(
+        collections.store.create, name, selection.entry.ref, runtime.bundle.version, runtime.bundle.embed_dim, dense
+    )
+    return _shown(info)
+
+
+@router.get("/collections", response_model=CollectionList)
+async def list_collections(collections: CollectionsDep) -> CollectionList:
+    return CollectionList(collections=[_shown(i) for i in await collections.call(collections.store.list_all)])
+
+
+@router.get("/collections/{name}", response_model=CollectionInfo)
+async def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
+    return _shown(await collections.call(collections.store.info, name))
+
+
+@router.delete("/collections/{name}", response_model=RemovedResponse)
+async def drop_collection(name: Name, collections: CollectionsDep) -> RemovedResponse:
+    await collections.call(collections.store.drop, name)
+    return RemovedResponse(collection=name, removed=name)
+
+
+@router.post("/collections/{name}/images", response_model=AddImagesResponse)
+async def add_images(
+    name: Name,
+    req: AddImagesRequest,
+    request: Request,
+    services: ServicesDep,
+    pipeline: PipelineDep,
+    collections: CollectionsDep,
+) -> AddImagesResponse:
+    check_add(req, collections.settings)
+    info = await collections.call(collections.store.info, name)
+    async with bound_runtime(request, services, info) as runtime:
+        return await operations.add_images(pipeline, runtime, collections, info, req)
+
+
+@router.delete("/collections/{name}/images/{item_id}", response_model=RemovedResponse)
+async def remove_image(name: Name, item_id: str, collections: CollectionsDep) -> RemovedResponse:
+    if not await collections.call(collections.store.remove, name, item_id):
+        raise ClipError(ErrorCode.not_found, f"collection {name!r} has no item {item_id[:200]!r}", "item_id")
+    return RemovedResponse(collection=name, removed=item_id)
+
+
+@router.post("/collections/{name}/search", response_model=SearchResponse, response_model_exclude_none=True)
+async def search(
+    name: Name,
+    req: SearchRequest,
+    request: Request,
+    services: ServicesDep,
+    pipeline: PipelineDep,
+    collections: CollectionsDep,
+) -> SearchResponse:
+    check_search(req, collections.settings, services)
+    info = await collections.call(collections.store.info, name)
+    async with bound_runtime(request, services, info) as runtime:
+        return await operations.search(pipeline, runtime, collections, info, req)
+
+
+# ----------------------------------------------------------------------------- bounds
+def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
+    check_count(req.items, "items", 1, bounds.max_items_per_add, "items")
+    for i, item in enumerate(req.items):
+        if len(item.id) > bounds.max_id_chars:
+            raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"items.{i}.id")
+        check_metadata(item.metadata, f"items.{i}.metadata")
+        if len(item.metadata) > bounds.max_metadata_keys:
+            raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"items.{i}.metadata")
+        size = len(json.dumps(item.metadata, separators=(",", ":")).encode())
+        if size > bounds.max_metadata_bytes:
+            raise too_large(
+                f"metadata is {size} bytes as JSON, over {bounds.max_metadata_bytes} (collections.max_metadata_bytes)",
+                f"items.{i}.metadata",
+            )
+
+
+def check_search(req: SearchRequest, bounds: CollectionsSettings, services: ServicesDep) -> None:
+    limits = services.settings.limits
+    for field in ("text", "difference"):
+        value = getattr(req, field)
+        if value is not None:
+            check_text(value, field, limits)
+    if req.offset + req.limit > bounds.max_results:
+        raise too_large(f"offset + limit is at most {bounds.max_results} (collections.max_results)", "limit")
+    if req.k is None:
+        req.k = min(DEFAULT_CANDIDATES, bounds.max_results)
+    elif req.k > bounds.max_results:
+        raise too_large(f"k is at most {bounds.max_results} (collections.max_results)", "k")
+    check_metadata(req.filters, "filters")
+
+
+def check_metadata(values: Mapping[str, object], field: str) -> None:
+    for key, value in values.items():
+        if not _METADATA_KEY.match(key):
+            raise bad_input(
+                f"metadata keys are 1-64 letters, digits and '_', not starting with a digit; got {key[:80]!r}",
+                f"{field}.{key[:80]}",
+            )
+        # A str inside a union takes JSON's lone-surrogate escapes, which cannot be answered as UTF-8.
+        if isinstance(value, str) and not is_unicode(value):
+            raise bad_input("a metadata value must be Unicode text (it holds an unpaired surrogate)", f"{field}.{key}")

@@ -1,0 +1,122 @@
+"""Request and response bodies of the /collections endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+from pydantic.config import JsonDict
+
+from service.api.schemas import ImageInput, IntegralFloat, Shape, Text, _min_items, _Request
+from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
+
+Scalar = str | int | float | bool
+# Metadata keys: the schema states the pattern, the server answers 400 with the field otherwise.
+_KEYS: JsonDict = {"propertyNames": {"pattern": METADATA_KEY_PATTERN}}
+Stage = Literal["cosine", "difference", "dense"]
+
+
+class CreateCollectionRequest(_Request):
+    model: str | None = Field(
+        default=None,
+        description="the served model (`default`, `default@production`, or the version it serves now, "
+        "`default@v6`) whose current version embeds the collection; left out, the first model of the served set",
+    )
+
+
+class CollectionInfo(BaseModel):
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(description="`name@version` whose embeddings the collection holds")
+    entry: str = Field(description="the served model it was created on, as configured (`default@production`)")
+    dim: int
+    count: int = Field(description="items it holds")
+    dense: bool = Field(description='whether it keeps DCSM image features, so `rerank: "dense"` works')
+    created_at: str
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionInfo]
+
+
+class CollectionItem(_Request):
+    id: str = Field(min_length=1, description="the caller's id; adding an id again replaces that item")
+    image: ImageInput
+    metadata: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description="flat JSON: keys of letters, digits and '_' (not starting with a digit), values strings, "
+        "numbers or booleans",
+        json_schema_extra=_KEYS,
+    )
+
+
+class AddImagesRequest(_Request):
+    items: list[CollectionItem] = Field(json_schema_extra=_min_items(1, unique=False))
+
+
+class AddImagesResponse(BaseModel):
+    model: str
+    collection: str
+    added: list[str] = Field(description="the ids added or replaced, in request order")
+    count: int = Field(description="items the collection holds now")
+
+
+class RemovedResponse(BaseModel):
+    collection: str
+    removed: str
+
+
+class SearchRequest(_Request):
+    """By ``text``; by ``image``; or by ``image`` and a ``difference`` text ("like this one, but ...")."""
+
+    shapes = (
+        Shape(("text",), ("image", "difference")),
+        Shape(("image",), ("text", "difference")),
+        Shape(("image", "difference"), ("text",)),
+    )
+    shape_error = "search by 'text', by 'image', or by 'image' and 'difference'"
+
+    text: Text | None = None
+    image: ImageInput | None = None
+    difference: Text | None = Field(
+        default=None,
+        description="how the wanted images differ from `image`: candidates are ranked by "
+        "normalize(g(c) - g(image)) . f(difference) (PC-CLIP)",
+    )
+    encoder: str | None = Field(
+        default=None,
+        description="text encoder of `text` or `difference`; left out: the version's default for `text`, its "
+        "`pcclip` encoder (when it has one) for `difference`",
+    )
+    rerank: Literal["dense"] | None = Field(
+        default=None, description="`dense`: re-score the first stage's top `k` by DCSM (text searches only)"
+    )
+    k: Annotated[int, Field(ge=1), IntegralFloat] | None = Field(
+        default=None,
+        description="first-stage candidates that a difference or a rerank ranks; left out, 100 (or "
+        "`collections.max_results` when smaller)",
+    )
+    filters: dict[str, Scalar] = Field(
+        default_factory=dict, description="metadata keys that must equal these values", json_schema_extra=_KEYS
+    )
+    limit: Annotated[int, Field(ge=1), IntegralFloat] = 10
+    offset: Annotated[int, Field(ge=0), IntegralFloat] = 0
+
+
+class HitScores(BaseModel):
+    cosine: float = Field(description="g(c) . query (the text's or the image's embedding)")
+    difference: float | None = None
+    dense: float | None = None
+
+
+class SearchHit(BaseModel):
+    id: str
+    metadata: dict[str, Scalar]
+    stage: Stage = Field(description="the stage whose score put the hit where it is")
+    scores: HitScores
+
+
+class SearchResponse(BaseModel):
+    model: str
+    collection: str
+    candidates: int = Field(description="items the first stage handed on (after filters)")
+    hits: list[SearchHit]

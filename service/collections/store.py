@@ -1,0 +1,120 @@
+"""What every collection backend offers, and the backend a ``collections.url`` names.
+
+Calls are synchronous (the routes run them in a worker thread) and take and return plain values,
+so a PostgreSQL + pgvector backend can implement the same calls with SQL: a table per
+collection's items (id, metadata as JSONB, the vector, the DCSM tokens), ``ORDER BY vector <#>
+query`` for the kNN and ``metadata ->> key = value`` for the filters.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+
+from clipcore.errors import ClipError, ErrorCode
+
+# A metadata value and a filter value: JSON scalars (equality is exact, type included).
+Scalar = str | int | float | bool
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+METADATA_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    model: str  # the served-set entry it was created on, as configured (``default@production``)
+    version: str  # the version whose embeddings it holds (``v6``)
+    dim: int
+    dense: bool  # whether it stores DCSM image tokens (the version has a DCSM component)
+    count: int
+    created_at: str
+
+
+@dataclass(frozen=True)
+class NewItem:
+    id: str
+    metadata: Mapping[str, Scalar]
+    vector: np.ndarray  # (D,) L2-normalised image embedding
+    dense: np.ndarray | None  # (1+P, D) DCSM image tokens, when the collection stores them
+
+
+@dataclass(frozen=True)
+class StoredHit:
+    id: str
+    metadata: dict[str, Scalar]
+    cosine: float  # vector . query
+    vector: np.ndarray
+
+
+class CollectionStore(Protocol):
+    def create(self, name: str, model: str, version: str, dim: int, dense: bool) -> CollectionInfo:
+        """A new empty collection; ``collection_exists`` if the name is taken."""
+
+    def list_all(self) -> list[CollectionInfo]: ...
+
+    def info(self, name: str) -> CollectionInfo:
+        """``unknown_collection`` if there is none of that name."""
+
+    def drop(self, name: str) -> None: ...
+
+    def upsert(self, name: str, items: Sequence[NewItem]) -> int:
+        """Add items, replacing those whose id exists (an id twice in ``items``: the last one);
+        returns how many items it holds now."""
+
+    def remove(self, name: str, item_id: str) -> bool:
+        """Whether the item was there."""
+
+    def search(self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar]) -> list[StoredHit]:
+        """The ``k`` items of largest ``vector . query`` among those whose metadata has every
+        ``where`` key equal to its value, best first (exact search)."""
+
+    def dense_tokens(self, name: str, ids: Sequence[str]) -> list[np.ndarray]:
+        """The stored DCSM image tokens of these items, in order."""
+
+    def close(self) -> None: ...
+
+
+def check_name(name: str, field: str = "name") -> str:
+    if not _NAME.match(name):
+        raise ClipError(
+            ErrorCode.bad_input,
+            f"collection names are 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter or digit; "
+            f"got {name[:80]!r}",
+            field,
+        )
+    return name
+
+
+def unknown(name: str) -> ClipError:
+    return ClipError(ErrorCode.unknown_collection, f"no collection named {name!r}", "name")
+
+
+def collections_path(url: str) -> Path:
+    """The folder of a ``file:`` URL: ``file:///var/lib/clip/collections`` (absolute) or
+    ``file:collections`` (relative to the working directory)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        raise ValueError(
+            f"collections.url must be a file: URL (file:///var/lib/clip/collections); scheme "
+            f"{parsed.scheme or '(none)'!r} is not supported"
+        )
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError("collections.url: a file: URL names a local folder (file:///path), not a host")
+    path = unquote(parsed.path)
+    if not path:
+        raise ValueError("collections.url: the file: URL names no folder")
+    return Path(path)
+
+
+def open_collections(url: str, **options: Any) -> CollectionStore:
+    """The backend ``url`` names (checked by the settings at start-up)."""
+    from service.collections.embedded import EmbeddedCollections
+
+    return EmbeddedCollections(collections_path(url), **options)

@@ -1,0 +1,68 @@
+"""The embedded collection store on real files: what it answers after a restart (the index and
+the filters rebuilt from SQLite), replacement and removal, exact search, bad names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clipcore.errors import ClipError, ErrorCode
+from service.collections.embedded import EmbeddedCollections
+from service.collections.store import NewItem, collections_path
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_a_reopened_store_answers_as_before_and_keeps_removals(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    vectors = unit(rng, 50)
+    store = EmbeddedCollections(tmp_path)
+    store.create("c", "m@production", "v1", 16, dense=True)
+    tokens = rng.standard_normal((50, 5, 16)).astype(np.float16)
+    store.upsert("c", [NewItem(f"i{i}", {"even": i % 2 == 0, "n": i}, vectors[i], tokens[i]) for i in range(50)])
+    assert store.remove("c", "i0") and not store.remove("c", "i0")
+    store.upsert("c", [NewItem("i2", {"even": False, "n": 2}, vectors[3], tokens[3])])  # replaced
+    query = unit(rng, 1)[0]
+    before = store.search("c", query, 10, {"even": True})
+    store.close()
+
+    reopened = EmbeddedCollections(tmp_path)
+    assert reopened.info("c").count == 49
+    after = reopened.search("c", query, 10, {"even": True})
+    assert [(h.id, h.metadata) for h in after] == [(h.id, h.metadata) for h in before]
+    ids = [h.id for h in after]
+    assert "i0" not in ids and "i2" not in ids and all(h.metadata["even"] is True for h in after)
+    # Exact: the best 10 of the even items by inner product, in order.
+    even = [i for i in range(4, 50, 2)]
+    want = sorted(even, key=lambda i: -float(vectors[i] @ query))[:10]
+    assert ids == [f"i{i}" for i in want]
+    np.testing.assert_allclose([h.cosine for h in after], [vectors[i] @ query for i in want], atol=1e-6)
+    np.testing.assert_array_equal(reopened.dense_tokens("c", ["i2"])[0], tokens[3].astype(np.float32))
+    assert reopened.search("c", query, 5, {"n": 2.0})[0].id == "i2"  # 2 == 2.0, one JSON number
+    assert reopened.search("c", query, 5, {"n": True}) == []  # a number is no boolean
+
+
+def test_names_and_urls(tmp_path: Path) -> None:
+    store = EmbeddedCollections(tmp_path)
+    with pytest.raises(ClipError) as bad:
+        store.create("../x", "m", "v1", 4, dense=False)
+    assert bad.value.code == ErrorCode.bad_input
+    with pytest.raises(ClipError) as missing:
+        store.info("absent")
+    assert missing.value.code == ErrorCode.unknown_collection
+    store.create("a", "m", "v1", 4, dense=False)
+    with pytest.raises(ClipError) as taken:
+        store.create("a", "m", "v1", 4, dense=False)
+    assert taken.value.code == ErrorCode.collection_exists
+    store.drop("a")
+    assert store.list_all() == [] and not list(tmp_path.iterdir())
+    assert collections_path("file:///var/lib/clip") == Path("/var/lib/clip")
+    assert collections_path("file:collections") == Path("collections")
+    for url in ("postgresql://db/clip", "/var/lib/clip", "file://host/x"):
+        with pytest.raises(ValueError):
+            collections_path(url)
