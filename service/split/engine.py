@@ -51,8 +51,7 @@ class SpecTable:
         runtimes = [
             (i, runtime)
             for i, entry in enumerate(self.models.entries)
-            for runtime in (entry.current, *entry.sides.values())
-            if runtime is not None
+            for runtime in entry.table.loaded()
         ]
         key = tuple(id(runtime) for _, runtime in runtimes)
         if key != self._key:  # a version came or went: a few microseconds per answer otherwise
