@@ -148,6 +148,12 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
                 "hard_negatives.cosine.negation", "winoground.group.cosine"):  # fmt: skip
         row = next(line for line in compared.splitlines() if f"| `{key}` |" in line)
         cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        assert cells[2] == cells[3] and cells[4] == "+0.000", row
+        assert cells[2] == cells[3] and cells[4].startswith("+0.000 ± "), row
+    # Each component's row says what it adds over the figure it replaces on the same inputs.
+    added = {"rank_pair.label.pcclip": "base encoder", "hard_negatives.dcsm.negation": "cosine",
+             "negation.pcclip": "base encoder", "zeroshot_comparative.acc": "standard prompts"}  # fmt: skip
+    for key, versus in added.items():
+        row = next(line for line in compared.splitlines() if f"| `{key}` |" in line)
+        assert f" vs {versus}" in row.split("|")[5], row
     promoted = store.alias_log("fashion", "production")["production"][-1]
     assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record
