@@ -299,3 +299,28 @@ def test_compare_with_an_unknown_version_stops_before_evaluating(data: Path, roo
     result = runner.invoke(app, ["evaluate", "fm@plain", "--store", str(root), "--data", str(data / "test.jsonl"),
                                  "--split", "all", "--compare", "fm@nowhere", "--no-write"])  # fmt: skip
     assert result.exit_code == 1 and "nowhere" in result.output and "seed" not in result.output
+
+
+def test_the_gate_holds_a_component_to_a_minimum_gain_through_the_policy(data: Path, root: Path) -> None:
+    """A real evaluation's ``gain.zeroshot_comparative.acc`` (the comparatives over standard prompts
+    on the same photos) read by the gate: a policy asking for more refuses the move, one asking for
+    what it adds accepts it."""
+    from model_store.gate import GatePolicy
+
+    store = ModelStore(root)
+    common = ["--store", str(root), "--data", str(data / "test.jsonl"), "--split", "all", "--dataset-name", "gated",
+              "--seeds", "2", "--n-captions", "5"]  # fmt: skip
+    for ref in ("fm@plain", "fm@with-library"):
+        result = runner.invoke(app, ["evaluate", ref, *common])
+        assert result.exit_code == 0, result.output
+    name, version = store.resolve("fm@with-library")
+    metrics = json.loads(store.file_path(name, version, "eval.json").read_text())["metrics"]
+    gain = metrics["data.gated.gain.zeroshot_comparative.acc"]
+    key = "data.*.gain.zeroshot_comparative.acc"
+    store.set_gate_policy("fm", GatePolicy(minimum={key: gain + 0.01}))
+    refused = store.gate("fm", "plain", version)
+    assert not refused.passed and refused.below_minimum == ["data.gated.gain.zeroshot_comparative.acc"]
+    assert not refused.regressed  # the same weights: no figure fell, only the comparatives add too little
+    store.set_gate_policy("fm", GatePolicy(minimum={key: gain - 0.01}))
+    assert store.gate("fm", "plain", version).passed
+    store.set_gate_policy("fm", None)
