@@ -39,6 +39,7 @@ from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 from service.config import Settings
 from service.runtime.batcher import DynamicBatcher
+from service.runtime.measured import MeasuredComparatives
 from service.runtime.metrics import ServiceMetrics
 
 __all__ = ["AUTOCAST_DTYPES", "CANARY", "PRIMARY", "SHADOW", "ModelRuntime", "TorchTowers", "build_runtime",
@@ -74,6 +75,8 @@ class ModelRuntime:
     auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
     load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
     role: str = PRIMARY
+    # What the version's eval.json measured of its comparatives library, read at load (for /classify).
+    measured_comparatives: list[MeasuredComparatives] = field(default_factory=list)
 
     @property
     def ref(self) -> str:

@@ -70,6 +70,7 @@ from service.runtime.assembly import (
 )
 from service.runtime.canary import SideLoad
 from service.runtime.heap import settle
+from service.runtime.measured import MeasuredComparatives, read_comparative_effects
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.retime import Result, Retimer
 from service.runtime.shadow import ShadowRunner
@@ -706,16 +707,17 @@ class ModelManager:
     async def _load_version(self, name: str, version: str) -> ModelRuntime:
         started = time.perf_counter()
 
-        def load_and_warm() -> tuple[ModelBundle, ServingTowers, str]:
+        def load_and_warm() -> tuple[ModelBundle, ServingTowers, str, list[MeasuredComparatives]]:
             bundle = ModelBundle.load(self.store, f"{name}@{version}", self.device)  # verifies checksums
             if self.settings.warmup:
                 warm_up(bundle)
             # Not skipped with warmup=False: the parity gate decides whether the version may serve.
             towers, backend = serving_towers(bundle, self.settings, self.device, self.store)
-            return bundle, towers, backend
+            return bundle, towers, backend, read_comparative_effects(self.store, bundle.manifest)
 
-        bundle, towers, backend = await asyncio.to_thread(load_and_warm)
+        bundle, towers, backend, measured = await asyncio.to_thread(load_and_warm)
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
+        runtime.measured_comparatives = measured
         self._count_decision(runtime)
         await runtime.start()
         settle()  # the new version's objects join the frozen ones (only what is new is walked)
@@ -773,6 +775,7 @@ class ModelManager:
         if self.current is not serving:
             return "superseded"
         runtime = build_runtime(bundle, self.settings, self.metrics, towers, backend, model=self.ref)
+        runtime.measured_comparatives = serving.measured_comparatives  # the same version
         self._count_decision(runtime)
         await runtime.start()
         if self.current is not serving:  # replaced while this one started: it never served
