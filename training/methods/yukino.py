@@ -9,6 +9,7 @@ caption its image) plus, where a row has a teacher token (OTI, shapes world), a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,8 @@ def train_inverter(
             idx = rows(step)
             v = inverter(data.tokens[idx].float().to(device))
             yes, no = prompt_features(text_model, v, text_model.context_length)
-            loss = yukino_matching_loss(yes, no, data.captions[idx].to(device), hyper.scale)
+            matching = yukino_matching_loss(yes, no, data.captions[idx].to(device), hyper.scale)
+            loss = matching
             taught = idx < n_teacher
             if hyper.distill_weight > 0 and data.teacher is not None and taught.any():
                 distill = 1 - F.cosine_similarity(v[taught], data.teacher[idx[taught]].to(device), dim=-1).mean()
@@ -90,11 +92,13 @@ def train_inverter(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            bar.update(info=f"loss {loss.item():.3f}")
+            # Two contrastive sides over the batch's captions: chance is 2 ln(batch).
+            shown = f"matching loss {matching.item():.3f} (chance: 2 ln {len(idx)} = {2 * math.log(len(idx)):.3f})"
+            bar.update(info=shown)
             if (step + 1) % 100 == 0:
                 history.append({"step": step + 1, "loss": loss.item()})
             if log_every and (step + 1) % log_every == 0:
-                log(f"yukino inverter step {step + 1}: loss {loss.item():.3f}")
+                log(f"yukino inverter step {step + 1}: {shown}")
             if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == end):
                 state = {"inverter": inverter.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}
                 torch.save(state, checkpoint.with_suffix(".tmp"))
