@@ -137,6 +137,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     mine, mine_version = store.resolve("mine@v4")  # base, pcclip, dcsm, comparatives: no alias moved
     assert store.manifest(mine, mine_version).training["method"] == "comparatives"
     assert "eval.json" in store.annex_files(mine, mine_version)
+    # Step 9 evaluates its base too, and compares the result with it.
+    assert "eval.json" in store.annex_files(*store.resolve("mine@v1"))
+    assert any(f"| `mine@v1` | `mine@{mine_version}` | change | chance |" in out for out in outputs)
     # Step 6 compares the result with the base: both versions' columns, the change, chance levels, and only
     # figures of components some version has (PC-CLIP and DCSM, no SemCLIP).
     compared = next(out for out in outputs if f"| `fashion@v1` | `{name}@{version}` | change | chance |" in out)
