@@ -2,9 +2,12 @@
 from eval.json alone, so it can be rebuilt any time and covers every dataset evaluated.
 
 Per dataset: a table of every figure the version's components allow, in prose with its eval.json
-key and chance level (and, after ``--compare``, the compared version's figure and the change), the
-confused classes, the confusion matrix before and after comparative prompting, and per-family bars
-with error bars and a dashed chance line (the compared version's bars beside them). Plots need
+key, what each component adds over the figure it replaces (the change column) and chance level
+(and, after ``--compare``, the compared version's figure and this one minus it), the confused
+classes, the confusion matrix before and after comparative prompting, per-family bars with error
+bars and a dashed chance line (the replaced figure's bar beside each component's, the compared
+version's bars beside them), and what each row measures (``explain.py``). It fits a 1,400 px
+window and a phone (tests/training_job/test_report_browser.py). Plots need
 matplotlib (the ``report`` extra); without it the report holds the tables only and says so.
 """
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.evaluation.userdata.explain import explanations
 from training.evaluation.userdata.figures import (
     Figure,
     cell,
@@ -183,6 +187,19 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def _plots(
+    metrics: Mapping[str, float], section: Mapping[str, Any], name: str, refs: list[str]
+) -> list[tuple[str, bytes]]:
+    """(title, PNG) of the confusion matrices and of one bar chart per family."""
+    out: list[tuple[str, bytes]] = []
+    zs = section.get("details", {}).get("zeroshot")
+    if zs:
+        out.append(("confusion", confusion_png(zs["labels"], zs["confusion"], zs.get("confusion_comparative"))))
+    for family, bars in family_bars(metrics, section, f"data.{name}.").items():
+        out.append((family, bars_png(f"{name}: {family}", bars, refs)))
+    return out
+
+
 def render_report(report: Mapping[str, Any], png_dir: Path | None = None) -> str:
     """The HTML of every dataset section of ``report`` (eval.json); PNGs also written to ``png_dir``."""
     try:
@@ -207,7 +224,7 @@ def render_report(report: Mapping[str, Any], png_dir: Path | None = None) -> str
         compare = section.get("compare")
         if compare:
             parts.append(f"<p>Beside the figures of {html.escape(compare['ref'])} on the same data "
-                         f"({html.escape(compare['source'])}); change = this version minus it.</p>")  # fmt: skip
+                         f"({html.escape(compare['source'])}).</p>")  # fmt: skip
         encoders = default_encoders(section, str(report.get("model", "?")))
         if encoders:
             parts.append(f"<p>Zero-shot figures use the default text encoder: {html.escape(encoders)}.</p>")
@@ -217,25 +234,23 @@ def render_report(report: Mapping[str, Any], png_dir: Path | None = None) -> str
         if confused:
             parts.append("<h3>confused classes</h3><ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in confused)
                          + "</ul>")  # fmt: skip
-        if not plots:
-            continue
-        plots_: list[tuple[str, bytes]] = []
-        zs = section.get("details", {}).get("zeroshot")
-        if zs:
-            plots_.append(("confusion", confusion_png(zs["labels"], zs["confusion"], zs.get("confusion_comparative"))))
-        refs = ([compare["ref"]] if compare else []) + [str(report.get("model", "?"))]
-        for family, bars in family_bars(metrics, section, prefix).items():
-            plots_.append((family, bars_png(f"{name}: {family}", bars, refs)))
-        for title, png in plots_:
-            parts.append(f"<h3>{html.escape(title)}</h3>" + _img(png, title))
-            if png_dir is not None:
-                png_dir.mkdir(parents=True, exist_ok=True)
-                (png_dir / f"{name}-{_file_name(title)}.png").write_bytes(png)
+        if plots:
+            refs = ([compare["ref"]] if compare else []) + [str(report.get("model", "?"))]
+            for title, png in _plots(metrics, section, name, refs):
+                parts.append(f"<h3>{html.escape(title)}</h3>" + _img(png, title))
+                if png_dir is not None:
+                    png_dir.mkdir(parents=True, exist_ok=True)
+                    (png_dir / f"{name}-{_file_name(title)}.png").write_bytes(png)
+        rows = figures(metrics, section, prefix)
+        parts.append("<h3>what each row measures</h3><dl>" + "".join(
+            f"<dt>{html.escape(row)}</dt><dd>{html.escape(text)}</dd>" for row, text in explanations(rows, section)
+        ) + "</dl>")  # fmt: skip
     # Fits a 1,400 px window and a phone: images scale down, a wide table scrolls inside its box.
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 8px}"
              "img{max-width:100%;height:auto}.wide{overflow-x:auto}"
-             "td,th{padding:2px 8px;text-align:left;vertical-align:top}code{overflow-wrap:anywhere}"
-             "p,li{overflow-wrap:anywhere}")  # fmt: skip
+             ".wide table{min-width:820px}td,th{padding:2px 8px;text-align:left;vertical-align:top}"
+             "td:nth-child(n+3){white-space:nowrap}"
+             "p,li,dd{overflow-wrap:anywhere}dt{font-weight:bold;margin-top:6px}")  # fmt: skip
     viewport = "<meta name='viewport' content='width=device-width, initial-scale=1'>"
     head = f"<head><meta charset='utf-8'>{viewport}<title>evaluation</title><style>{style}</style></head>"
     return f"<!doctype html><html>{head}<body>{''.join(parts)}</body></html>"
