@@ -316,10 +316,10 @@ def test_the_gate_holds_a_component_to_a_minimum_gain_through_the_policy(data: P
     name, version = store.resolve("fm@with-library")
     metrics = json.loads(store.file_path(name, version, "eval.json").read_text())["metrics"]
     gain = metrics["data.gated.gain.zeroshot_comparative.acc"]
-    key = "data.*.gain.zeroshot_comparative.acc"
+    key = "data.gated.gain.zeroshot_comparative.acc"  # this dataset's (earlier tests add others)
     store.set_gate_policy("fm", GatePolicy(minimum={key: gain + 0.01}))
     refused = store.gate("fm", "plain", version)
-    assert not refused.passed and refused.below_minimum == ["data.gated.gain.zeroshot_comparative.acc"]
+    assert not refused.passed and refused.below_minimum == [key]
     assert not refused.regressed  # the same weights: no figure fell, only the comparatives add too little
     store.set_gate_policy("fm", GatePolicy(minimum={key: gain - 0.01}))
     assert store.gate("fm", "plain", version).passed
