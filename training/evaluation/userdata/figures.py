@@ -45,7 +45,7 @@ class Figure:
     rank: int = 0  # the row's place within its family (ties keep the evaluation's order)
     # What a component's figure replaces: the key of the same measurement on the same inputs without
     # the component (DCSM's hard negatives -> cosine's), and that in words ("cosine"); None for a
-    # figure no component provides. ``gains.py`` reports the difference.
+    # figure no component provides. ``component_gain`` reads the difference (run.py records it per seed).
     replaces: str | None = None
     versus: str = ""
 
@@ -178,6 +178,7 @@ def cell(metrics: Mapping[str, float], key: str) -> str:
 
 def signed(mean: float, stderr: float) -> str:
     """``+0.415 ± 0.012``: a change, with its sign, as ``mean_and_stderr`` prints a figure."""
+    mean += 0.0  # -0.0 (a difference of two negative zeros) prints as 0
     return ("+" if mean >= 0 else "") + mean_and_stderr(mean, stderr)
 
 
