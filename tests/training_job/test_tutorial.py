@@ -118,6 +118,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
         assert all(a["model"] == f"{name}@{version}" for a in answers), answers
         classified = [a for a in answers if "comparative" in a]
         assert classified and classified[0]["comparative"]["source"] == "library"
+        # The answer says what step 6 measured of the library on the same labels.
+        (measured,) = classified[0]["comparative"]["measured"]
+        assert measured["dataset"] == "fashion-test" and measured["same_labels"] and measured["classes"] == 10
         for code in blocks("python"):  # the SDK calls
             exec(code.replace("http://127.0.0.1:8000", server.url), {})  # noqa: S102
 
