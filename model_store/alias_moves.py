@@ -414,6 +414,8 @@ def _failures(report: GateReport) -> str:
     for row in report.rows:
         if row.verdict == "regressed":
             parts.append(f"{row.figure} {row.current:.4f} -> {row.candidate:.4f} (tolerance {row.tolerance:.4f})")
+        elif row.verdict == "below minimum":
+            parts.append(f"{row.figure} {row.candidate:.4f} below the policy's minimum {row.minimum:g}")
         elif row.verdict == "missing":
             parts.append(f"{row.figure} missing")
     head = report.summary().removeprefix("gate: ")

@@ -11,7 +11,7 @@ from rich.table import Table
 from model_store.aliases import AliasEntry, AliasEvent
 from model_store.gate import GateReport, GateRow
 
-_VERDICT_STYLE = {"ok": "green", "regressed": "red", "missing": "red", "skipped": "dim"}
+_VERDICT_STYLE = {"ok": "green", "regressed": "red", "missing": "red", "skipped": "dim", "below minimum": "red"}
 
 
 def percent(value: float) -> str:
@@ -53,7 +53,8 @@ def _row_cells(row: GateRow) -> list[str]:
 
 def print_gate(out: Console, report: GateReport, all_figures: bool = False) -> None:
     """The figures that decided (every figure with ``all_figures``), then one summary line."""
-    rows = report.rows if all_figures else [r for r in report.rows if r.verdict in ("regressed", "missing")]
+    failing = ("regressed", "missing", "below minimum")
+    rows = report.rows if all_figures else [r for r in report.rows if r.verdict in failing]
     if rows:
         table = Table(
             "figure", "current", "candidate", "tolerance", "verdict",
@@ -95,6 +96,7 @@ def _gate_cell(event: AliasEvent) -> str:
         return f"pass vs {gate.against} ({gate.compared}){note}"
     failed = [f"{gate.regressed_total} regressed"] if gate.regressed_total else []
     failed += [f"{gate.missing_total} missing"] if gate.missing_total else []
+    failed += [f"{len(gate.below_minimum)} below minimum"] if gate.below_minimum else []
     return f"[red]fail[/red] vs {gate.against}: {', '.join(failed) or escape(gate.note or '')}"
 
 

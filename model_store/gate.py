@@ -20,6 +20,12 @@ than its tolerance:
 
 Every figure is higher-is-better except those named otherwise here or in the policy.
 
+The policy may also hold figures to a floor of their own, whatever the current target scored
+(``minimum``): a candidate whose figure is below it, or that lacks a figure a minimum names, is
+refused. With the gains a user-data evaluation records (``data.<dataset>.gain.<key>``: what a
+component adds over the figure it replaces on the same inputs), "DCSM must beat cosine on
+negations by at least 5 points" reads ``{"minimum": {"data.*.gain.hard_negatives.dcsm.negation": 0.05}}``.
+
 Nothing to compare never passes silently: when the current target has no evaluation, the
 candidate must have one (it becomes the reference of later moves), else the move is refused
 like a regression; the first target of an alias has nothing to hold it against. Either way the
@@ -36,7 +42,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat
 
 Direction = Literal["higher", "lower", "ignore"]
-RowVerdict = Literal["ok", "regressed", "missing", "skipped"]
+RowVerdict = Literal["ok", "regressed", "missing", "skipped", "below minimum"]
 
 STDERR_SUFFIX = ".stderr"
 DATA_PREFIX = "data."
@@ -66,6 +72,9 @@ class GatePolicy(BaseModel):
 
     tolerance: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     direction: dict[str, Direction] = Field(default_factory=dict)
+    # The least value a candidate's figure may have (in the figure's units: 0.05 is 5 points of an
+    # accuracy), against no other version; a name or glob no figure of the candidate matches refuses.
+    minimum: dict[str, float] = Field(default_factory=dict)
 
 
 class GateVerdict(BaseModel):
@@ -80,6 +89,7 @@ class GateVerdict(BaseModel):
     compared: int = 0
     regressed: list[str] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
+    below_minimum: list[str] = Field(default_factory=list)
     regressed_count: int | None = None  # None in verdicts recorded before counts were: len(regressed)
     missing_count: int | None = None
     note: str | None = None
@@ -103,6 +113,7 @@ class GateRow(BaseModel):
     basis: str = ""  # where the tolerance came from, or why the figure was skipped
     direction: Direction = "higher"
     verdict: RowVerdict
+    minimum: float | None = None  # set on the rows of the policy's minimums (the candidate alone)
 
 
 class GateReport(BaseModel):
@@ -123,12 +134,16 @@ class GateReport(BaseModel):
         return [r.figure for r in self.rows if r.verdict == "missing"]
 
     @property
+    def below_minimum(self) -> list[str]:
+        return [r.figure for r in self.rows if r.verdict == "below minimum"]
+
+    @property
     def compared(self) -> int:
-        return sum(r.verdict in ("ok", "regressed") for r in self.rows)
+        return sum(r.verdict in ("ok", "regressed") and r.minimum is None for r in self.rows)
 
     @property
     def passed(self) -> bool:
-        return self.problem is None and not self.regressed and not self.missing
+        return self.problem is None and not self.regressed and not self.missing and not self.below_minimum
 
     @property
     def gated(self) -> bool:
@@ -147,6 +162,7 @@ class GateReport(BaseModel):
             compared=self.compared,
             regressed=regressed[:VERDICT_NAMES_LIMIT],
             missing=missing[:VERDICT_NAMES_LIMIT],
+            below_minimum=self.below_minimum[:VERDICT_NAMES_LIMIT],
             regressed_count=len(regressed),
             missing_count=len(missing),
             note="; ".join(n for n in (self.problem, self.note) if n) or None,
@@ -166,6 +182,8 @@ class GateReport(BaseModel):
             parts.append(f"{len(self.regressed)} regressed beyond tolerance")
         if self.missing:
             parts.append(f"{len(self.missing)} missing from {self.candidate}")
+        if self.below_minimum:
+            parts.append(f"{len(self.below_minimum)} below the policy's minimum")
         note = f": {self.note}" if self.note else ""
         return f"{head}; {', '.join(parts)}{note}"
 
@@ -286,6 +304,7 @@ def compare_reports(
     ours = figures(current) if current is not None else {}
     theirs = figures(candidate) if candidate is not None else {}
     lacking = candidate_missing or _no_figures(candidate, theirs, candidate_version)
+    report.rows += minimum_rows(ours, theirs, policy)
     if not ours:
         why = current_missing or _no_figures(current, ours, current_version)
         if lacking is None:
@@ -309,6 +328,32 @@ def compare_reports(
             continue
         report.rows.append(_row(figure, ours[figure], theirs.get(figure), policy))
     return report
+
+
+def minimum_rows(
+    current: Mapping[str, tuple[float, float | None]],
+    candidate: Mapping[str, tuple[float, float | None]],
+    policy: GatePolicy,
+) -> list[GateRow]:
+    """The policy's minimums checked on the candidate's figures (the current target's value is
+    shown beside, not used); a minimum no figure of the candidate matches is a missing row."""
+    if not policy.minimum:
+        return []
+    rows, matched = [], set()
+    for figure in sorted(candidate):
+        floor = _lookup(policy.minimum, figure)
+        if floor is None:
+            continue
+        matched |= {p for p in policy.minimum if p == figure or fnmatchcase(figure, p)}
+        value = candidate[figure][0]
+        verdict: RowVerdict = "ok" if math.isfinite(value) and value >= floor else "below minimum"
+        rows.append(GateRow(figure=figure, current=current.get(figure, (None,))[0], candidate=value,
+                            basis=f"policy minimum {floor:g}", verdict=verdict, minimum=floor))  # fmt: skip
+    for pattern in sorted(set(policy.minimum) - matched):
+        rows.append(GateRow(figure=pattern, current=None, candidate=None, verdict="missing",
+                            basis=f"policy minimum {policy.minimum[pattern]:g}: no such figure",
+                            minimum=policy.minimum[pattern]))  # fmt: skip
+    return rows
 
 
 def _no_figures(report: Mapping[str, Any] | None, found: Mapping[str, Any], version: str) -> str | None:

@@ -27,3 +27,24 @@ def test_piped_output_is_laid_out_unbounded(monkeypatch: pytest.MonkeyPatch) -> 
 def test_columns_still_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
     assert output_console(file=io.StringIO()).width == 100
+
+
+def test_every_console_of_the_command_lines_lays_piped_output_out_unbounded_or_soft_wrapped() -> None:
+    """A rich ``Console()`` built any other way wraps lines and cuts table cells at 80 columns in a
+    file or a job's log: each one is ``output_console`` or prints with ``soft_wrap=True`` (one
+    logical line, never folded), or only asks whether the output is a terminal."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    found = []
+    for package in ("training", "model_store", "service", "loadtests", "scripts"):
+        for path in (repo / package).rglob("*.py"):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"\bConsole\(", line) and "def " not in line:
+                    found.append((path.relative_to(repo), number, line.strip()))
+    assert found  # the scan reads the sources
+    only_asks = ".is_terminal if terminal is None else terminal"
+    allowed = [f for f in found if "soft_wrap=True" in f[2] or f[2].endswith(only_asks)
+               or str(f[0]) == "model_store/cli_options.py"]  # fmt: skip
+    assert [f for f in found if f not in allowed] == []

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from training.evaluation.userdata.figures import mean_and_stderr, summary_lines
 
 DATA_PREFIX = "data."  # figures of a user's dataset: data.<dataset>.<figure>
+GAIN_COLUMN = "dcsm - cosine"  # the dense table's column of DCSM's paired gain over cosine
 
 
 def _cell(metrics: Mapping[str, float], key: str) -> str:
@@ -70,8 +71,10 @@ def _print_world(report: dict, print_: Callable[..., None]) -> None:
         print_(metrics_table(matching, ["base", "oti", "yukino"]), markup=False)
     dense = {k: v for k, v in metrics.items() if k.split(".")[0] in ("cosine", "dcsm", "readout", "dense")}
     if dense:
+        # What DCSM adds over cosine on the same negatives: its column, from the paired gains.
+        gains = {GAIN_COLUMN + k[len("gain.dcsm") :]: v for k, v in metrics.items() if k.startswith("gain.dcsm.")}
         print_("\n### Dense scoring (2-way: caption vs its hard negative) and localisation\n")
-        print_(metrics_table(dense, ["cosine", "dcsm"]), markup=False)
+        print_(metrics_table({**dense, **gains}, ["cosine", "dcsm"] + ([GAIN_COLUMN] if gains else [])), markup=False)
     details = report.get("details", {})
     first = details.get(str(report["seeds"][0]), {})
     for enc in encoders:

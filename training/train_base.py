@@ -78,12 +78,14 @@ def train_base(cfg: BaseTrainConfig, out_dir: Path, *, preprocess: PreprocessCon
         scenes, images, tokens = make_batch(cfg, step, tokenize, preprocess)
         return base.Batch(images, tokens, lambda cpu_tokens: align_targets(scenes, cpu_tokens))
 
-    def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str:
+    def record(
+        done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]], contrastive: float
+    ) -> str:
         if done % cfg.eval_every == 0 or done == cfg.steps:
             acc = zero_shot_accuracy(model, tokenize, probes, preprocess, device=cfg.device)
             history.append({"step": done, "loss": loss, "seconds": time.time() - t0, **acc})
             log(json.dumps(history[-1]))
-        info = f"loss {loss:.3f}"
+        info = f"contrastive loss {loss_with_chance(contrastive, cfg.batch_size)}"
         if history:
             h = history[-1]
             info += f" | shape {h['shape']:.2f} colour {h['colour']:.2f} size {h['size']:.2f}"

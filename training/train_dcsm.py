@@ -170,14 +170,15 @@ def _train(
             }
         )
         log(
-            f"dcsm epoch {epoch + 1}: loss {np.mean(losses):.3f} fit {np.mean(accs):.3f} "
+            f"dcsm epoch {epoch + 1}: DCSM loss {np.mean(losses):.3f}, batch accuracy {np.mean(accs):.3f} "
+            "(caption over its hard negative on training batches, chance 0.5); held out: "
             + " ".join(f"{k} {v:.3f}" for k, v in val_acc.items())
         )
         losses.clear()
         accs.clear()
 
     def info(step: int, loss: float, fit: float) -> str:
-        return f"epoch {step // steps_per_epoch + 1} loss {np.mean(losses[-20:]) if losses else loss:.3f}"
+        return f"epoch {step // steps_per_epoch + 1} DCSM loss {np.mean(losses[-20:]) if losses else loss:.3f}"
 
     items = dcsm.in_batch_pairs(train, table, hyper, batch_size=cfg.batch_size, steps_per_epoch=steps_per_epoch,
                                 seed=cfg.seed, device=cfg.device)  # fmt: skip

@@ -26,6 +26,7 @@ from service.api.schemas import (
     EmbedRequest,
     EmbedResponse,
     LabelScore,
+    MeasuredEffect,
     PairResult,
     RankedImage,
     RankPairRequest,
@@ -72,6 +73,29 @@ def select_comparatives(
         if c.get("a") in labels and c.get("b") in labels and c.get("a") != c.get("b") and c.get("text")
     ]
     return found, ("library" if found else "none")
+
+
+def measured_effects(rt: ModelRuntime, labels: list[str]) -> list[MeasuredEffect] | None:
+    """The library's effect as the version's eval.json recorded it (None without one); the dataset
+    whose labels are the request's comes first."""
+    found = [
+        MeasuredEffect(
+            dataset=m.dataset,
+            classes=len(m.labels),
+            same_labels=set(m.labels) == set(labels),
+            confused_classes=list(m.confused_classes),
+            seeds=m.seeds,
+            images_per_seed=m.images_per_seed,
+            accuracy_standard=m.accuracy_standard,
+            accuracy_comparative=m.accuracy_comparative,
+            change=m.change,
+            change_stderr=m.change_stderr,
+            confused_standard=m.confused_standard,
+            confused_comparative=m.confused_comparative,
+        )  # fmt: skip
+        for m in rt.measured_comparatives
+    ]
+    return sorted(found, key=lambda e: not e.same_labels) or None
 
 
 def _prompts(req: ClassifyRequest) -> list[list[str]]:
@@ -154,6 +178,7 @@ async def classify(pipeline: Pipeline, rt: ModelRuntime, req: ClassifyRequest, c
         alpha=req.alpha,
         source=source,  # type: ignore[arg-type]
         images_gated=gated,
+        measured=measured_effects(rt, req.labels) if source == "library" else None,
     )
     return ClassifyResponse(model=rt.ref, comparative=info, results=results, truncated_texts=_count(text_emb))
 

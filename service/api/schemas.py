@@ -221,6 +221,23 @@ class ClassifyResult(BaseModel):
     top_k: list[LabelScore]
 
 
+class MeasuredEffect(BaseModel):
+    """What the version's evaluation measured of its comparatives library on one dataset."""
+
+    dataset: str = Field(description="the dataset's name in the version's eval.json (`clip-train evaluate --data`)")
+    classes: int = Field(description="how many labels the dataset has")
+    same_labels: bool = Field(description="whether this request's labels are exactly the dataset's labels")
+    confused_classes: list[str] = Field(description="the dataset's labels the library's comparatives name")
+    seeds: int
+    images_per_seed: int | None = None
+    accuracy_standard: float = Field(description="zero-shot accuracy with standard prompts")
+    accuracy_comparative: float = Field(description="the same photos with the library's comparatives (alpha 0.9)")
+    change: float = Field(description="accuracy_comparative minus accuracy_standard (mean of the per-seed change)")
+    change_stderr: float = Field(description="standard error of the change over the seeds")
+    confused_standard: float | None = Field(default=None, description="accuracy on the confused classes")
+    confused_comparative: float | None = None
+
+
 class ComparativeInfo(BaseModel):
     applied: bool
     pairs: list[tuple[str, str]] = Field(
@@ -231,6 +248,12 @@ class ComparativeInfo(BaseModel):
     source: Literal["request", "library", "none"]
     images_gated: list[bool] | None = Field(
         default=None, description="with gate_margin: per image, whether the comparative prompts were used"
+    )
+    measured: list[MeasuredEffect] | None = Field(
+        default=None,
+        description="with source `library`: the effect of the version's comparatives as its own evaluation "
+        "(eval.json) measured it on each dataset, at the request defaults (alpha 0.9, one-sided, no gate); "
+        "left out when the version has no such evaluation. A change within twice its standard error is noise.",
     )
 
 

@@ -16,10 +16,11 @@ from typing import TypeVar
 from fastapi import Request
 
 from clipcore.errors import ClipError, ErrorCode, bad_input
-from service.api.deps import Services, use_model
+from service.api.answering import use_model
+from service.api.deps import Services
 from service.collections.store import CollectionInfo, CollectionStore, open_collections
 from service.config import CollectionsSettings
-from service.runtime.assembly import ModelRuntime
+from service.runtime.model_runtime import ModelRuntime
 from service.runtime.served import Selection
 
 T = TypeVar("T")

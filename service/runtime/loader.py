@@ -21,6 +21,7 @@ from model_store import ModelStore
 from service.config import Settings
 from service.runtime.assembly import build_runtime, serving_towers, warm_up, weight_bytes
 from service.runtime.heap import settle
+from service.runtime.measured import MeasuredComparatives, read_comparative_effects
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.model_runtime import ModelRuntime
 
@@ -38,6 +39,8 @@ class Prepared:
     backend: str
     weight_bytes: int
     started: float  # perf_counter at the start of the read
+    # What the version's eval.json measured of its comparatives library (for /classify).
+    measured_comparatives: list[MeasuredComparatives]
 
 
 class VersionLoader:
@@ -83,7 +86,8 @@ class VersionLoader:
             # Not skipped with warmup=False: the parity gate decides whether the version may serve.
             towers, backend = serving_towers(bundle, self.settings, self.device, self.store, interrupted=interrupted,
                                              pace=pace)  # fmt: skip
-            return Prepared(bundle, towers, backend, size, started)
+            measured = read_comparative_effects(self.store, bundle.manifest)
+            return Prepared(bundle, towers, backend, size, started, measured)
 
         return await asyncio.to_thread(read)
 
@@ -92,6 +96,7 @@ class VersionLoader:
         runtime = build_runtime(prepared.bundle, self.settings, self.metrics, prepared.towers, prepared.backend,
                                 model=self.model)  # fmt: skip
         runtime.weight_bytes = prepared.weight_bytes
+        runtime.measured_comparatives = prepared.measured_comparatives
         if runtime.auto is not None:
             decision = runtime.auto
             self.metrics.backend_auto(decision.outcome, decision.margin, decision.spread)

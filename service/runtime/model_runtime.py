@@ -22,6 +22,7 @@ from clipcore.backends.base import AutoDecision
 from clipcore.errors import ClipError, ErrorCode
 from clipcore.models.bundle import ModelBundle
 from service.runtime.batcher import DynamicBatcher
+from service.runtime.measured import MeasuredComparatives
 from service.runtime.roles import PRIMARY
 
 __all__ = ["ModelRuntime"]
@@ -48,6 +49,8 @@ class ModelRuntime:
     role: str = PRIMARY
     # Resident bytes of its weights (tensors of the serving towers), for the memory budget.
     weight_bytes: int = 0
+    # What the version's eval.json measured of its comparatives library, read at load (for /classify).
+    measured_comparatives: list[MeasuredComparatives] = field(default_factory=list)
 
     @property
     def ref(self) -> str:

@@ -48,11 +48,7 @@ class SpecTable:
         self.generation = b"0"
 
     def current(self) -> dict[str, Any]:
-        runtimes = [
-            (i, runtime)
-            for i, entry in enumerate(self.models.entries)
-            for runtime in entry.table.loaded()
-        ]
+        runtimes = [(i, runtime) for i, entry in enumerate(self.models.entries) for runtime in entry.table.loaded()]
         key = tuple(id(runtime) for _, runtime in runtimes)
         if key != self._key:  # a version came or went: a few microseconds per answer otherwise
             default = self.models.default.current

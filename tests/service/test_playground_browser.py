@@ -535,3 +535,32 @@ def test_the_api_reference_pages_work_under_their_policies(serve_app: Any, tiny_
         _wait(browser, lambda d: d.find_elements("css selector", "[data-role='search:results'] li"), "ReDoc's search")
         assert len(browser.find_elements("css selector", operations)) >= 10
         assert _violations(browser) == [] and _resources_off_host(browser, host) == []
+
+
+def test_the_page_shows_what_the_library_was_measured_to_do(serve_app: Any, tmp_path: Path, browser: Any) -> None:
+    """The comparative column says the library's measured effect (the version's eval.json), as the
+    API's answer gives it, so a reader does not take the column for a gain the data never showed."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from measured_model import FIGURES, publish_measured
+
+    root = tmp_path / "store"
+    publish_measured(root, "measured")
+    with serve_app(store=str(root), model="measured@production") as running:
+        _viewport(browser, 1400)
+        browser.get(f"{running.url}/")
+        _wait(browser, lambda d: _find(d, "#classify-image .file-name").text == "red.png", "the example red circle")
+        _find(browser, "#classify-run").click()
+        _visible(browser, "#classify-comparative .measured")
+        shown = _find(browser, "#classify-comparative .measured").text
+        assert shown == ("Measured on shapes-test (these labels, 3 seeds): accuracy 0.500 → 0.520 with comparatives, "
+                         "+2.0 ± 0.5 points: a gain.")  # fmt: skip
+        assert FIGURES["gain.zeroshot_comparative.acc"] > 2 * FIGURES["gain.zeroshot_comparative.acc.stderr"]
+        # Comparatives of the request's own: nothing was measured of them, and the line goes.
+        _find(browser, "#classify-comparatives").send_keys("blue square | green triangle | the first has corners")
+        _find(browser, "#classify-run").click()
+        info = "#classify-comparative .comparative-info"
+        _wait(browser, lambda d: _find(d, info).text.startswith("Applied · request"), "the request's comparatives")
+        assert not _find(browser, "#classify-comparative .measured").is_displayed()
+        assert _overflow(browser) == 0 and _violations(browser) == []

@@ -25,3 +25,20 @@ def test_tables_use_it() -> None:
     metrics = {"zeroshot.shape": 0.8431, "zeroshot.shape.stderr": 0.0003}
     assert cell(metrics, "zeroshot.shape") == "0.8431 ± 0.0003"
     assert "0.8431 ± 0.0003" in metrics_table(metrics, [])
+
+
+def test_the_world_report_has_dcsms_gain_over_cosine_beside_both() -> None:
+    """The paired per-seed gain (``gain.dcsm.<kind>``, what the gate's policy can hold to a minimum)
+    is its own column of the dense table, beside cosine's and DCSM's figures on the same negatives."""
+    from training.evaluation.world.run import dense_gains
+    from training.report import GAIN_COLUMN, print_report
+
+    seed = {"cosine.heldout.negation": 0.2, "dcsm.heldout.negation": 0.95, "cosine.binding": 0.5,
+            "readout.binding": 0.9, "base.zeroshot.shape": 0.8}  # fmt: skip
+    gains = dense_gains(seed)
+    assert gains == {"gain.dcsm.heldout.negation": pytest.approx(0.75)}
+    metrics = {**seed, **gains, "gain.dcsm.heldout.negation.stderr": 0.01}
+    lines: list[str] = []
+    print_report({"model": "m@v1", "seeds": [0, 1], "metrics": metrics}, lambda line, **_: lines.append(line))
+    table = next(text for text in lines if f"| metric | cosine | dcsm | {GAIN_COLUMN} |" in text)
+    assert "| heldout.negation | 0.200 | 0.950 | 0.750 ± 0.010 |" in table

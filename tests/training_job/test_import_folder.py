@@ -107,6 +107,13 @@ def test_train_and_test_trees_and_split_from_give_the_same_records_with_attribut
     assert json.loads((tmp_path / "a" / "labels.json").read_text())["triangle"] == {"corners": "three"}
     dataset = require_valid(load_dataset(tmp_path / "a" / "train.jsonl"))
     assert dataset.labels["square"] == {"corners": "four"}
+    # The test part is test.jsonl: every photo of train.jsonl is trained on (train or validation),
+    # including those whose content alone would have held them out.
+    assert dataset.test_file == tmp_path / "a" / "test.jsonl"
+    assert not dataset.split("test") and len(dataset.split("train")) + len(dataset.split("val")) == 24
+    assert any(split_of(item) == "test" for item in dataset.split("train"))
+    alone = require_valid(load_dataset(tmp_path / "a" / "test.jsonl"))
+    assert alone.test_file is None  # the held-out file itself keeps the content split
     validate = CliRunner().invoke(app, ["data", "validate", str(tmp_path / "a" / "test.jsonl")])
     assert validate.exit_code == 0 and "12 usable records" in validate.output, validate.output
 

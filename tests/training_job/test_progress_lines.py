@@ -52,9 +52,12 @@ def test_base_on_data_logs_progress_lines_and_the_loss_with_its_chance(tmp_path:
                                       "8", "--text-freeze-steps", "1", "--threads", "1"])  # fmt: skip
     torch.set_num_threads(before)
     assert result.exit_code == 0, result.output
-    assert "base 3/3 loss " in result.output  # a line, not a bar: CliRunner's output is no terminal
-    assert "image-text contrastive loss at step 3 " in result.output
-    assert "(chance: ln 8 = 2.079)" in result.output
+    # A line, not a bar (CliRunner's output is no terminal), with one loss, labelled, beside its chance
+    # level: the same loss the last line reports.
+    line = next(line for line in result.output.splitlines() if line.startswith("base 3/3 "))
+    assert " contrastive loss " in line and line.count(" loss ") == 1 and "(chance: ln 8 = 2.079)" in line
+    last = next(line for line in result.output.splitlines() if "image-text contrastive loss at step 3 " in line)
+    assert line.split("contrastive loss ")[1][:5] == last.split("at step 3 ")[1][:5]
 
 
 def test_pcclip_reports_its_contrastive_terms_beside_chance(tmp_path: Path, publish_model) -> None:  # noqa: ANN001
@@ -68,5 +71,5 @@ def test_pcclip_reports_its_contrastive_terms_beside_chance(tmp_path: Path, publ
     torch.set_num_threads(before)
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
-    assert "pcclip 2/2 loss " in out
+    assert "pcclip 2/2 difference loss " in out and "(chance: ln 4 = 1.386) elapsed" in out
     assert "difference " in out and "(chance: ln 4 = 1.386)" in out

@@ -118,6 +118,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
         assert all(a["model"] == f"{name}@{version}" for a in answers), answers
         classified = [a for a in answers if "comparative" in a]
         assert classified and classified[0]["comparative"]["source"] == "library"
+        # The answer says what step 6 measured of the library on the same labels.
+        (measured,) = classified[0]["comparative"]["measured"]
+        assert measured["dataset"] == "fashion-test" and measured["same_labels"] and measured["classes"] == 10
         for code in blocks("python"):  # the SDK calls
             exec(code.replace("http://127.0.0.1:8000", server.url), {})  # noqa: S102
 
@@ -137,6 +140,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
     mine, mine_version = store.resolve("mine@v4")  # base, pcclip, dcsm, comparatives: no alias moved
     assert store.manifest(mine, mine_version).training["method"] == "comparatives"
     assert "eval.json" in store.annex_files(mine, mine_version)
+    # Step 9 evaluates its base too, and compares the result with it.
+    assert "eval.json" in store.annex_files(*store.resolve("mine@v1"))
+    assert any(f"| `mine@v1` | `mine@{mine_version}` | change | chance |" in out for out in outputs)
     # Step 6 compares the result with the base: both versions' columns, the change, chance levels, and only
     # figures of components some version has (PC-CLIP and DCSM, no SemCLIP).
     compared = next(out for out in outputs if f"| `fashion@v1` | `{name}@{version}` | change | chance |" in out)
@@ -148,6 +154,12 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
                 "hard_negatives.cosine.negation", "winoground.group.cosine"):  # fmt: skip
         row = next(line for line in compared.splitlines() if f"| `{key}` |" in line)
         cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        assert cells[2] == cells[3] and cells[4] == "+0.000", row
+        assert cells[2] == cells[3] and cells[4].startswith("+0.000 ± "), row
+    # Each component's row says what it adds over the figure it replaces on the same inputs.
+    added = {"rank_pair.label.pcclip": "base encoder", "hard_negatives.dcsm.negation": "cosine",
+             "negation.pcclip": "base encoder", "zeroshot_comparative.acc": "standard prompts"}  # fmt: skip
+    for key, versus in added.items():
+        row = next(line for line in compared.splitlines() if f"| `{key}` |" in line)
+        assert f" vs {versus}" in row.split("|")[5], row
     promoted = store.alias_log("fashion", "production")["production"][-1]
     assert promoted.forced and promoted.reason and promoted.to == version  # the gate's override is on record

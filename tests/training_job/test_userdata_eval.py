@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,31 @@ def test_caption_over_its_negation_is_one_figure_per_text_encoder(data: Path, ro
     assert not [k for k in keys if k.startswith("semclip") or k == "negation.base"]  # the version has no SemCLIP
     assert report["datasets"]["cmp"]["components"]["text_encoders"] == ["base", "pcclip"]
     assert "| caption over its negation, cosine, text encoder pcclip | `negation.pcclip` | " in result.output
+    # What the PC-CLIP encoder adds over the base encoder on the same pairs and the same negations:
+    # the paired per-seed difference, in eval.json (where the gate reads it) and in the change column.
+    m = {k.removeprefix("data.cmp."): v for k, v in report["metrics"].items()}
+    for key, replaced in (("rank_pair.label.pcclip", "rank_pair.label.base"),
+                          ("negation.pcclip", "hard_negatives.cosine.negation")):  # fmt: skip
+        assert m[f"gain.{key}"] == pytest.approx(m[key] - m[replaced]) and f"gain.{key}.stderr" in m
+        assert cells(result.output, key)[3] == f"{m[f'gain.{key}']:+.3f} ± {m[f'gain.{key}.stderr']:.3f} " \
+                                               "vs base encoder"  # fmt: skip
+    assert not [line for line in result.output.splitlines() if "`gain." in line]  # no row of its own
+    # Every row a component provides has its change; the base rows have none without --compare.
+    from training.evaluation.userdata.figures import describe
+
+    for line in result.output.splitlines():
+        if line.startswith("| ") and "| key |" not in line and "| `" in line:
+            row = [c.strip() for c in line.strip().strip("|").split("|")]
+            has_component = describe(row[1].strip("`")).replaces is not None
+            assert bool(row[3]) == has_component, line
+    # The negation-by-encoder chart has the base encoder's bar (the hard negatives' negation kind).
+    from training.evaluation.userdata.report import family_bars
+
+    section = report["datasets"]["cmp"]
+    bars = family_bars(report["metrics"], section, "data.cmp.")["caption over its negation, by text encoder"]
+    assert [b.label for b in bars] == ["base encoder (negation, cosine)", "pcclip"]
+    assert bars[0].values[0][0] == m["hard_negatives.cosine.negation"] and not bars[0].change
+    assert bars[1].change.startswith(f"{m['gain.negation.pcclip']:+.3f} ± ")
     assert "semclip" not in result.output.replace("skipped semclip", "")
 
 
@@ -239,13 +265,20 @@ def test_compare_puts_another_versions_figures_beside(
     assert compare["metrics"]["zeroshot.acc"] == base["data.cmp2.zeroshot.acc"]
     m = report["metrics"]
     change = m["data.cmp2.zeroshot.acc"] - base["data.cmp2.zeroshot.acc"]
+    change_stderr = math.hypot(m["data.cmp2.zeroshot.acc.stderr"], base["data.cmp2.zeroshot.acc.stderr"])
     row = cells(result.output, "zeroshot.acc")
     assert row[2:6] == [
         f"{base['data.cmp2.zeroshot.acc']:.3f} ± {base['data.cmp2.zeroshot.acc.stderr']:.3f}",
         f"{m['data.cmp2.zeroshot.acc']:.3f} ± {m['data.cmp2.zeroshot.acc.stderr']:.3f}",
-        f"{change:+.3f}",
+        f"{change:+.3f} ± {change_stderr:.3f}",
         "0.100",
     ]
+    # The comparatives' row: what they add over standard prompts on the same images, paired per seed.
+    gain = m["data.cmp2.gain.zeroshot_comparative.acc"]
+    assert gain == pytest.approx(m["data.cmp2.zeroshot_comparative.acc"] - m["data.cmp2.zeroshot.acc"])
+    assert cells(result.output, "zeroshot_comparative.acc")[4].startswith(
+        f"{gain:+.3f} ± {m['data.cmp2.gain.zeroshot_comparative.acc.stderr']:.3f} vs standard prompts"
+    )
     # A figure only the compared version has (its PC-CLIP encoder) is in its column alone.
     row = cells(result.output, "negation.pcclip")
     assert row[2:5] == [f"{base['data.cmp2.negation.pcclip']:.3f} ± "
@@ -266,3 +299,28 @@ def test_compare_with_an_unknown_version_stops_before_evaluating(data: Path, roo
     result = runner.invoke(app, ["evaluate", "fm@plain", "--store", str(root), "--data", str(data / "test.jsonl"),
                                  "--split", "all", "--compare", "fm@nowhere", "--no-write"])  # fmt: skip
     assert result.exit_code == 1 and "nowhere" in result.output and "seed" not in result.output
+
+
+def test_the_gate_holds_a_component_to_a_minimum_gain_through_the_policy(data: Path, root: Path) -> None:
+    """A real evaluation's ``gain.zeroshot_comparative.acc`` (the comparatives over standard prompts
+    on the same photos) read by the gate: a policy asking for more refuses the move, one asking for
+    what it adds accepts it."""
+    from model_store.gate import GatePolicy
+
+    store = ModelStore(root)
+    common = ["--store", str(root), "--data", str(data / "test.jsonl"), "--split", "all", "--dataset-name", "gated",
+              "--seeds", "2", "--n-captions", "5"]  # fmt: skip
+    for ref in ("fm@plain", "fm@with-library"):
+        result = runner.invoke(app, ["evaluate", ref, *common])
+        assert result.exit_code == 0, result.output
+    name, version = store.resolve("fm@with-library")
+    metrics = json.loads(store.file_path(name, version, "eval.json").read_text())["metrics"]
+    gain = metrics["data.gated.gain.zeroshot_comparative.acc"]
+    key = "data.gated.gain.zeroshot_comparative.acc"  # this dataset's (earlier tests add others)
+    store.set_gate_policy("fm", GatePolicy(minimum={key: gain + 0.01}))
+    refused = store.gate("fm", "plain", version)
+    assert not refused.passed and refused.below_minimum == [key]
+    assert not refused.regressed  # the same weights: no figure fell, only the comparatives add too little
+    store.set_gate_policy("fm", GatePolicy(minimum={key: gain - 0.01}))
+    assert store.gate("fm", "plain", version).passed
+    store.set_gate_policy("fm", None)

@@ -29,6 +29,8 @@ def validate(
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(dataset.counts().items())) or "no records"
     splits = ", ".join(f"{len(dataset.split(s))} {s}" for s in ("train", "val", "test"))
     console.print(f"{len(dataset.items)} usable records ({counts}); splits by image content: {splits}")
+    if dataset.test_file is not None:
+        console.print(f"test part: {dataset.test_file} (so this file's test share is trained on)", soft_wrap=True)
     shown = ", ".join(list(dataset.labels)[:10]) + ("..." if len(dataset.labels) > 10 else "")
     console.print(f"labels: {len(dataset.labels)} ({shown})")
     if dataset.problems:

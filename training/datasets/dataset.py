@@ -11,7 +11,10 @@ the label set and nothing is unknown.
 
 Splits are decided by the sha256 of each record's image content (the first image of a pair), so
 the same picture always lands in the same split, whatever file, order or name it has: train,
-validation and test never share an image.
+validation and test never share an image. A training file with a held-out file beside it
+(``test.jsonl`` next to ``train.jsonl``, as ``data import-folder`` writes it from a ``test/`` tree
+and ``data fashion-mnist`` from the official test set) has its test part elsewhere: the records
+whose content would fall in the test split are trained on instead of left unused.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from training.datasets.source import Item, Place, Problem, decode_problem, read_
 
 Split = Literal["train", "val", "test"]
 LABELS_FILE = "labels.json"
+TEST_FILE = "test.jsonl"
 DEFAULT_FRACTIONS: dict[Split, float] = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 
@@ -47,6 +51,7 @@ class Dataset:
     items: list[Item]
     labels: dict[str, dict[str, str]]  # label -> attributes
     problems: list[Problem] = field(default_factory=list)
+    test_file: Path | None = None  # the held-out file beside this one: no test part of its own
     _splits: dict[str, Split] = field(default_factory=dict, repr=False)  # place -> split, computed once
 
     def of_kind(self, kind: str) -> list[Item]:
@@ -56,10 +61,12 @@ class Dataset:
         return dict(Counter(item.record.kind for item in self.items))
 
     def split(self, name: Split) -> list[Item]:
-        """The items of one split (default fractions 0.8 / 0.1 / 0.1)."""
+        """The items of one split (default fractions 0.8 / 0.1 / 0.1; 0.9 / 0.1 / none with a
+        ``test_file`` beside: its test part is that file)."""
         for item in self.items:
             if str(item.place) not in self._splits:
-                self._splits[str(item.place)] = split_of(item)
+                own = split_of(item)
+                self._splits[str(item.place)] = "train" if own == "test" and self.test_file is not None else own
         return [item for item in self.items if self._splits[str(item.place)] == name]
 
 
@@ -115,7 +122,16 @@ def load_dataset(path: Path, labels: Path | None = None, check_images: bool = Tr
         if not broken:
             items.append(entry)
     label_set = declared if declared is not None else _seen_labels(items)
-    return Dataset(items=items, labels=label_set, problems=problems)
+    return Dataset(items=items, labels=label_set, problems=problems, test_file=separate_test_file(path))
+
+
+def separate_test_file(path: Path) -> Path | None:
+    """The held-out file beside a training file (``test.jsonl`` next to ``train.jsonl``); None when
+    there is none, or ``path`` is that file or a folder."""
+    if not path.is_file() or path.name == TEST_FILE:
+        return None
+    beside = path.parent / TEST_FILE
+    return beside if beside.is_file() else None
 
 
 def _seen_labels(items: Iterable[Item]) -> dict[str, dict[str, str]]:

@@ -47,9 +47,13 @@ class Batches(Protocol):
 
 class Record(Protocol):
     """After step ``done`` (1-based): append what the source keeps to ``history`` and return the
-    progress line's text."""
+    progress line's text. ``loss`` is what was minimised (contrastive plus the FILIP and alignment
+    terms when they are on); ``contrastive`` its image-text contrastive term alone, the one loss a
+    progress line shows (with its chance level, ``training.progress.loss_with_chance``)."""
 
-    def __call__(self, done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str: ...
+    def __call__(
+        self, done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]], contrastive: float
+    ) -> str: ...
 
 
 @dataclass
@@ -115,7 +119,7 @@ def train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), hyper.grad_clip)
             opt.step()
             done = step + 1
-            bar.update(info=record(done, model, loss.item(), history))
+            bar.update(info=record(done, model, loss.item(), history, contrastive))
             if checkpoints.due(done, end):
                 checkpoints.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done,
                                   "history": history})  # fmt: skip

@@ -114,7 +114,10 @@ def two_way_accuracy(scorer: DCSMScorer, items: DenseItems, table: torch.Tensor,
 
 
 class StepLoss(Protocol):
-    """One step's loss and fit (share of anchors ranking their own text first)."""
+    """One step's loss and its batch accuracy: the share of the batch's images whose DCSM score
+    puts their caption above its hard negative (a 2-way choice: chance 0.5). Progress lines call it
+    ``batch accuracy``; it is measured on training batches, so it says the scorer fits them, not
+    that it generalises (the evaluation's held-out figures say that)."""
 
     def __call__(self, scorer: DCSMScorer, step: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -206,7 +209,9 @@ def train(
     runtime: Runtime,
     checkpoints: Checkpoints,
     after_step: AfterStep = _no_record,
-    info: Callable[[int, float, float], str] = lambda _step, loss, fit: f"loss {loss:.3f} fit {fit:.2f}",
+    info: Callable[[int, float, float], str] = lambda _step, loss, fit: (
+        f"DCSM loss {loss:.3f}, batch accuracy {fit:.2f} (caption over its hard negative, chance 0.50)"
+    ),
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     """Train a scorer built from ``config`` up to ``checkpoints.end(hyper.steps)`` of a
     warm-up-then-cosine schedule over ``hyper.steps``, resuming from its checkpoint (the scorer,

@@ -78,12 +78,15 @@ def train(
             data.first[idx].to(device), data.second[idx].to(device), f_t, temperature=hyper.temperature, kind=kind
         )
         last["difference"] = (loss.item(), len(idx))
+        # The progress line shows the difference term alone, labelled, with its chance level.
+        shown = (f"difference loss {loss_with_chance(loss.item(), len(idx))}" if kind == "contrastive"
+                 else f"difference mse loss {loss.item():.3f}")  # fmt: skip
         if hyper.caption_weight > 0 and cidx is not None and data.caption_images is not None:
             f_c = sharded_features(encode, [data.captions[i] for i in cidx])
             caption = clip_contrastive_loss(data.caption_images[cidx].to(device), f_c, scale)
             last["caption"] = (caption.item(), len(cidx))
             loss = loss + hyper.caption_weight * caption
-        return loss, f"loss {loss.item():.3f}"
+        return loss, shown
 
     state, history = finetune_text_tower(base, step_loss, steps=hyper.steps, lr=hyper.lr, label="pcclip",
                                          runtime=runtime, checkpoints=checkpoints)  # fmt: skip

@@ -23,6 +23,7 @@ data, ``training.userdata.yukino``) gives each stage its tensors and the rows ea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -174,7 +175,8 @@ def train_inverter(
             idx = rows(step)
             v = inverter(data.tokens[idx].float().to(device))
             yes, no = prompt_features(text_model, v, text_model.context_length)
-            loss = yukino_matching_loss(yes, no, data.captions[idx].to(device), hyper.scale)
+            matching = yukino_matching_loss(yes, no, data.captions[idx].to(device), hyper.scale)
+            loss = matching
             taught = idx < n_teacher
             if hyper.distill_weight > 0 and data.teacher is not None and taught.any():
                 distill = 1 - F.cosine_similarity(v[taught], data.teacher[idx[taught]].to(device), dim=-1).mean()
@@ -182,7 +184,9 @@ def train_inverter(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            bar.update(info=f"loss {loss.item():.3f}")
+            # Two contrastive sides over the batch's captions: chance is 2 ln(batch).
+            shown = f"matching loss {matching.item():.3f} (chance: 2 ln {len(idx)} = {2 * math.log(len(idx)):.3f})"
+            bar.update(info=shown)
             if (step + 1) % 100 == 0:
                 history.append({"step": step + 1, "loss": loss.item()})
             if checkpoints.due(step + 1, end):

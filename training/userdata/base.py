@@ -100,9 +100,11 @@ def train_user_base(
         idx = np.sort(rng.choice(n, size=batch, replace=False))
         return base.Batch(preprocess.normalize(pixels[idx]), tokenize([texts[i] for i in idx]))
 
-    def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str:
+    def record(
+        done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]], contrastive: float
+    ) -> str:
         history.append({"step": done, "loss": loss, "seconds": time.time() - t0})
-        return f"loss {loss:.3f}"
+        return f"contrastive loss {loss_with_chance(contrastive, batch)}"
 
     runtime = Runtime(seed, device, lambda: autocast(device, precision), log)
     result = base.train(model, batches, cfg, record=record, checkpoints=checkpoints, runtime=runtime)

@@ -56,12 +56,30 @@ class ImageClassification(_Result):
         return next((s for s in self.top_k if s.label == label), None)
 
 
+class MeasuredEffect(_Result):
+    """The version's comparatives library as its evaluation measured it on one dataset."""
+
+    dataset: str
+    classes: int
+    same_labels: bool
+    confused_classes: list[str] = Field(default_factory=list)
+    seeds: int
+    images_per_seed: int | None = None
+    accuracy_standard: float
+    accuracy_comparative: float
+    change: float
+    change_stderr: float
+    confused_standard: float | None = None
+    confused_comparative: float | None = None
+
+
 class ComparativeInfo(_Result):
     applied: bool
     pairs: list[tuple[str, str]] = Field(default_factory=list)
     alpha: float | None = None
     source: str | None = None
     images_gated: list[bool] | None = None
+    measured: list[MeasuredEffect] | None = None
 
 
 class ClassifyResult(_Result):

@@ -405,10 +405,31 @@ function comparativesInput(labels) {
   });
 }
 
+// Points of accuracy with their sign, one decimal ("+0.4", "−0.1").
+function points(x) {
+  const p = (100 * x).toFixed(1);
+  return (x >= 0 ? "+" : "−") + p.replace("-", "");
+}
+
+// What the version's evaluation measured of its library (eval.json), so a reader does not take the
+// comparative column for a gain the data never showed: the dataset with the request's labels first.
+function showMeasured(c) {
+  const line = document.querySelector("#classify-comparative .measured");
+  const m = (c.measured || [])[0];
+  line.hidden = !m;
+  if (!m) return;
+  const noise = Math.abs(m.change) <= 2 * m.change_stderr ? "within noise" : m.change > 0 ? "a gain" : "a loss";
+  const where = m.same_labels ? "these labels" : m.classes + " other labels";
+  line.textContent = "Measured on " + m.dataset + " (" + where + ", " + m.seeds + (m.seeds === 1 ? " seed" : " seeds") +
+    "): accuracy " + m.accuracy_standard.toFixed(3) + " → " + m.accuracy_comparative.toFixed(3) + " with comparatives, " +
+    points(m.change) + " ± " + (100 * m.change_stderr).toFixed(1) + " points: " + noise + ".";
+}
+
 // Which comparatives were applied, in one line, and their pairs folded away as compact chips.
 function showComparative(c) {
   const info = document.querySelector("#classify-comparative .comparative-info");
   const details = document.querySelector("#classify-comparative .pairs");
+  showMeasured(c);
   details.hidden = !c.applied || !c.pairs.length;
   if (!c.applied) {
     info.textContent = "Not applied: no comparative matched these labels (source: " + c.source + ").";

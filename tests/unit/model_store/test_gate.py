@@ -141,3 +141,61 @@ def test_only_numbers_are_figures() -> None:
     assert not refused.passed and "the eval.json of v1 holds no figures" in (refused.problem or "")
     report = gate({"metrics": {"a": 0.5}}, {"metrics": {"a": True}})  # a boolean is not a figure
     assert report.missing == ["a"]
+
+
+def negation_eval(dcsm: float, cosine: float) -> dict[str, Any]:
+    """A user-data eval.json holding DCSM and cosine on the same negations and DCSM's gain over cosine."""
+    prefix = "data.fashion-test."
+    return {
+        "datasets": {"fashion-test": {"split": "all", "records": 2000}},
+        "metrics": {
+            f"{prefix}hard_negatives.cosine.negation": cosine,
+            f"{prefix}hard_negatives.cosine.negation.stderr": 0.004,
+            f"{prefix}hard_negatives.dcsm.negation": dcsm,
+            f"{prefix}hard_negatives.dcsm.negation.stderr": 0.003,
+            f"{prefix}gain.hard_negatives.dcsm.negation": dcsm - cosine,
+            f"{prefix}gain.hard_negatives.dcsm.negation.stderr": 0.002,
+        },
+    }
+
+
+DCSM_BEATS_COSINE = GatePolicy(minimum={"data.*.gain.hard_negatives.dcsm.negation": 0.05})
+
+
+def test_a_policy_minimum_refuses_a_component_that_adds_too_little() -> None:
+    """ "DCSM must beat cosine on negations by at least 5 points": the candidate's own gain is held
+    to it, whatever the current target's was (here it improved on it, and is still refused)."""
+    current, candidate = negation_eval(dcsm=0.90, cosine=0.88), negation_eval(dcsm=0.93, cosine=0.90)
+    assert gate(current, candidate).passed  # no figure fell: without the minimum the move passes
+    report = gate(current, candidate, policy=DCSM_BEATS_COSINE)
+    key = "data.fashion-test.gain.hard_negatives.dcsm.negation"
+    assert not report.passed and report.below_minimum == [key] and not report.regressed
+    (row,) = [r for r in report.rows if r.minimum is not None]
+    assert row.candidate == pytest.approx(0.03) and row.current == pytest.approx(0.02) and row.minimum == 0.05
+    assert report.compared == 3  # the minimum's row is not a comparison of two versions
+    assert "1 below the policy's minimum" in report.summary()
+    verdict = report.verdict()
+    assert verdict.result == "fail" and verdict.below_minimum == [key]
+    assert GateVerdict.model_validate_json(verdict.model_dump_json()).below_minimum == [key]
+
+
+def test_a_policy_minimum_accepts_a_component_that_adds_enough() -> None:
+    report = gate(negation_eval(dcsm=0.90, cosine=0.88), negation_eval(dcsm=0.97, cosine=0.90),
+                  policy=DCSM_BEATS_COSINE)  # fmt: skip
+    assert report.passed and report.gated
+    assert [(r.verdict, r.basis) for r in report.rows if r.minimum is not None] == [("ok", "policy minimum 0.05")]
+
+
+def test_a_policy_minimum_the_candidate_has_no_figure_for_refuses() -> None:
+    """A version without the component (no DCSM gain at all) cannot meet the minimum; a target
+    without figures does not exempt the candidate from it."""
+    without = {"metrics": {"data.fashion-test.hard_negatives.cosine.negation": 0.9}}
+    report = gate(negation_eval(dcsm=0.97, cosine=0.90), without, policy=DCSM_BEATS_COSINE)
+    assert not report.passed and "data.*.gain.hard_negatives.dcsm.negation" in report.missing
+    first_figures = gate(None, negation_eval(dcsm=0.91, cosine=0.90), policy=DCSM_BEATS_COSINE)
+    assert not first_figures.passed and len(first_figures.below_minimum) == 1
+
+
+def test_a_policy_file_with_a_minimum_reads() -> None:
+    policy = GatePolicy.model_validate_json('{"minimum": {"data.*.gain.hard_negatives.dcsm.negation": 0.05}}')
+    assert policy == DCSM_BEATS_COSINE

@@ -120,7 +120,8 @@ def load_eval_set(path: Path, bundle: ModelBundle, split: SplitChoice, labels: P
     dataset = require_valid(load_dataset(path, labels))
     items = dataset.items if split == "all" else dataset.split(split)
     if not items:
-        raise ValueError(f"the {split!r} split of {path} has no records (use --split all for a held-out file)")
+        beside = f": its test part is {dataset.test_file}" if split == "test" and dataset.test_file else ""
+        raise ValueError(f"the {split!r} split of {path} has no records{beside} (use --split all for a held-out file)")
     return EvalSet(dataset, items, bundle)
 
 

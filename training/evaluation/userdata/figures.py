@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 BASE = "base"
+GAIN_PREFIX = "gain."  # eval.json keys of what a component adds (``gains_per_seed`` in run.py writes them)
 
 KIND_ORDER = ("all", "label", "attribute", "records", "negation", "swap", "relation", "user")
 PAIR_TEXTS = {"label": "label difference texts", "attribute": "attribute difference texts",
@@ -26,6 +27,7 @@ NEGATIVE_KINDS = {
     "relation": "caption over its relation flipped",
     "user": "caption over your own negatives",
 }
+NEGATION_BASE = "hard_negatives.cosine.negation"
 WINOGROUND = {"text": 0.25, "image": 0.25, "group": 1 / 6}  # random scores: P(both orders right), Winoground's
 
 
@@ -41,6 +43,11 @@ class Figure:
     chance: float | None = None
     needs: str | None = None  # a text encoder ("text_encoder:pcclip"), "dcsm", "yukino" or "comparatives"
     rank: int = 0  # the row's place within its family (ties keep the evaluation's order)
+    # What a component's figure replaces: the key of the same measurement on the same inputs without
+    # the component (DCSM's hard negatives -> cosine's), and that in words ("cosine"); None for a
+    # figure no component provides. ``component_gain`` reads the difference (run.py records it per seed).
+    replaces: str | None = None
+    versus: str = ""
 
 
 FAMILIES = (
@@ -60,6 +67,15 @@ def _encoder(enc: str) -> str | None:
     return None if enc == BASE else f"text_encoder:{enc}"
 
 
+def _base_encoder(enc: str, base_key: str) -> tuple[str | None, str]:
+    """(replaces, versus) of a figure read with text encoder ``enc``: the base encoder's figure."""
+    return (None, "") if enc == BASE else (base_key, "base encoder")
+
+
+def _standard_prompts(comparative: bool, figure: str) -> dict[str, Any]:
+    return {"replaces": f"zeroshot.{figure}", "versus": "standard prompts"} if comparative else {}
+
+
 def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
     """The figure of ``key`` (relative to ``data.<dataset>.``); ``zeroshot`` is the dataset's
     ``details.zeroshot`` (its labels, encoder and the classes the comparatives name). Keys this
@@ -77,33 +93,40 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
             classes = f"{n_labels} classes" if n_labels else "all classes"
             name = f"zero-shot accuracy, {classes}{enc}{with_cmp}"
             short = "all classes" + (", comparatives" if comparative else "")
-            return Figure(key, "zero-shot", short, name, chance_zs, needs)
+            return Figure(key, "zero-shot", short, name, chance_zs, needs, **_standard_prompts(comparative, parts[1]))
         if parts[1] == "confused_acc":
             targeted = list(zs.get("comparative_classes", []))
             named = f"the {len(targeted)} confused classes: {', '.join(targeted)}" if targeted else "confused classes"
             name = f"zero-shot on {named}{enc}{with_cmp}"
             short = "confused classes" + (", comparatives" if comparative else "")
-            return Figure(key, "zero-shot", short, name, chance_zs, "comparatives")
+            return Figure(key, "zero-shot", short, name, chance_zs, "comparatives",
+                          **_standard_prompts(comparative, parts[1]))  # fmt: skip
     if parts[0] == "rank_pair" and len(parts) == 3:
         kind, enc = parts[1], parts[2]
         texts = PAIR_TEXTS.get(kind, f"{kind} texts")
         return Figure(key, "pair ranking", f"{kind} texts, {enc}", f"pair ranking, {texts}, text encoder {enc}", 0.5,
-                      _encoder(enc), _kind_rank(kind))  # fmt: skip
+                      _encoder(enc), _kind_rank(kind), *_base_encoder(enc, f"rank_pair.{kind}.{BASE}"))  # fmt: skip
     if parts[0] == "hard_negatives" and len(parts) == 3:
         scorer, kind = parts[1], parts[2]
         what = NEGATIVE_KINDS.get(kind, f"caption over a hard negative ({kind})")
         how = "DCSM" if scorer == "dcsm" else f"{scorer}, text encoder {BASE}"
-        return Figure(key, "hard negatives", f"{kind}, {'DCSM' if scorer == 'dcsm' else scorer}", f"{what}, {how}",
-                      0.5, "dcsm" if scorer == "dcsm" else None, _kind_rank(kind))  # fmt: skip
+        dcsm = scorer == "dcsm"
+        return Figure(key, "hard negatives", f"{kind}, {'DCSM' if dcsm else scorer}", f"{what}, {how}", 0.5,
+                      "dcsm" if dcsm else None, _kind_rank(kind),
+                      f"hard_negatives.cosine.{kind}" if dcsm else None, "cosine" if dcsm else "")  # fmt: skip
     if (parts[0] == "negation" and len(parts) == 2) or parts[:2] == ["semclip", "orig_over_neg"] and len(parts) == 3:
         enc = parts[-1]  # semclip.orig_over_neg.<encoder>: the same figure in eval.json files written before
+        # The base encoder's figure is the hard negatives' negation kind (the same captions and negations).
         return Figure(key, "caption over its negation, by text encoder", enc,
-                      f"caption over its negation, cosine, text encoder {enc}", 0.5, _encoder(enc))  # fmt: skip
+                      f"caption over its negation, cosine, text encoder {enc}", 0.5, _encoder(enc), 0,
+                      *_base_encoder(enc, NEGATION_BASE))  # fmt: skip
     if parts[0] == "winoground" and len(parts) == 3:
         score, method = parts[1], parts[2]
         how = "YUKINO" if method == "yukino" else method
+        yukino = method == "yukino"
         return Figure(key, "2x2 items (Winoground-style)", f"{score}, {how}", f"2x2 items, {score} score, {how}",
-                      WINOGROUND.get(score), "yukino" if method == "yukino" else None)  # fmt: skip
+                      WINOGROUND.get(score), "yukino" if yukino else None, 0,
+                      f"winoground.{score}.cosine" if yukino else None, "cosine" if yukino else "")  # fmt: skip
     return Figure(key, "other", key, key)
 
 
@@ -117,17 +140,22 @@ def has_component(components: Mapping[str, Any] | None, needs: str | None) -> bo
     return bool(components.get(needs))
 
 
+def _is_figure(key: str) -> bool:
+    """A row of its own: not a standard error, nor a component's gain (that is in its row's change)."""
+    return not key.endswith(".stderr") and not key.startswith(GAIN_PREFIX)
+
+
 def figures(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str) -> list[Figure]:
     """The figures of one dataset (keys under ``prefix``), family by family in ``FAMILIES`` order,
     leaving out any that needs a component the version does not have; after a comparison, also
     those only the compared version has (their column here is empty)."""
     zeroshot = section.get("details", {}).get("zeroshot")
-    ours = [describe(k, zeroshot) for k in relative(metrics, prefix) if not k.endswith(".stderr")]
+    ours = [describe(k, zeroshot) for k in relative(metrics, prefix) if _is_figure(k)]
     out = [f for f in ours if has_component(section.get("components"), f.needs)]
     compare = section.get("compare")
     if compare:
         known = {f.key for f in out}
-        out += [describe(k, zeroshot) for k in compare["metrics"] if not k.endswith(".stderr") and k not in known]
+        out += [describe(k, zeroshot) for k in compare["metrics"] if _is_figure(k) and k not in known]
     order = {family: i for i, family in enumerate(FAMILIES)}
     return sorted(out, key=lambda f: (order.get(f.family, len(order)), f.rank))  # stable: else the eval's order
 
@@ -148,10 +176,55 @@ def cell(metrics: Mapping[str, float], key: str) -> str:
     return mean_and_stderr(metrics[key], metrics.get(key + ".stderr", 0.0))
 
 
-def delta(base: Mapping[str, float], ours: Mapping[str, float], key: str) -> str:
+def signed(mean: float, stderr: float) -> str:
+    """``+0.415 ± 0.012``: a change, with its sign, as ``mean_and_stderr`` prints a figure."""
+    mean += 0.0  # -0.0 (a difference of two negative zeros) prints as 0
+    return ("+" if mean >= 0 else "") + mean_and_stderr(mean, stderr)
+
+
+def version_change(base: Mapping[str, float], ours: Mapping[str, float], key: str) -> str:
+    """This version's figure minus the compared version's, with the standard error of the difference
+    of two independent means (the seeds' samples are the same, so this errs on the wide side)."""
     if key not in base or key not in ours or not (math.isfinite(base[key]) and math.isfinite(ours[key])):
         return ""
-    return f"{ours[key] - base[key]:+.3f}"
+    stderr = math.hypot(base.get(key + ".stderr", 0.0), ours.get(key + ".stderr", 0.0))
+    return signed(ours[key] - base[key], stderr)
+
+
+def gain_key(key: str) -> str:
+    """Where eval.json keeps what the component of figure ``key`` adds over the figure it replaces."""
+    return GAIN_PREFIX + key
+
+
+def component_gain(metrics: Mapping[str, float], f: Figure) -> tuple[float, float] | None:
+    """(change, standard error) of a component's figure over the one it replaces, None for a figure
+    no component provides. eval.json holds it paired per seed (``gain.<key>``); files written
+    before it did give the difference of the two means."""
+    if f.replaces is None:
+        return None
+    gain = metrics.get(gain_key(f.key))
+    if gain is not None and math.isfinite(gain):
+        return gain, metrics.get(gain_key(f.key) + ".stderr", 0.0)
+    if f.key not in metrics or f.replaces not in metrics:
+        return None
+    mean = metrics[f.key] - metrics[f.replaces]
+    if not math.isfinite(mean):
+        return None
+    return mean, math.hypot(metrics.get(f.key + ".stderr", 0.0), metrics.get(f.replaces + ".stderr", 0.0))
+
+
+def change(f: Figure, ours: Mapping[str, float], compared: Mapping[str, float] | None, compared_ref: str = "") -> str:
+    """The change column: for a component's figure, what it adds over the figure it replaces
+    (``+0.415 ± 0.012 vs cosine``); after a comparison, also this version minus the compared one."""
+    parts = []
+    gain = component_gain(ours, f)
+    if gain is not None:
+        parts.append(f"{signed(*gain)} vs {f.versus}")
+    if compared is not None:
+        against = version_change(compared, ours, f.key)
+        if against:
+            parts.append(f"{against} vs {compared_ref}" if parts else against)
+    return "; ".join(parts)
 
 
 def relative(metrics: Mapping[str, float], prefix: str) -> dict[str, float]:
@@ -180,25 +253,35 @@ def confused_lines(section: Mapping[str, Any], limit: int = 5) -> list[str]:
     return lines
 
 
+CHANGE_NOTE = ("change: what a component adds over the figure it replaces on the same inputs (PC-CLIP's text "
+               "encoder vs the base encoder, DCSM vs cosine, comparative vs standard prompts), mean ± standard error "
+               "of the per-seed difference")  # fmt: skip
+
+
+def change_note(compare: Mapping[str, Any] | None, ref: str) -> str:
+    if not compare:
+        return CHANGE_NOTE
+    return f"{CHANGE_NOTE}; and {ref} minus {compare['ref']} on every figure both have"
+
+
 def table_lines(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str, ref: str) -> list[str]:
     """A markdown table of one dataset's figures: prose name, key, mean ± stderr (and the compared
-    version's figure with the change, when the section holds a comparison), chance."""
+    version's figure, when the section holds a comparison), the change, chance."""
     compare = section.get("compare")
     ours = relative(metrics, prefix)
     seeds = ", ".join(str(s) for s in section.get("seeds", []))
     head = f"figure (mean ± stderr over seeds {seeds})"
     encoders = default_encoders(section, ref)
     lines = [f"zero-shot figures use the default text encoder: {encoders}", ""] if encoders else []
-    if compare:
-        base = compare["metrics"]
-        lines += [f"| {head} | key | `{compare['ref']}` | `{ref}` | change | chance |", "|---|---|---|---|---|---|"]
-        for f in figures(metrics, section, prefix):
-            lines.append(f"| {f.name} | `{f.key}` | {cell(base, f.key)} | {cell(ours, f.key)} | "
-                         f"{delta(base, ours, f.key)} | {chance(f)} |")  # fmt: skip
-        return lines
-    lines += [f"| {head} | key | `{ref}` | chance |", "|---|---|---|---|"]
+    lines += [change_note(compare, ref), ""]
+    base = compare["metrics"] if compare else None
+    theirs = [f"`{compare['ref']}`"] if compare else []
+    heads = [head, "key", *theirs, f"`{ref}`", "change", "chance"]
+    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for f in figures(metrics, section, prefix):
-        lines.append(f"| {f.name} | `{f.key}` | {cell(ours, f.key)} | {chance(f)} |")
+        cells = [f.name, f"`{f.key}`", *([cell(base, f.key)] if base is not None else []), cell(ours, f.key),
+                 change(f, ours, base, compare["ref"] if compare else ""), chance(f)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

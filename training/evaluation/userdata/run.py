@@ -1,9 +1,11 @@
 """Every family the version and the data allow, per seed, as the mean and standard error over seeds.
 
 Keys are flat and carry the dataset's name, e.g. ``data.fashion-mnist_test.zeroshot.acc`` or
-``data.<name>.rank_pair.label.pcclip``; what could not be evaluated is listed under ``skipped``
-with the reason (the version lacks the component, or the data lacks the records). Figures exist
-only for components the version has (``components`` in the section); ``figures.py`` names them.
+``data.<name>.rank_pair.label.pcclip``, and what each component adds over the figure it
+replaces (``data.<name>.gain.rank_pair.label.pcclip``: PC-CLIP's encoder minus the base encoder);
+what could not be evaluated is listed under ``skipped`` with the reason (the version lacks the
+component, or the data lacks the records). Figures exist only for components the version has
+(``components`` in the section); ``figures.py`` names them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from model_store import Manifest
 from model_store.evaluation import bind, provenance
 from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
 from training.evaluation.userdata.dcsm import dense_vs_cosine
+from training.evaluation.userdata.figures import describe, gain_key
 from training.evaluation.userdata.pcclip import pair_ranking
 from training.evaluation.userdata.semclip import negation_by_encoder
 from training.evaluation.userdata.yukino import yukino_2x2
@@ -57,6 +60,19 @@ def components_of(bundle: ModelBundle, zero_shot: ZeroShot | None) -> dict[str, 
     }
 
 
+def gains_per_seed(flat: dict[str, float]) -> dict[str, float]:
+    """What each component adds on one seed: its figure minus the figure it replaces, measured on
+    the same images and texts (``gain.<key>``, e.g. ``gain.hard_negatives.dcsm.negation``). Averaged
+    over seeds like every figure, their standard error is that of the paired difference, and the
+    evaluation gate can hold a component to a minimum gain (``minimum`` in gate.json)."""
+    out = {}
+    for key, value in flat.items():
+        replaced = describe(key).replaces
+        if replaced is not None and replaced in flat:
+            out[gain_key(key)] = value - flat[replaced]
+    return out
+
+
 def evaluate_user_data(
     bundle: ModelBundle, path: Path, cfg: UserEvalConfig, name: str, log: Callable[[str], None] = print
 ) -> tuple[dict[str, float], dict[str, Any]]:
@@ -79,6 +95,7 @@ def evaluate_user_data(
         flat.update(dense_vs_cosine(es, cfg, seed))
         flat.update(negation_by_encoder(es, cfg, [e for e in encoders if e != BASE_ENCODER], seed))
         flat.update(yukino_2x2(es, cfg, seed))
+        flat.update(gains_per_seed(flat))
         runs.append(flat)
         log(f"{name}: seed {seed}: {len(flat)} figures")
     prefix = f"data.{name}."

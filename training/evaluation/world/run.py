@@ -74,6 +74,17 @@ class Evaluator(ZeroShotEval, PairRankEval, DenseEval, ComparativeEval, SemClipE
         return flat, details
 
 
+def dense_gains(flat: dict[str, float]) -> dict[str, float]:
+    """What DCSM adds over cosine on the same hard negatives of one seed (``gain.dcsm.<kind>``, e.g.
+    ``gain.dcsm.heldout.negation``): averaged over seeds like every figure, so its standard error is
+    that of the paired difference, and the gate's policy can require a minimum of it."""
+    return {
+        f"gain.{key}": value - flat[f"cosine.{key[len('dcsm.') :]}"]
+        for key, value in flat.items()
+        if key.startswith("dcsm.") and f"cosine.{key[len('dcsm.') :]}" in flat
+    }
+
+
 def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[str], None] = print) -> dict:
     """Mean and standard error over seeds of every flat metric, plus per-seed details."""
     cfg = cfg or EvalConfig()
@@ -81,6 +92,7 @@ def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[
     runs, details = [], {}
     for seed in cfg.seeds:
         flat, det = ev.run_seed(cfg.seed_offset + seed)
+        flat.update(dense_gains(flat))
         runs.append(flat)
         details[str(seed)] = det
         log(f"seed {seed}: {len(flat)} metrics")
