@@ -144,7 +144,7 @@ def in_batch_pairs(
     def step_loss(scorer: DCSMScorer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         nonlocal order
         epoch, s = divmod(step, steps_per_epoch)
-        if s == 0:
+        if s == 0 or len(order) == 0:  # an epoch's start, or a run resumed within an epoch
             gen.manual_seed(seed * 1000 + epoch)
             order = torch.randperm(n, generator=gen)
         rows = order[s * batch_size : (s + 1) * batch_size]
