@@ -52,9 +52,10 @@ def negation_scene(split: Split, seed: int, index: int) -> NegationScene:
         if not _differs(y, [x] + ([z] if z else [])) or (z is not None and not _differs(z, [x])):
             continue
         y = replace(y, size=x.size, radius=x.radius)
+        rest: tuple[SceneObject, ...] = ()
         if z is None:
             cx, cy = place_single(rng, x.radius)
-            shown, relation, rest = replace(x, x=cx, y=cy), None, ()
+            shown, relation = replace(x, x=cx, y=cy), None
         else:
             relation = ("left of", "right of", "above", "below")[int(rng.integers(4))]
             placed = place_pair(rng, x.radius, z.radius, relation)
