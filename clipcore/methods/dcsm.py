@@ -41,7 +41,7 @@ DEFAULT_LENGTH = 30
 # Words that negate, as the tokenizer splits them ("isn't" is "isn" + "'t"): the phrasings of
 # docs/negation.md share one row, so a negation the scorer met in one phrasing reads the same in another.
 NEGATION_WORDS: tuple[str, ...] = ("not", "no", "without", "absent", "missing", "lacking", "lacks", "devoid",
-                                   "free", "isn", "cannot", "never", "none", "nothing", "nowhere")  # fmt: skip
+                                   "free", "isn", "doesn", "cannot", "never", "none", "nothing", "nowhere")  # fmt: skip
 
 # Group -> words. Every word of a group gets the group's row. A trained scorer keeps the groups it
 # was trained with (its config), so widening a group here changes only scorers trained after.

@@ -100,6 +100,8 @@ NEGATION_FORMS: tuple[NegationForm, ...] = (
     NegationForm("no_x_in_photo", "clause", "there is {a} in this photo.", "there is no {x} in this photo.", H),
     NegationForm("does_not_show", "clause", "this photo shows {a}.", "this photo does not show {a}.", T),
     NegationForm("contains_no", "clause", "the image contains {a}.", "the image contains no {x}.", T),
+    # a contraction in training ("doesn" + "'t"), so "isn't" is not the first "'t" the scorer meets
+    NegationForm("doesnt_show", "clause", "this picture shows {a}.", "this picture doesn't show {a}.", T),
     NegationForm("cannot_see", "clause", "you can see {a} here.", "you cannot see {a} here.", H),
     # predicate: "X is absent / missing"
     NegationForm("is_absent", "absent", "{the} is present.", "{the} is absent.", T),
