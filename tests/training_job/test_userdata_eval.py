@@ -84,7 +84,8 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
         assert 0.0 <= m[f"data.fmnist.{key}"] <= 1.0, key
         assert f"data.fmnist.{key}.stderr" in m
     # Only the components the version has: a base encoder, no SemCLIP, PC-CLIP, DCSM or YUKINO.
-    assert not [k for k in m if k.startswith(("data.fmnist.semclip", "data.fmnist.negation"))]
+    assert not [k for k in m if k.startswith(("data.fmnist.semclip", "data.fmnist.negation."))]
+    assert 0.0 <= m["data.fmnist.negation_forms.base.heldout.both"] <= 1.0  # two-sided negation, cosine
     assert not [k for k in m if k.endswith((".pcclip", ".yukino")) or ".dcsm." in k]
     section = report["datasets"]["fmnist"]
     assert section["components"] == {"text_encoders": ["base"], "default_text_encoder": "base", "dcsm": False,
