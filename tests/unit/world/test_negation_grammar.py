@@ -78,4 +78,6 @@ def test_world_negation_samples_show_the_present_object_and_not_the_absent_one()
         assert len(shown) == len(without) == len(sample.scene.objects)
         item = negation_sides_sample(Split.TRAIN, 3, index)
         assert form_named(item.detail).split == FormSplit.TRAINING  # held-out forms never train
-        assert (item.positive, item.negative) == form_named(item.detail).pair(parse_negated(item.negative)[1])
+        parsed = parse_negated(item.negative)
+        assert parsed is not None and parsed[0] == item.detail
+        assert (item.positive, item.negative) == form_named(item.detail).pair(parsed[1])
