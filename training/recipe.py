@@ -42,7 +42,15 @@ Log = Callable[[str], None]
 # Smoke builds (CI): a scorer that trains in seconds.
 _SMOKE_DCSM: dict[str, Any] = {"samples": 256, "epochs": 1, "batch_size": 64, "val_samples": 32}
 SMOKE_EVAL = EvalConfig(
-    seeds=(0, 1), n_zeroshot=60, n_pairs=40, n_compositional=40, n_pil=20, n_calibration=60, n_semclip=40, n_yukino=16
+    seeds=(0, 1),
+    n_zeroshot=60,
+    n_pairs=40,
+    n_compositional=40,
+    n_pil=20,
+    n_calibration=60,
+    n_semclip=40,
+    n_yukino=16,
+    n_negation=20,
 )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_LENGTH",
     "DEFAULT_SCORER_CONFIG",
     "FUNCTIONAL_GROUPS",
+    "NEGATION_WORDS",
     "DCSMScorer",
     "candidate_pairs",
     "dcsm_scores",
@@ -37,13 +38,19 @@ __all__ = [
 
 DEFAULT_LENGTH = 30
 
-# Group -> words. Every word of a group gets the group's row.
+# Words that negate, as the tokenizer splits them ("isn't" is "isn" + "'t"): the phrasings of
+# docs/negation.md share one row, so a negation the scorer met in one phrasing reads the same in another.
+NEGATION_WORDS: tuple[str, ...] = ("not", "no", "without", "absent", "missing", "lacking", "lacks", "devoid",
+                                   "free", "isn", "doesn", "cannot", "never", "none", "nothing", "nowhere")  # fmt: skip
+
+# Group -> words. Every word of a group gets the group's row. A trained scorer keeps the groups it
+# was trained with (its config), so widening a group here changes only scorers trained after.
 FUNCTIONAL_GROUPS: dict[str, tuple[str, ...]] = {
     "left": ("left",),
     "right": ("right",),
     "above": ("above", "over"),
     "below": ("below", "under", "beneath"),
-    "negation": ("not", "no", "without", "absent"),
+    "negation": NEGATION_WORDS,
     "contrast": ("but",),
     "small": ("small", "little", "tiny"),
     "big": ("big", "large", "huge"),

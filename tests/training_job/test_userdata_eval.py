@@ -85,7 +85,8 @@ def test_evaluate_writes_figures_and_report_into_the_version(data: Path, root: P
         assert 0.0 <= m[f"data.fmnist.{key}"] <= 1.0, key
         assert f"data.fmnist.{key}.stderr" in m
     # Only the components the version has: a base encoder, no SemCLIP, PC-CLIP, DCSM or YUKINO.
-    assert not [k for k in m if k.startswith(("data.fmnist.semclip", "data.fmnist.negation"))]
+    assert not [k for k in m if k.startswith(("data.fmnist.semclip", "data.fmnist.negation."))]
+    assert 0.0 <= m["data.fmnist.negation_forms.base.heldout.both"] <= 1.0  # two-sided negation, cosine
     assert not [k for k in m if k.endswith((".pcclip", ".yukino")) or ".dcsm." in k]
     section = report["datasets"]["fmnist"]
     assert section["components"] == {"text_encoders": ["base"], "default_text_encoder": "base", "dcsm": False,
@@ -192,6 +193,10 @@ def test_caption_over_its_negation_is_one_figure_per_text_encoder(data: Path, ro
     report = json.loads(store.file_path(name, version, "eval.json").read_text())
     keys = {k.removeprefix("data.cmp.") for k in report["metrics"] if not k.endswith(".stderr")}
     assert {"rank_pair.label.pcclip", "negation.pcclip", "hard_negatives.cosine.negation"} <= keys
+    two_sided = {f"negation_forms.{enc}.heldout.{side}" for enc in ("base", "pcclip")
+                 for side in ("present", "absent", "both", "worst")}  # fmt: skip
+    assert two_sided <= keys and not [k for k in keys if k.startswith("negation_forms.dcsm")]  # no scorer here
+    assert "| negation, held-out phrasings, both sides, cosine, text encoder pcclip | " in result.output
     assert not [k for k in keys if k.startswith("semclip") or k == "negation.base"]  # the version has no SemCLIP
     assert report["datasets"]["cmp"]["components"]["text_encoders"] == ["base", "pcclip"]
     assert "| caption over its negation, cosine, text encoder pcclip | `negation.pcclip` | " in result.output

@@ -161,3 +161,29 @@ def test_dcsm_contrasts_a_labelled_image_with_another_label_and_its_own_negation
         other = negatives[0].removeprefix("a photo of ").split(" ", 1)[1].rstrip(".")
         assert other != label and other in dataset.labels
         assert any(n.startswith("no ") or " not " in n or " no " in n for n in negatives[1:]), negatives
+
+
+def test_dcsm_pairs_every_labelled_image_with_another_label_both_ways_in_training_forms(user_data: Path) -> None:
+    """Negation both ways: row 2i shows label L under a training form's affirmative of L, row 2i+1
+    shows another label under the same form's negated caption of L (each the other's hard
+    negative); held-out forms never appear."""
+    from types import SimpleNamespace
+
+    from training.datasets.dataset import load_dataset
+    from training.generate.negation_grammar import FormSplit, form_named, parse_negated
+    from training.userdata.context import items_of
+    from training.userdata.dcsm import negation_pairs
+
+    dataset = load_dataset(user_data / "labelled.jsonl")
+    label_of = {item.images[0]: item.record.label for item in dataset.items}  # type: ignore[union-attr]
+    pairs = negation_pairs(SimpleNamespace(dataset=dataset, seed=0))  # type: ignore[arg-type]
+    assert len(pairs.forms) == len(items_of(dataset, "label"))  # one item per labelled training photo
+    assert len(pairs.images) == len(pairs.captions) == 2 * len(pairs.forms)
+    for i, name in enumerate(pairs.forms):
+        form = form_named(name)
+        assert form.split == FormSplit.TRAINING
+        shown = label_of[pairs.images[2 * i]]
+        assert (pairs.captions[2 * i], pairs.captions[2 * i + 1]) == form.pair(shown)
+        assert parse_negated(pairs.captions[2 * i + 1]) == (name, shown)
+        assert label_of[pairs.images[2 * i + 1]] != shown  # the negated caption is true of this photo
+    assert len(set(pairs.forms)) > 3

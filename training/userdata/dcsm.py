@@ -5,8 +5,11 @@ Each training item is an image, its caption and hard negatives of that caption: 
 ``negatives`` records as written; for ``caption`` records, rule-based edits
 (``training.generate.negatives``: swapped attributes, flipped relations, toggled negation); for
 labelled images, "a photo of a {label}" against the same caption with another label and its
-rule-based edits. The
-functional-word table is extended by the relation words the captions use. Dense image features
+rule-based edits. Labelled images also train negation both ways
+(``negation_pairs``): a photo of one label with "there is a shirt." over "there is no shirt." and a
+photo of another label with the negated caption over the affirmative, in a training form of the
+negation grammar (``training.generate.negation_grammar``; the held-out forms are never trained on).
+The functional-word table is extended by the relation words the captions use. Dense image features
 come from the on-disk cache; the distinct texts are encoded once per run. Each step scores every
 image against its caption, one of its negatives and other items' captions, and every caption
 against its image and other images (``dcsm.caption_negatives``: a user's hard negatives are
@@ -16,18 +19,20 @@ captions without images, unlike the shapes world's).
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from clipcore.methods.dcsm import functional_row_table
+from clipcore.methods.dcsm import DCSMScorer, functional_row_table
 from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.generate.differences import article
+from training.generate.negation_grammar import FormSplit, forms
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
 from training.methods import dcsm
 from training.methods.checkpoint import Checkpoints
@@ -80,21 +85,70 @@ def negative_items(ctx: RunContext) -> NegativeItems:
     return out
 
 
+@dataclass
+class NegationPairs:
+    """Two anchors per item, as the shapes world's pairs (``dcsm.DenseItems``): row 2i an image of
+    label L with the form's affirmative caption of L, row 2i+1 an image of another label with the
+    negated caption; each anchor's caption is the other's hard negative."""
+
+    images: list[ImageRef]
+    captions: list[str]
+    forms: list[str]
+
+
+def negation_pairs(ctx: RunContext) -> NegationPairs:
+    """One item per labelled image (none with fewer than two labels), its partner and its training
+    form drawn from the run's seed."""
+    by_label: dict[str, list[ImageRef]] = {}
+    labelled = []
+    for item in items_of(ctx.dataset, "label"):
+        assert isinstance(item.record, LabelRecord)
+        by_label.setdefault(item.record.label, []).append(item.images[0])
+        labelled.append((item.record.label, item.images[0]))
+    out = NegationPairs([], [], [])
+    if len(by_label) < 2:
+        return out
+    rng = random.Random(ctx.seed * 1009 + 11)
+    training_forms = forms(FormSplit.TRAINING)
+    labels = sorted(by_label)
+    for label, image in labelled:
+        other = rng.choice([lab for lab in labels if lab != label])
+        form = training_forms[rng.randrange(len(training_forms))]
+        affirmative, negated = form.pair(label)
+        out.images += [image, rng.choice(by_label[other])]
+        out.captions += [affirmative, negated]
+        out.forms.append(form.name)
+    return out
+
+
+def _summed(first: dcsm.StepLoss, second: dcsm.StepLoss) -> dcsm.StepLoss:
+    """Both losses each step (their mean); the fit is the first's."""
+
+    def step_loss(scorer: DCSMScorer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        loss_a, fit = first(scorer, step)
+        loss_b, _ = second(scorer, step)
+        return (loss_a + loss_b) / 2, fit
+
+    return step_loss
+
+
 def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     """(scorer state, scorer config, functional-row table)."""
     data = negative_items(ctx)
-    ctx.log(f"dcsm: {len(data.images)} items ({data.generated} with generated hard negatives)")
+    pairs = negation_pairs(ctx)
+    ctx.log(f"dcsm: {len(data.images)} items ({data.generated} with generated hard negatives), "
+            f"{len(pairs.forms)} two-sided negation pairs")  # fmt: skip
     images = torch.from_numpy(ctx.features.of("dense", data.images))  # (N, 1+P, D) float16
     n_positions = images.shape[1]
     grid = math.isqrt(n_positions - 1)
     if grid * grid != n_positions - 1:
         raise ValueError(f"DCSM needs a square patch grid; this tower gives {n_positions - 1} patches")
-    groups = functional_groups_for(data.captions + [n for ns in data.negatives for n in ns])
+    groups = functional_groups_for(data.captions + [n for ns in data.negatives for n in ns] + pairs.captions)
     config = dcsm.scorer_config(n_positions, groups, cfg.table_seed, channels=cfg.channels, hidden=cfg.hidden)
     table = functional_row_table(config["functional_groups"], n_positions, cfg.table_seed)
     encoder = DenseEncoder(ctx.bundle.model, ctx.bundle.context_length, groups, int(config["length"]),
                            ctx.bundle.mean, ctx.bundle.std, device=ctx.device)  # fmt: skip
-    distinct = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns]))
+    distinct = list(dict.fromkeys(data.captions + [n for ns in data.negatives for n in ns] + pairs.captions))
     where = {t: i for i, t in enumerate(distinct)}
     with StepProgress("dcsm texts", total=len(distinct)) as bar:
         texts = dcsm.encode_texts(encoder, distinct, 128, lambda n: bar.update(n))
@@ -105,6 +159,13 @@ def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tens
     checkpoints = Checkpoints(ctx.checkpoint("dcsm"), cfg.checkpoint_every, cfg.stop_after, settings=config)
     step_loss = dcsm.caption_negatives(images, texts, caption_row, negative_rows, table, cfg,
                                        batch_size=cfg.batch_size, seed=ctx.seed, device=ctx.device)  # fmt: skip
+    if pairs.forms:
+        pair_items = dcsm.DenseItems(torch.from_numpy(ctx.features.of("dense", pairs.images)), texts,
+                                     torch.tensor([where[c] for c in pairs.captions]), pairs.forms)  # fmt: skip
+        steps_per_epoch = max(1, len(pairs.forms) // cfg.batch_size)
+        step_loss = _summed(step_loss, dcsm.in_batch_pairs(pair_items, table, cfg, batch_size=cfg.batch_size,
+                                                           steps_per_epoch=steps_per_epoch, seed=ctx.seed,
+                                                           device=ctx.device))  # fmt: skip
     state, _ = dcsm.train(config, step_loss, cfg, runtime=ctx.runtime(), checkpoints=checkpoints)
     return state, config, table
 

@@ -10,6 +10,12 @@ training can use both images. Kinds:
   objects' positions. Above/below captions sometimes say "over" / "under" / "beneath".
 * ``negation``: "X without Y", "X but not Y", "X and no Y", "X with Y absent", "no Y" against
   the same form with X and Y swapped; the image shows X alone, the negative scene Y alone.
+* ``negation_sides``: one training form of the negation grammar
+  (``training.generate.negation_grammar``) on both sides: the image shows X and its caption is
+  the form's affirmative ("there is a red circle."), the negative is the negated caption ("there
+  is no red circle."), true of the negative scene, where Y stands in X's place
+  (``training.world.negation``). Not among ``KINDS``: the evaluation asks it on every form,
+  training and held out (``training.evaluation.world.negation``).
 
 Sample ``index`` is a pure function of ``(split, seed, index)``. TRAIN and TEST scenes (both
 the image and the negative scene) never contain a held-out colour-shape combination; HELDOUT
@@ -23,12 +29,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from training.generate.negation_grammar import FormSplit, forms
 from training.world.captions import CONJ_TEMPLATES, PAIR_TEMPLATES, noun_phrase, with_article
+from training.world.negation import negation_scene
 from training.world.scene import Scene, SceneObject, Split, make_object, place_pair, sample_background
 from training.world.vocab import HELD_OUT_COMBOS, INVERSE_RELATION, RELATION_PHRASES
 
 KINDS: tuple[str, ...] = ("binding", "spatial_lr", "spatial_ab", "negation")
-_KIND_IDS = {k: i for i, k in enumerate(KINDS)}
+_KIND_IDS = {k: i for i, k in enumerate((*KINDS, "negation_sides"))}
 
 # Spatial synonyms of the vertical relations: the scorer sees them through shared functional rows.
 _SYNONYMS = {"above": ("over",), "below": ("under", "beneath")}
@@ -196,6 +204,18 @@ def negation_sample(split: Split, seed: int, index: int) -> HardNegative:
     return HardNegative("negation", form, scene, caption(px, py), caption(py, px), negative_scene)
 
 
+def negation_sides_sample(split: Split, seed: int, index: int) -> HardNegative:
+    """A training form of the negation grammar on both sides: each anchor's caption is the other's
+    hard negative (the in-batch pair loss), so the scorer learns the negated caption must win
+    where the object is absent, not only lose where it is present."""
+    rng = _rng(split, seed, index, "negation_sides")
+    training_forms = forms(FormSplit.TRAINING)
+    form = training_forms[int(rng.integers(len(training_forms)))]
+    sample = negation_scene(split, seed, index)
+    affirmative, negated = form.pair(sample.present)
+    return HardNegative("negation_sides", form.name, sample.scene, affirmative, negated, sample.without)
+
+
 def sample_hard_negative(split: Split, seed: int, index: int, kind: str) -> HardNegative:
     if kind == "binding":
         return binding_sample(split, seed, index)
@@ -203,6 +223,8 @@ def sample_hard_negative(split: Split, seed: int, index: int, kind: str) -> Hard
         return spatial_sample(split, seed, index, kind.split("_")[1])
     if kind == "negation":
         return negation_sample(split, seed, index)
+    if kind == "negation_sides":
+        return negation_sides_sample(split, seed, index)
     raise ValueError(f"unknown hard-negative kind {kind!r}; known: {KINDS}")
 
 

@@ -100,7 +100,7 @@ def test_words_inside_other_words_are_not_matched(encoder: DenseEncoder, model) 
     for word, piece in (("rebut", "but"), ("snot", "not"), ("kleft", "left"), ("halfbig", "big")):
         ids = encoder.tokenizer.encode(word)
         assert ids[-1] == encoder.tokenizer.encode(piece)[0] and len(ids) == 2
-    f = encoder.text_features(["a rebut of snot kleft halfbig", "cannot knot nothing"])
+    f = encoder.text_features(["a rebut of snot kleft halfbig", "a knot"])
     assert not bool((f.row_index >= 0).any())
     enc = DenseEncoder(model, 32, {"article": ("an",)})
     assert positions(enc.text_features(["a cyan circle"]).row_index[0]) == {}  # cy + an</w>

@@ -55,8 +55,17 @@ FAMILIES = (
     "pair ranking",
     "hard negatives",
     "caption over its negation, by text encoder",
+    "negation both ways, by phrasing (docs/negation.md)",
     "2x2 items (Winoground-style)",
 )
+NEGATION_SIDES = {
+    "present": "object in the photo: caption over its negation",
+    "absent": "object not in the photo: negation over the caption",
+    "both": "both sides",
+    "worst": "the worst held-out phrasing, both sides",
+}
+_NEGATION_GROUP_RANK = {"heldout": 0, "training": 1, "family": 2}
+_SIDE_RANK = {"both": 0, "worst": 1, "present": 2, "absent": 3}
 
 
 def _kind_rank(kind: str) -> int:
@@ -120,6 +129,8 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
         return Figure(key, "caption over its negation, by text encoder", enc,
                       f"caption over its negation, cosine, text encoder {enc}", 0.5, _encoder(enc), 0,
                       *_base_encoder(enc, NEGATION_BASE))  # fmt: skip
+    if parts[0] == "negation_forms" and len(parts) in (4, 5):
+        return _negation_form_figure(key, parts[1], parts[2:])
     if parts[0] == "winoground" and len(parts) == 3:
         score, method = parts[1], parts[2]
         how = "YUKINO" if method == "yukino" else method
@@ -128,6 +139,18 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
                       WINOGROUND.get(score), "yukino" if yukino else None, 0,
                       f"winoground.{score}.cosine" if yukino else None, "cosine" if yukino else "")  # fmt: skip
     return Figure(key, "other", key, key)
+
+
+def _negation_form_figure(key: str, scorer: str, rest: list[str]) -> Figure:
+    """``negation_forms.<scorer>.heldout|training.<side>`` and ``...family.<family>.<side>``:
+    two-sided negation over the grammar's phrasings (``training.evaluation.methods.negation``)."""
+    group, side = rest[0], rest[-1]
+    where = {"heldout": "held-out phrasings", "training": "training phrasings"}.get(group, f"{rest[1]} phrasings")
+    how = "DCSM" if scorer == "dcsm" else f"cosine, text encoder {scorer}"
+    rank = _NEGATION_GROUP_RANK.get(group, 3) * 10 + _SIDE_RANK.get(side, 4) + (0 if scorer == "dcsm" else 100)
+    return Figure(key, "negation both ways, by phrasing (docs/negation.md)", f"{where}, {side}, {how}",
+                  f"negation, {where}, {NEGATION_SIDES.get(side, side)}, {how}", 0.5,
+                  "dcsm" if scorer == "dcsm" else _encoder(scorer), rank)  # fmt: skip
 
 
 def has_component(components: Mapping[str, Any] | None, needs: str | None) -> bool:

@@ -16,10 +16,12 @@ import numpy as np
 
 from clipcore.models.bundle import ModelBundle
 from model_store.evaluation import bind
+from training.evaluation.methods.negation import flat_figures
 from training.evaluation.world.base import EvalConfig, generator_images, pil_images
 from training.evaluation.world.comparatives import ComparativeEval
 from training.evaluation.world.dcsm import DenseEval
 from training.evaluation.world.geometry import GeometryEval
+from training.evaluation.world.negation import NegationEval
 from training.evaluation.world.pcclip import PairRankEval
 from training.evaluation.world.semclip import SemClipEval
 from training.evaluation.world.yukino import YukinoEval
@@ -27,7 +29,9 @@ from training.evaluation.world.zero_shot import ZeroShotEval
 from training.world.scene import Split, sample_scene
 
 
-class Evaluator(ZeroShotEval, PairRankEval, DenseEval, ComparativeEval, SemClipEval, YukinoEval, GeometryEval):
+class Evaluator(
+    ZeroShotEval, PairRankEval, DenseEval, NegationEval, ComparativeEval, SemClipEval, YukinoEval, GeometryEval
+):
     """Every family over one model version."""
 
     def run_seed(self, seed: int) -> tuple[dict[str, float], dict[str, object]]:
@@ -52,6 +56,9 @@ class Evaluator(ZeroShotEval, PairRankEval, DenseEval, ComparativeEval, SemClipE
         for enc, accs in self.rank_accuracy(pil_pairs, pil_images(self.bundle), self.encoders).items():
             flat.update({f"{enc}.rank_pair_pil.{k}": v for k, v in accs.items()})
         flat.update(self.dense(seed))
+        negation = self.negation_forms(seed)
+        flat.update(flat_figures(negation))
+        details["negation_forms"] = negation
         if self.bundle.yukino is not None:
             figures, timing = self.yukino(seed)
             flat.update(figures)
