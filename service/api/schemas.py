@@ -593,7 +593,10 @@ class HealthResponse(BaseModel):
 
 class ReadyResponse(BaseModel):
     ready: bool
-    model: str | None = Field(description="the `name@version` of the default model")
+    model: str | None = Field(
+        description="the `name@version` of the default model; null unless the server lists its models on the "
+        "probes (`CLIP_PROBES_LIST_MODELS`)"
+    )
     redis: Literal["disabled", "up", "down", "probing"] = Field(
         default="disabled",
         description="the shared embedding cache; the service is ready without it (details in GET /models)",
@@ -605,7 +608,8 @@ class ReadyResponse(BaseModel):
     )
     models: list[ServedModel] = Field(
         default_factory=list,
-        description="every model of the served set and its state; the server is ready once the first one is",
+        description="every model of the served set and its state (empty unless `CLIP_PROBES_LIST_MODELS`: "
+        "`GET /models` lists them); the server is ready once the first one is",
     )
 
 

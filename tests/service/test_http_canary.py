@@ -184,7 +184,9 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
     def answered_since(moment: float) -> set[str]:
         return {model for sent, _, model in list(seen) if sent > moment}
 
-    with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(store_root), model="split@production", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         url, manager = running.url, running.services.manager
         polls: list[tuple[float, float]] = []  # (started, finished) of each poll of the alias
         poll = manager.poll_once
