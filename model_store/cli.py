@@ -23,6 +23,7 @@ from rich.table import Table
 
 from model_store.alias_views import entry_text, history_table, print_gate
 from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt, output_console
+from model_store.copying import parse_target
 from model_store.errors import PreconditionFailed, StoreError
 from model_store.gate import GatePolicy
 from model_store.location import missing_directory
@@ -33,8 +34,8 @@ from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
-    help="Versioned model registry: list, show, verify, publish, promote, canary, shadow, rollback, history, "
-    "gate, policy, gc. "
+    help="Versioned model registry: list, show, verify, publish, copy, promote, canary, shadow, rollback, "
+    "history, gate, policy, gc. "
     "To import a model from open_clip files (checkpoint, hub folder, cached tag): clip-train import.",
     no_args_is_help=True,
     add_completion=False,
@@ -495,6 +496,28 @@ def publish(
         name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line),
         on_gate=lambda report: print_gate(out, report), force=force, reason=reason,
     )  # fmt: skip
+
+
+@app.command("copy")
+@_handles_errors
+def copy_cmd(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="The version to copy: name@version (or name@alias).")],
+    target: Annotated[
+        str, typer.Option("--as", metavar="NAME[@VERSION]", help="The copy: NAME@VERSION, or NAME for its next vN.")
+    ],
+    store_location: StoreOpt = DEFAULT_STORE,
+) -> None:
+    """Publish a byte copy of a version under another version (or model) name, with its eval.json:
+    a candidate for rehearsing canary, promote and rollback. No alias moves."""
+    store = _store(ctx, store_location)
+    if "@" not in ref:
+        raise StoreError(f"copy needs name@version (or name@alias), got {ref!r}")
+    name, version = store.resolve(ref)
+    to_name, to_version = parse_target(target)
+    out = _out()
+    manifest = store.copy(name, version, to_name, to_version, on_step=lambda line: _print_flushed(out, line))
+    out.print(f"copied {name}@{version} -> {manifest.ref} (no alias moved)")
 
 
 def _print_flushed(out: Console, line: str) -> None:

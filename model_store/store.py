@@ -170,6 +170,16 @@ class ModelStore(AliasMoves, VersionArtifacts):
         self._require_version(name, version)
         return sorted(f for f in ANNEX_FILES if self.backend.is_file(self._vkey(name, version, f)))
 
+    def copy(
+        self, name: str, version: str, to_name: str, to_version: str | None = None,
+        on_step: Callable[[str], None] | None = None,
+    ) -> Manifest:  # fmt: skip
+        """Publish a byte copy of ``name@version`` as ``to_name@to_version`` (the next ``vN`` when
+        None), annex files included, moving no alias: a rehearsal candidate (``model_store.copying``)."""
+        from model_store.copying import copy_version
+
+        return copy_version(self, name, version, to_name, to_version, on_step)
+
     def resolve(self, ref: str) -> tuple[str, str]:
         """Resolve ``name@alias``, ``name@version`` or bare ``name`` (= ``name@production``).
 
