@@ -51,6 +51,13 @@ def _out() -> Console:
     return output_console(highlight=False, soft_wrap=True)
 
 
+def _progress() -> Callable[[str], None]:
+    """Where an alias move says what it waits for (hashing, the load check, another writer's
+    lock): stderr, as it happens, so stdout keeps only the outcome for scripts."""
+    console = output_console(stderr=True, highlight=False, soft_wrap=True)
+    return lambda line: _print_flushed(console, f"... {line}")
+
+
 PRECONDITION_EXIT = 3  # the alias was not as the command expected: nothing moved
 
 
@@ -261,7 +268,7 @@ def promote(
     out = _out()
     previous = store.promote(
         name, alias, version, force=force, reason=reason, expect=expect,
-        on_gate=lambda report: print_gate(out, report, all_figures),
+        on_gate=lambda report: print_gate(out, report, all_figures), on_step=_progress(),
     )  # fmt: skip
     ended = " (canary ended at 100 %)" if before is not None and before.canary is not None else ""
     out.print(f"{name}@{alias}: {previous or '-'} -> {version}{ended}")
@@ -291,7 +298,7 @@ def canary(
     out = _out()
     entry = store.canary(
         name, alias, version, weight, force=force, reason=reason, expect=expect, replace=replace,
-        on_gate=lambda report: print_gate(out, report, all_figures),
+        on_gate=lambda report: print_gate(out, report, all_figures), on_step=_progress(),
     )  # fmt: skip
     out.print(f"{name}@{alias}: {entry_text(entry)}")
 
@@ -316,7 +323,9 @@ def shadow(
     if off == (version is not None):
         raise StoreError("shadow needs a VERSION, or --off to remove the shadow")
     store = _store(ctx, store_location)
-    entry = store.shadow(name, alias, None if off else version, fraction, reason=reason, expect=expect)
+    entry = store.shadow(
+        name, alias, None if off else version, fraction, reason=reason, expect=expect, on_step=_progress()
+    )
     _out().print(f"{name}@{alias}: {entry_text(entry)}" + ("" if entry.shadow else " (no shadow)"))
 
 
@@ -352,7 +361,7 @@ def rollback(
     the version it would take out of service."""
     store = _store(ctx, store_location)
     before = store.alias_entry(name, alias)
-    target = store.rollback(name, alias, reason=reason, expect=expect, break_lock=break_lock)
+    target = store.rollback(name, alias, reason=reason, expect=expect, break_lock=break_lock, on_step=_progress())
     if before is not None and before.canary is not None:
         _out().print(f"{name}@{alias}: canary {before.canary.version} ended at 0 % -> {target}")
     else:
