@@ -106,6 +106,14 @@ CASES: list[tuple[str, dict[str, str], str, Any, bool]] = [
     ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "the first is red"}, True),
     ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "x", "pairs": [PAIR]}, False),
     ("/rank-pair", {}, "form", {"pairs": [PAIR]}, True),
+    # an empty list sends no part (or, as JSON text, "[]"): in a form it is a field left out
+    ("/embed", {}, "form", {"images": [FILE], "texts": []}, True),
+    ("/embed", {}, "form", {"texts": ["a red circle"], "images": []}, True),
+    ("/embed", {}, "form", {"texts": []}, False),
+    ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "the first is red", "pairs": []}, True),
+    ("/rank-pair", {}, "form", {"pairs": []}, False),
+    ("/classify", {}, "form", {"images": [FILE], "labels": LABELS, "templates": [], "comparatives": []}, True),
+    ("/classify", {}, "form", {"images": [], "labels": LABELS}, False),
     ("/score/dense", {}, "form", {"image": FILE, "texts": ["a red circle"], "return_maps": True}, True),
     ("/score/dense", {}, "form", {"image": FILE, "texts": ["a red circle"], "return_maps": "1"}, False),
 ]  # fmt: skip
