@@ -86,5 +86,6 @@ async def use_model(
     Under a memory budget, a model that is not loaded loads first."""
     async with services.models.acquire_entry(model, key) as runtime:
         request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
+        request.state.entry = runtime.entry  # the metrics' `model` label
         request.state.role = runtime.role
         yield runtime

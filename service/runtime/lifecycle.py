@@ -212,7 +212,7 @@ class ModelManager:
         self._side_loads = {CANARY: SideLoad(), SHADOW: SideLoad()}
         self._split_exported: set[str] = set()  # versions exporting clip_canary_weight_ratio/clip_shadow_sample_ratio
         self.shadows = ShadowRunner(
-            self.name,
+            self.ref,
             metrics,
             lease=self._shadow_lease,
             busy=self.answering_busy,
@@ -297,10 +297,10 @@ class ModelManager:
         self.metrics.clear_model(self.ref)
         self.metrics.set_store_watch(ok=True, model=self.ref)
         for version in self._split_exported:
-            self.metrics.clear_split(self.name, version)
+            self.metrics.clear_split(self.ref, version)
         self._split_exported.clear()
         for runtime in runtimes:
-            self.metrics.forget_version(self.name, runtime.bundle.version)
+            self.metrics.forget_version(self.ref, runtime.bundle.version)
             self.shadows.forget(runtime.bundle.version)
         if runtimes:
             self.metrics.model_unloaded(self.ref)
@@ -894,15 +894,15 @@ class ModelManager:
         """The canary weight and shadow fraction this server applies, as gauges."""
         entry, canary, shadow = self.entry, self.sides[CANARY], self.sides[SHADOW]
         for version in self._split_exported:
-            self.metrics.clear_split(self.name, version)
+            self.metrics.clear_split(self.ref, version)
         self._split_exported.clear()
         if entry is None:
             return
         if canary is not None and entry.canary is not None and entry.canary.version == canary.bundle.version:
-            self.metrics.set_split(self.name, canary.bundle.version, weight=entry.canary.weight)
+            self.metrics.set_split(self.ref, canary.bundle.version, weight=entry.canary.weight)
             self._split_exported.add(canary.bundle.version)
         if shadow is not None and entry.shadow is not None and entry.shadow.version == shadow.bundle.version:
-            self.metrics.set_split(self.name, shadow.bundle.version, fraction=entry.shadow.fraction)
+            self.metrics.set_split(self.ref, shadow.bundle.version, fraction=entry.shadow.fraction)
             self._split_exported.add(shadow.bundle.version)
 
     def _release(self, runtime: ModelRuntime) -> None:
@@ -934,5 +934,5 @@ class ModelManager:
         log.info("retired %s", runtime.ref)
         version = runtime.bundle.version
         if self._held(version) is None:  # not loaded again meanwhile: its series and totals go
-            self.metrics.forget_version(self.name, version)
+            self.metrics.forget_version(self.ref, version)
             self.shadows.forget(version)
