@@ -100,7 +100,7 @@ def service(store: Path, threads: int, service_root: Path, log: Path) -> Iterato
 
 
 def _served(url: str) -> list[dict[str, str]]:
-    return list(httpx.get(f"{url}/readyz", timeout=10).json().get("models", []))
+    return list(httpx.get(f"{url}/models", timeout=10).json().get("served", []))  # /readyz lists none by default
 
 
 def healthy_loop(url: str, seconds: float, phase: Phase, images: UniqueImages) -> None:

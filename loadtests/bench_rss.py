@@ -130,7 +130,7 @@ def service_set(
     try:
         wait_ready(url, proc, timeout_s=1800)
         deadline = time.monotonic() + 1800
-        while sum(m["state"] == "ready" for m in httpx.get(f"{url}/readyz", timeout=5).json().get("models", [])) < len(
+        while sum(m["state"] == "ready" for m in httpx.get(f"{url}/models", timeout=5).json().get("served", [])) < len(
             refs
         ):
             if time.monotonic() > deadline or proc.poll() is not None:

@@ -103,7 +103,7 @@ def serve_set(store: Path, refs: list[str], threads: int, budget: int = 0) -> tu
 def _all_ready(url: str, count: int, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        models = httpx.get(f"{url}/readyz", timeout=5).json().get("models", [])
+        models = httpx.get(f"{url}/models", timeout=5).json().get("served", [])  # /readyz lists none by default
         if sum(m["state"] == "ready" for m in models) >= count:
             return
         time.sleep(0.5)

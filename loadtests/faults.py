@@ -288,6 +288,14 @@ class FaultRun:
         except (httpx.HTTPError, ValueError):
             return {}
 
+    def served_ref(self) -> str | None:
+        """The default entry's ``name@version`` (``GET /models``: ``/readyz`` names no model by default)."""
+        try:
+            served = httpx.get(f"{self.url}/models", timeout=5).json().get("serving")
+        except (httpx.HTTPError, ValueError):
+            return None
+        return served if isinstance(served, str) else None
+
     def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str) -> float:
         """Seconds until ``condition()`` held; ``CheckFailed`` after ``timeout_s``."""
         start = time.perf_counter()
@@ -386,9 +394,9 @@ class FaultRun:
         )
 
     def check_still_serving(self, phase: Phase, note: str) -> None:
-        ready = self.readyz()
-        if ready.get("model") != self.serving:
-            raise CheckFailed(f"{note}, but /readyz says {ready}")
+        served = self.served_ref()
+        if served != self.serving:
+            raise CheckFailed(f"{note}, but /models says {served} serves")
         phase.notes.append(f"{note}; {self.serving} kept serving")
 
     def publish_killed(self, phase: Phase, sig: signal.Signals, moment: str) -> None:
@@ -443,7 +451,7 @@ class FaultRun:
         took = self.run_cli(self.publish_cmd(self.release, "production"))
         version = self.new_version(before)
         target = f"{self.name}@{version}"
-        swap = self.wait_for(lambda: self.readyz().get("model") == target, 180, f"{target} served")
+        swap = self.wait_for(lambda: self.served_ref() == target, 180, f"{target} served")
         self.swapped_at = time.perf_counter()
         phase.notes.append(f"{version} published in {took:.1f} s; served {swap:.1f} s later")
         self.serving = target
@@ -512,9 +520,11 @@ class FaultRun:
     # ------------------------------------------------------------------ the report
     def final_checks(self) -> list[str]:
         problems = []
-        ready = self.readyz()
-        if ready.get("model") != self.serving or ready.get("redis") != "up" or ready.get("store") != "ok":
-            problems.append(f"end state: /readyz says {ready}, expected model {self.serving}, redis up, store ok")
+        ready, served = self.readyz(), self.served_ref()
+        if served != self.serving or ready.get("redis") != "up" or ready.get("store") != "ok":
+            problems.append(
+                f"end state: /readyz says {ready} and /models {served}, expected {self.serving}, redis up, store ok"
+            )
         listing = httpx.get(f"{self.url}/models/{self.name}", timeout=30).json()
         if f"{self.name}@{listing.get('serving')}" != self.serving:
             problems.append(f"end state: /models/{self.name} serves {listing.get('serving')}")

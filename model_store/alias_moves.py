@@ -6,9 +6,11 @@ lease expired cannot overwrite its successor's move. A move's preconditions are 
 table it replaces, inside that block, so they hold at the moment of the write: ``expect`` (the
 alias' primary the caller saw), no other canary running (unless ``replace``), and for a rollback
 what it takes out of service, or that the alias was not just rolled back by someone else.
-Versions are verified (checksums, and the validator when installed) outside the lock, since
-hashing weights takes a while; the gate runs inside it, against the target the table holds at
-the moment of the move.
+Versions are verified (checksums, and the validator when installed, unless the version's load-check
+receipt says it passed with these files: ``model_store.load_receipts``) outside the lock, since
+hashing weights and building a model take a while; the gate runs inside it, against the target
+the table holds at the moment of the move. A move tells its ``on_step`` what it is about to wait
+for (the CLI prints it on stderr).
 
 The gate compares the candidate's ``eval.json`` with the alias' primary's, under the model's
 ``gate.json`` policy (``model_store.gate``), once each report is proven to be its version's
@@ -24,8 +26,9 @@ import getpass
 import json
 import math
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +48,29 @@ if TYPE_CHECKING:
 GATE_FILE = "gate.json"
 
 GateHook = Callable[[GateReport], None]
+# Told what a move is about to wait for (hashing weights, the load check, another writer's lock).
+StepHook = Callable[[str], None]
+# A lock taken within this is not worth a line; one held longer by another writer is.
+LOCK_NOTICE_S = 1.0
+
+
+def _ignore(_line: str) -> None:
+    pass
+
+
+@contextmanager
+def _said_if_slow(on_step: StepHook | None, seconds: float, line: str) -> Iterator[None]:
+    """Call ``on_step(line)`` (from a timer thread) if the block is still running after ``seconds``."""
+    if on_step is None:
+        yield
+        return
+    timer = threading.Timer(seconds, on_step, (line,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def default_actor() -> str | None:
@@ -95,7 +121,9 @@ class AliasMoves:
         def _require_model(self, name: str) -> None: ...
         def _require_version(self, name: str, version: str) -> None: ...
         def _vkey(self, name: str, version: str, *rest: str) -> str: ...
-        def _validate(self, manifest: Manifest, key: str) -> None: ...
+        def _validate(
+            self, manifest: Manifest, key: str, on_step: StepHook | None = None, trust_receipt: bool = False
+        ) -> None: ...
         def manifest(self, name: str, version: str) -> Manifest: ...
         def verify(self, name: str, version: str) -> None: ...
 
@@ -133,10 +161,14 @@ class AliasMoves:
         self.backend.put_atomic_if(f"{name}/{ALIASES_FILE}", table.to_json().encode(), tag)
 
     @contextmanager
-    def _editing(self, name: str, break_lock: bool = False) -> Iterator[AliasTable]:
+    def _editing(self, name: str, break_lock: bool = False, on_step: StepHook | None = None) -> Iterator[AliasTable]:
         """The table under the model's lock, written back (conditionally) when the block succeeds.
-        Callers hold nothing else: the lock is taken here (``break_lock``: see ``rollback``)."""
-        with self._lock(name, break_lock):
+        Callers hold nothing else: the lock is taken here (``break_lock``: see ``rollback``);
+        ``on_step`` hears it when another writer holds the lock for more than ``LOCK_NOTICE_S``."""
+        with ExitStack() as held:
+            waiting = f"waiting for the lock of {name}: another writer (a publish or an alias move) holds it"
+            with _said_if_slow(on_step, LOCK_NOTICE_S, waiting):
+                held.enter_context(self._lock(name, break_lock))
             table, tag = self._read_aliases_tagged(name)
             before = table.to_json()
             yield table
@@ -255,15 +287,24 @@ class AliasMoves:
         return Stamp(at=utc_now_iso(), actor=actor or default_actor(), reason=reason, forced=force,
                      gate=report.verdict())  # fmt: skip
 
-    def _checked(self, name: str, version: str) -> None:
-        """Checksums and the validator, outside the lock (hashing weights can take a while)."""
+    def _checked(self, name: str, version: str, on_step: StepHook | None = None) -> None:
+        """Checksums and the validator, outside the lock (hashing weights can take a while); the
+        validator only when no receipt says it passed these files (``model_store.load_receipts``)."""
+        self._verified(name, version, on_step)
+        self._validate(self.manifest(name, version), self._vkey(name, version), on_step, trust_receipt=True)
+
+    def _verified(self, name: str, version: str, on_step: StepHook | None) -> None:
+        manifest = self.manifest(name, version)
+        (on_step or _ignore)(
+            f"verifying {name}@{version}: sha256 of {len(manifest.files)} files ({manifest.total_bytes:,} bytes)"
+        )
         self.verify(name, version)
-        self._validate(self.manifest(name, version), self._vkey(name, version))
 
     # ------------------------------------------------------------------ moves
     def promote(
         self, name: str, alias: str, version: str, *, force: bool = False, reason: str | None = None,
         actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None,
+        on_step: StepHook | None = None,
     ) -> str | None:  # fmt: skip
         """Point ``alias`` at a verified ``version`` that passes the gate (or ``force`` with a
         ``reason``); return the previous primary (kept for rollback). Promoting a running canary's
@@ -272,8 +313,8 @@ class AliasMoves:
         validate_name(alias, "alias")
         reason = check_reason(force, reason)
         self._expecting(name, alias, expect)
-        self._checked(name, version)
-        with self._editing(name) as table:
+        self._checked(name, version, on_step)
+        with self._editing(name, on_step=on_step) as table:
             self._require_version(name, version)  # may have been collected meanwhile
             table.check_expect(alias, expect)
             previous = table.target(alias)
@@ -288,6 +329,7 @@ class AliasMoves:
     def canary(
         self, name: str, alias: str, version: str, weight: float, *, force: bool = False, reason: str | None = None,
         actor: str | None = None, on_gate: GateHook | None = None, expect: str | None = None, replace: bool = False,
+        on_step: StepHook | None = None,
     ) -> AliasEntry:  # fmt: skip
         """Give a verified ``version`` ``weight`` percent (0 < weight < 100) of ``alias``' requests,
         beside its primary, if it passes the gate against the primary (or ``force`` with a
@@ -299,8 +341,8 @@ class AliasMoves:
         if not (math.isfinite(weight) and 0 < weight < 100):
             raise StoreError(f"a canary's weight is a percentage strictly between 0 and 100, got {weight:g}")
         self._expecting(name, alias, expect, lambda table: table.check_canary(alias, version, weight, replace))
-        self._checked(name, version)
-        with self._editing(name) as table:
+        self._checked(name, version, on_step)
+        with self._editing(name, on_step=on_step) as table:
             self._require_version(name, version)
             table.check_expect(alias, expect)
             table.check_canary(alias, version, weight, replace)
@@ -314,7 +356,7 @@ class AliasMoves:
 
     def shadow(
         self, name: str, alias: str, version: str | None, fraction: float = 0.1, *, reason: str | None = None,
-        actor: str | None = None, expect: str | None = None,
+        actor: str | None = None, expect: str | None = None, on_step: StepHook | None = None,
     ) -> AliasEntry:  # fmt: skip
         """Re-run ``fraction`` (0 < f <= 1) of ``alias``' requests on a verified ``version`` after
         answering them (``version=None`` removes the shadow). Not gated: its answers are only
@@ -324,10 +366,10 @@ class AliasMoves:
             if not (math.isfinite(fraction) and 0 < fraction <= 1):
                 raise StoreError(f"a shadow's fraction is in (0, 1], got {fraction:g}")
             self._expecting(name, alias, expect)
-            self._checked(name, version)
+            self._checked(name, version, on_step)
         else:
             self._require_model(name)
-        with self._editing(name) as table:
+        with self._editing(name, on_step=on_step) as table:
             table.check_expect(alias, expect)
             if version is not None:
                 self._require_version(name, version)
@@ -338,7 +380,7 @@ class AliasMoves:
 
     def rollback(
         self, name: str, alias: str, *, reason: str | None = None, actor: str | None = None,
-        expect: str | None = None, break_lock: bool = False,
+        expect: str | None = None, break_lock: bool = False, on_step: StepHook | None = None,
     ) -> str:  # fmt: skip
         """End a running canary at 0 % (the primary, already serving, answers everything again), or
         else return ``alias`` to its previous version after verifying it; return the version that
@@ -362,8 +404,8 @@ class AliasMoves:
         entry = before.aliases.get(alias)
         assert target is not None and entry is not None  # check_rollback found something to roll back
         if entry.canary is None:
-            self.verify(name, target)
-        with self._editing(name, break_lock) as table:
+            self._verified(name, target, on_step)
+        with self._editing(name, break_lock, on_step) as table:
             if table.aliases.get(alias) != entry or table.rollback_target(alias) != target:
                 raise PreconditionFailed(
                     f"{alias} moved while this rollback of {source} was being checked (it now serves "

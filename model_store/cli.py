@@ -23,6 +23,7 @@ from rich.table import Table
 
 from model_store.alias_views import entry_text, history_table, print_gate
 from model_store.cli_options import DEFAULT_STORE, STORE_ENV, GroupStoreOpt, StoreOpt, output_console
+from model_store.copying import parse_target
 from model_store.errors import PreconditionFailed, StoreError
 from model_store.gate import GatePolicy
 from model_store.location import missing_directory
@@ -33,8 +34,8 @@ from model_store.version import print_version
 
 app = typer.Typer(
     name="model-store",
-    help="Versioned model registry: list, show, verify, publish, promote, canary, shadow, rollback, history, "
-    "gate, policy, gc. "
+    help="Versioned model registry: list, show, verify, publish, copy, promote, canary, shadow, rollback, "
+    "history, gate, policy, gc. "
     "To import a model from open_clip files (checkpoint, hub folder, cached tag): clip-train import.",
     no_args_is_help=True,
     add_completion=False,
@@ -48,6 +49,13 @@ AliasOpt = Annotated[str, typer.Option("--alias", "-a", help="Alias to change.")
 
 def _out() -> Console:
     return output_console(highlight=False, soft_wrap=True)
+
+
+def _progress() -> Callable[[str], None]:
+    """Where an alias move says what it waits for (hashing, the load check, another writer's
+    lock): stderr, as it happens, so stdout keeps only the outcome for scripts."""
+    console = output_console(stderr=True, highlight=False, soft_wrap=True)
+    return lambda line: _print_flushed(console, f"... {line}")
 
 
 PRECONDITION_EXIT = 3  # the alias was not as the command expected: nothing moved
@@ -260,7 +268,7 @@ def promote(
     out = _out()
     previous = store.promote(
         name, alias, version, force=force, reason=reason, expect=expect,
-        on_gate=lambda report: print_gate(out, report, all_figures),
+        on_gate=lambda report: print_gate(out, report, all_figures), on_step=_progress(),
     )  # fmt: skip
     ended = " (canary ended at 100 %)" if before is not None and before.canary is not None else ""
     out.print(f"{name}@{alias}: {previous or '-'} -> {version}{ended}")
@@ -290,7 +298,7 @@ def canary(
     out = _out()
     entry = store.canary(
         name, alias, version, weight, force=force, reason=reason, expect=expect, replace=replace,
-        on_gate=lambda report: print_gate(out, report, all_figures),
+        on_gate=lambda report: print_gate(out, report, all_figures), on_step=_progress(),
     )  # fmt: skip
     out.print(f"{name}@{alias}: {entry_text(entry)}")
 
@@ -315,7 +323,9 @@ def shadow(
     if off == (version is not None):
         raise StoreError("shadow needs a VERSION, or --off to remove the shadow")
     store = _store(ctx, store_location)
-    entry = store.shadow(name, alias, None if off else version, fraction, reason=reason, expect=expect)
+    entry = store.shadow(
+        name, alias, None if off else version, fraction, reason=reason, expect=expect, on_step=_progress()
+    )
     _out().print(f"{name}@{alias}: {entry_text(entry)}" + ("" if entry.shadow else " (no shadow)"))
 
 
@@ -351,7 +361,7 @@ def rollback(
     the version it would take out of service."""
     store = _store(ctx, store_location)
     before = store.alias_entry(name, alias)
-    target = store.rollback(name, alias, reason=reason, expect=expect, break_lock=break_lock)
+    target = store.rollback(name, alias, reason=reason, expect=expect, break_lock=break_lock, on_step=_progress())
     if before is not None and before.canary is not None:
         _out().print(f"{name}@{alias}: canary {before.canary.version} ended at 0 % -> {target}")
     else:
@@ -495,6 +505,28 @@ def publish(
         name, files, fields, version=version, aliases=alias or (), on_step=lambda line: _print_flushed(out, line),
         on_gate=lambda report: print_gate(out, report), force=force, reason=reason,
     )  # fmt: skip
+
+
+@app.command("copy")
+@_handles_errors
+def copy_cmd(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="The version to copy: name@version (or name@alias).")],
+    target: Annotated[
+        str, typer.Option("--as", metavar="NAME[@VERSION]", help="The copy: NAME@VERSION, or NAME for its next vN.")
+    ],
+    store_location: StoreOpt = DEFAULT_STORE,
+) -> None:
+    """Publish a byte copy of a version under another version (or model) name, with its eval.json:
+    a candidate for rehearsing canary, promote and rollback. No alias moves."""
+    store = _store(ctx, store_location)
+    if "@" not in ref:
+        raise StoreError(f"copy needs name@version (or name@alias), got {ref!r}")
+    name, version = store.resolve(ref)
+    to_name, to_version = parse_target(target)
+    out = _out()
+    manifest = store.copy(name, version, to_name, to_version, on_step=lambda line: _print_flushed(out, line))
+    out.print(f"copied {name}@{version} -> {manifest.ref} (no alias moved)")
 
 
 def _print_flushed(out: Console, line: str) -> None:

@@ -4,6 +4,7 @@ Layout under the root (keys are the same on any backend)::
 
     <name>/versions/<version>/manifest.json   # + weights and other listed files
     <name>/versions/<version>/eval.json       # annex: may be replaced after publish
+    <name>/versions/<version>/.load_check.json  # the load check passed these files (``load_receipts``)
     <name>/aliases.json                       # alias -> version (+ canary, shadow), rollback stack, log
     <name>/gate.json                          # optional: the evaluation gate's policy
     <name>/artifacts/<version>/...            # files derived from a version (see ``artifacts``)
@@ -43,6 +44,7 @@ from model_store.errors import (
     VersionRefused,
 )
 from model_store.integrity import VersionValidator, manifest_problems
+from model_store.load_receipts import RECEIPT_FILE, passed_at, receipt
 from model_store.location import open_backend
 from model_store.manifest import ANNEX_FILES, Manifest
 from model_store.naming import (
@@ -170,6 +172,16 @@ class ModelStore(AliasMoves, VersionArtifacts):
         self._require_version(name, version)
         return sorted(f for f in ANNEX_FILES if self.backend.is_file(self._vkey(name, version, f)))
 
+    def copy(
+        self, name: str, version: str, to_name: str, to_version: str | None = None,
+        on_step: Callable[[str], None] | None = None,
+    ) -> Manifest:  # fmt: skip
+        """Publish a byte copy of ``name@version`` as ``to_name@to_version`` (the next ``vN`` when
+        None), annex files included, moving no alias: a rehearsal candidate (``model_store.copying``)."""
+        from model_store.copying import copy_version
+
+        return copy_version(self, name, version, to_name, to_version, on_step)
+
     def resolve(self, ref: str) -> tuple[str, str]:
         """Resolve ``name@alias``, ``name@version`` or bare ``name`` (= ``name@production``).
 
@@ -292,16 +304,42 @@ class ModelStore(AliasMoves, VersionArtifacts):
             raise
         return manifest
 
-    def _validate(self, manifest: Manifest, key: str) -> None:
-        """Refuse a version that depends on files outside it or that the validator cannot run."""
+    def _validate(
+        self, manifest: Manifest, key: str, on_step: Callable[[str], None] | None = None, trust_receipt: bool = False
+    ) -> None:
+        """Refuse a version that depends on files outside it or that the validator cannot run.
+
+        A pass leaves a receipt under ``key`` (``model_store.load_receipts``); with ``trust_receipt``
+        (alias moves) a receipt of these files and validators stands for the check. ``on_step``
+        hears what is being waited for."""
         if problems := manifest_problems(manifest):
             raise VersionRefused(manifest.ref, "; ".join(f"{k}: {why}" for k, why in sorted(problems.items())))
         if self.validator is None:
             return
+        step = on_step or _ignore_step
+        identity = getattr(self.validator, "identity", None)
+        validators: list[str] = identity() if callable(identity) else []
+        receipt_key = f"{key}/{RECEIPT_FILE}"
+        if trust_receipt and validators:
+            try:
+                raw: bytes | None = self.backend.read_bytes(receipt_key)
+            except FileNotFoundError:
+                raw = None
+            if (when := passed_at(raw, manifest, validators)) is not None:
+                step(f"load check of {manifest.ref}: passed at {when} with these files and validators, not run again")
+                return
+        step(f"load check of {manifest.ref}: building the model and running one image and two texts through it")
+        started = time.perf_counter()
         try:
             self.validator(manifest, self.backend.local_path(key))
         except Exception as exc:  # any failure to build or run the model is the reason to refuse it
             raise VersionRefused(manifest.ref, str(exc) or type(exc).__name__) from exc
+        step(f"load check of {manifest.ref}: passed in {time.perf_counter() - started:.1f} s")
+        if validators:
+            try:
+                self.backend.put_atomic(receipt_key, receipt(manifest, validators))
+            except (OSError, StoreError) as exc:  # a read-only store: the next move checks again
+                step(f"load check of {manifest.ref}: no receipt kept ({exc})")
 
     def read_annex(self, name: str, version: str, filename: str) -> bytes | None:
         """The contents of an annex file (e.g. ``eval.json``) of ``name@version``, ``None`` when

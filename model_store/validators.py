@@ -9,7 +9,9 @@ them on first use, so commands that never validate (``list``, ``show``) stay fas
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+import hashlib
+from importlib.metadata import EntryPoint, entry_points
+from importlib.util import find_spec
 from pathlib import Path
 
 from model_store.integrity import VersionValidator
@@ -23,8 +25,26 @@ def installed_validator_names() -> list[str]:
     return sorted(f"{ep.name} = {ep.value}" for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
+def _identity(ep: EntryPoint) -> str:
+    """``name = module:function (package version, module sha256 prefix)``: what a load-check receipt
+    names, so that another release or an edited validator module checks again. Found without
+    importing the module (only its parent packages)."""
+    package = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown package"
+    try:
+        spec = find_spec(ep.module)
+        source = Path(spec.origin).read_bytes() if spec is not None and spec.origin else b""
+    except (ImportError, OSError, ValueError):
+        source = b""
+    digest = hashlib.sha256(source).hexdigest()[:16] if source else "unknown"
+    return f"{ep.name} = {ep.value} ({package}, module sha256 {digest})"
+
+
 class InstalledValidators:
     """Every registered validator, loaded on first call, run in name order."""
+
+    def identity(self) -> list[str]:
+        """Which validators would run, at which versions (``model_store.load_receipts``)."""
+        return [_identity(ep) for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)]
 
     def __init__(self) -> None:
         self._loaded: list[VersionValidator] | None = None

@@ -439,6 +439,13 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS; empty: no CORS headers at all."
     )
+    probes_list_models: bool = Field(
+        default=False,
+        description="List the served models on the public `/readyz` (the default's `name@version` in `model`, every "
+        "entry with its version, canary and shadow in `models`). `false`: `/readyz` says whether the server is "
+        "ready, and the models are listed by `GET /models` only, which needs a key when keys are configured. "
+        "`/metrics` keeps its per-model series either way (docs/operations.md, Metrics).",
+    )
     playground: bool = Field(
         default=True,
         description="Serve the playground page at `/` (static files that call the public API; its API calls need "

@@ -264,13 +264,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def wait_every_model(url: str, count: int, timeout_s: float = 1800) -> None:
-    """Wait until every model of the served set is ready (``/readyz`` is ready with the first)."""
+    """Wait until every model of the served set is ready (``/readyz`` is ready with the first; ``/models``
+    lists them all)."""
     import time
 
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    while sum(m["state"] == "ready" for m in httpx.get(f"{url}/readyz", timeout=5).json().get("models", [])) < count:
+    while sum(m["state"] == "ready" for m in httpx.get(f"{url}/models", timeout=5).json().get("served", [])) < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"{url}: not every model of the set loaded")
         time.sleep(0.5)

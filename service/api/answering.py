@@ -41,6 +41,7 @@ async def use_model(
     start to end, for a route that answers without shadowing."""
     async with services.models.lease(model, key) as runtime:
         request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
+        request.state.entry = runtime.entry  # the metrics' `model` label
         request.state.role = runtime.role
         yield runtime
 

@@ -232,7 +232,8 @@ class ObserveMiddleware:
             self.metrics.observe_request(route, method, status, seconds)
             state = scope.get("state") or {}
             if state.get("model"):
-                self.metrics.observe_answer(state["model"], state.get("role", "primary"), status, seconds)
+                entry = state.get("entry") or state["model"]
+                self.metrics.observe_answer(entry, state["model"], state.get("role", "primary"), status, seconds)
             if access_log.isEnabledFor(logging.INFO):  # the line is made only where it is written
                 access_log.info(
                     json.dumps(

@@ -10,7 +10,9 @@ validates, limits and answers exactly as for JSON, so the two forms share every 
 
 The form's schema is the JSON body's, field by field (the same types, bounds, patterns and
 list lengths), with files where the body has images and without null, which a form cannot send:
-a field left out is the same as null.
+a field left out is the same as null. An empty list sends no part of a repeated field, so in a
+form an empty list is a field left out, also as JSON text (``-F pairs=[]``): a list's least
+length holds only where the field is required (``openapi_form``).
 
 This runs inside the body cap (the raw upload is counted) and after authentication (an
 unauthenticated upload is never parsed). The form parser (python-multipart, through
@@ -179,6 +181,8 @@ async def form_body(form: FormData, fields: dict[str, FormField]) -> dict[str, A
                 raise FormError(f"{key} is JSON nested too deeply", key) from None
             if body[key] is None:  # a form has no null (its schema says so): leave the field out
                 raise FormError(f"{key} is null; leave the field out instead", key)
+            if body[key] == [] and field.schema.get("type") == "array":
+                del body[key]  # as for a repeated field, whose empty list sends no part: an absent field
         else:
             body[key] = field.typed(texts[0])
     return body
@@ -263,12 +267,22 @@ def openapi_form(model: type[BaseModel]) -> dict[str, Any]:
     fields = form_fields(model)
     properties = {name: field.schema for name, field in fields.items()}
     required = [n for n in model.model_json_schema().get("required", []) if n in properties]
+    # An empty list sends no part at all: in a form, an empty array is an absent field. So an
+    # array's minItems holds only where the field is required (by the form, or by the shape that
+    # gives it), and a shape that leaves the array out admits it empty.
+    least = {
+        name: prop["minItems"]
+        for name, prop in properties.items()
+        if prop.get("type") == "array" and "minItems" in prop and name not in required
+    }
+    for name in least:
+        properties[name] = {k: v for k, v in properties[name].items() if k != "minItems"}
     form_schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         form_schema["required"] = required
     shapes = getattr(model, "documented_shapes", lambda: ())()
     if shapes:
-        form_schema["oneOf"] = [shape.form_schema() for shape in shapes]
+        form_schema["oneOf"] = [_shape_in_a_form(shape.form_schema(), least) for shape in shapes]
     media: dict[str, Any] = {"schema": form_schema}
     # Fields that hold objects are one part of JSON text each (OpenAPI's default for an object;
     # stated, since an array of objects has none).
@@ -276,3 +290,16 @@ def openapi_form(model: type[BaseModel]) -> dict[str, Any]:
     if encoding:
         media["encoding"] = encoding
     return {"requestBody": {"content": {FORM: media}}}
+
+
+def _shape_in_a_form(shape: dict[str, Any], least: dict[str, int]) -> dict[str, Any]:
+    """A body shape's form schema with the arrays' bounds of ``openapi_form``: at least their
+    minItems where the shape requires them, and none (empty) where it leaves them out."""
+    properties = dict(shape.get("properties", {}))
+    for name in shape.get("required", []):
+        if name in least:
+            properties[name] = {"minItems": least[name]}
+    for name, schema in shape.get("properties", {}).items():
+        if schema is False and name in least:
+            properties[name] = {"maxItems": 0}
+    return {**shape, "properties": properties}

@@ -41,6 +41,17 @@ NON_BLANK = re.compile(NON_BLANK_PATTERN)
 _NO_SLOT = r"(?:[^{]|\{+[^{}])*\{*"
 TEMPLATE_PATTERN = rf"^{_NO_SLOT}\{{\}}{_NO_SLOT}$"
 
+# What ``service.images.decode_base64`` takes: base64 of at least one byte, padded as Python's
+# strict decoder wants it (any "=" after whole quads), with whitespace anywhere (MIME wraps lines),
+# alone or after a data: URI head that says ;base64. Whitespace is spelled out as above.
+_WS = r"[\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*"
+_B64 = rf"[A-Za-z0-9+/]{_WS}"
+_DATA_URI_HEAD = r"data:(?:[A-Za-z0-9_.+-]+/[A-Za-z0-9_.+-]+)?(?:;[^;,]*)*;base64[^;,]*(?:;[^;,]*)*,"
+BASE64_PATTERN = (
+    rf"^(?:{_DATA_URI_HEAD})?{_WS}(?:(?:{_B64}){{4}})*"
+    rf"(?:(?:{_B64}){{4}}(?:={_WS})*|(?:{_B64}){{2}}={_WS}={_WS}|(?:{_B64}){{3}}={_WS})$"
+)
+
 TEXT_SCHEMA: JsonDict = {"type": "string", "minLength": 1, "pattern": NON_BLANK_PATTERN}
 # A string in the schema that must not be blank; the server answers 400 with the field otherwise.
 Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
@@ -157,7 +168,7 @@ class ImageInput(_Request):
     )
     shape_error = "an image needs exactly one of 'data', 'url' or 'sha256'"
 
-    data: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] | None = Field(
+    data: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1, "pattern": BASE64_PATTERN})] | None = Field(
         default=None, description="base64 image bytes or a data: URI", examples=[EXAMPLE_PNG]
     )
     url: Annotated[str, WithJsonSchema({"type": "string", "minLength": 1})] | None = Field(
@@ -626,7 +637,10 @@ class HealthResponse(BaseModel):
 
 class ReadyResponse(BaseModel):
     ready: bool
-    model: str | None = Field(description="the `name@version` of the default model")
+    model: str | None = Field(
+        description="the `name@version` of the default model; null unless the server lists its models on the "
+        "probes (`CLIP_PROBES_LIST_MODELS`)"
+    )
     redis: Literal["disabled", "up", "down", "probing"] = Field(
         default="disabled",
         description="the shared embedding cache; the service is ready without it (details in GET /models)",
@@ -638,7 +652,8 @@ class ReadyResponse(BaseModel):
     )
     models: list[ServedModel] = Field(
         default_factory=list,
-        description="every model of the served set and its state; the server is ready once the first one is",
+        description="every model of the served set and its state (empty unless `CLIP_PROBES_LIST_MODELS`: "
+        "`GET /models` lists them); the server is ready once the first one is",
     )
 
 

@@ -151,7 +151,7 @@ def build_runtime(
     texts = {
         v: batcher(f"text-{v}", partial(serving.encode_texts, encoder=v), b.max_batch_texts) for v in bundle.text_models
     }
-    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend, auto=serving.auto)
+    runtime = ModelRuntime(bundle, images, texts, executor, backend=backend, auto=serving.auto, entry=recorder.model)
     if bundle.dcsm is not None:
         # Dense and pooled features are different model calls, so they cannot share a batch;
         # they still share the one model thread, so they never run at the same time.

@@ -107,7 +107,7 @@ class ModelManager:
         self._task: asyncio.Task[None] | None = None
         self.drain = Drain(settings.drain_timeout_s, self._forget)
         self._split_exported: set[str] = set()  # versions exporting clip_canary_weight_ratio/clip_shadow_sample_ratio
-        self.shadows = ShadowRunner(self.name, metrics, lease=self.table.shadow_of, busy=self.answering_busy,
+        self.shadows = ShadowRunner(self.ref, metrics, lease=self.table.shadow_of, busy=self.answering_busy,
                                     idle_since=self.answering_idle_since,
                                     quiet_s=settings.shadow_quiet_ms / 1000)  # fmt: skip
         self.retimer = Retimer(settings, metrics, self.ref, idle_since=self.server_idle_since,
@@ -231,7 +231,7 @@ class ModelManager:
         self.metrics.set_store_watch(ok=True, model=self.ref)
         self.export_split()
         for runtime in runtimes:
-            self.metrics.forget_version(self.name, runtime.version)
+            self.metrics.forget_version(self.ref, runtime.version)
             self.shadows.forget(runtime.version)
         if runtimes:
             self.metrics.model_unloaded(self.ref)
@@ -369,17 +369,17 @@ class ModelManager:
     def export_split(self) -> None:
         """The canary weight and shadow fraction this server applies, as gauges."""
         for version in self._split_exported:
-            self.metrics.clear_split(self.name, version)
+            self.metrics.clear_split(self.ref, version)
         self._split_exported.clear()
         view = self.view()
         entry, canary, shadow = view.alias, view.canary, view.shadow
         if entry is None:
             return
         if canary is not None and entry.canary is not None and entry.canary.version == canary.version:
-            self.metrics.set_split(self.name, canary.version, weight=entry.canary.weight)
+            self.metrics.set_split(self.ref, canary.version, weight=entry.canary.weight)
             self._split_exported.add(canary.version)
         if shadow is not None and entry.shadow is not None and entry.shadow.version == shadow.version:
-            self.metrics.set_split(self.name, shadow.version, fraction=entry.shadow.fraction)
+            self.metrics.set_split(self.ref, shadow.version, fraction=entry.shadow.fraction)
             self._split_exported.add(shadow.version)
 
     def release(self, runtimes: list[ModelRuntime]) -> None:
@@ -390,7 +390,7 @@ class ModelManager:
 
     def _forget(self, version: str) -> None:
         if self.table.held(version) is None:  # not loaded again meanwhile: its series and totals go
-            self.metrics.forget_version(self.name, version)
+            self.metrics.forget_version(self.ref, version)
             self.shadows.forget(version)
 
     # ------------------------------------------------------------------ re-timing

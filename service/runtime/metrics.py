@@ -238,12 +238,13 @@ class ServiceMetrics:
             "Texts cut to the model context length.",
             registry=r,
         )
-        # Canary and shadow: every series below is labelled by model name and version, and removed
-        # when that version is no longer loaded (forget_version), so series do not pile up over
-        # months of releases.
+        # Canary and shadow: every series below is labelled by the served-set entry (`model`, as on
+        # every other series: `default@production`) and the version, and removed when that version
+        # is no longer loaded (forget_version), so series do not pile up over months of releases.
         self.version_requests_total = Counter(
             "clip_version_requests_total",
-            "HTTP requests answered by a model version, by its role here (primary or canary) and status code.",
+            "HTTP requests answered by a model version, by its role here (primary or canary) and status code; `model` "
+            "is the served-set entry (CLIP_MODEL), `version` the version that answered.",
             ["model", "version", "role", "status"],
             registry=r,
         )
@@ -425,9 +426,10 @@ class ServiceMetrics:
             child = self._child(metric, *labels)
         return child  # type: ignore[return-value]
 
-    def observe_answer(self, ref: str, role: str, status: int, seconds: float) -> None:
-        """One HTTP request answered by the version ``ref`` (``name@version``) in ``role``."""
-        model, _, version = ref.partition("@")
+    def observe_answer(self, model: str, ref: str, role: str, status: int, seconds: float) -> None:
+        """One HTTP request answered for the served-set entry ``model`` by the version ``ref``
+        (``name@version``) in ``role``."""
+        version = ref.rpartition("@")[2]
         self._versioned(self.version_requests_total, model, version, role, str(status)).inc()
         self._versioned(self.version_request_duration_seconds, model, version, role).observe(seconds)
 

@@ -47,6 +47,7 @@ class ModelRuntime:
     auto: AutoDecision | None = None  # how precision=auto / backend=auto picked it (GET /models shows it)
     load_s: float = 0.0  # seconds from reading the store to serving, for Retry-After while one loads
     role: str = PRIMARY
+    entry: str = ""  # the served-set entry it serves (``default@production``): its metrics' `model` label
     # Resident bytes of its weights (tensors of the serving towers), for the memory budget.
     weight_bytes: int = 0
     # What the version's eval.json measured of its comparatives library, read at load (for /classify).

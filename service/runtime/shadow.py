@@ -331,7 +331,7 @@ class ShadowRunner:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug in one comparison must not stop the shadow
-                log.exception("shadow run of %s on %s@%s failed", job.endpoint, self.model, job.version)
+                log.exception("shadow run of %s on %s of %s failed", job.endpoint, job.version, self.model)
             finally:
                 del job  # the request body it holds is not kept while the queue is empty
 
@@ -376,5 +376,5 @@ class ShadowRunner:
         # A new error is logged at once; the same one again once a minute at most.
         now = time.monotonic()
         if error != self._failures.last or now - self._failures.logged_at >= LOG_REPEAT_S:
-            log.warning("shadow run of %s on %s@%s failed: %s", job.endpoint, self.model, job.version, error)
+            log.warning("shadow run of %s on %s of %s failed: %s", job.endpoint, job.version, self.model, error)
             self._failures = _Failures(logged_at=now, last=error)

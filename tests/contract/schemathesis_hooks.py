@@ -55,7 +55,6 @@ UNSTATABLE: list[tuple[str, str | None, str]] = [
     ("urls_disabled", None, "whether the server fetches image URLs is a setting"),
     ("url_forbidden", None, "where a URL's host resolves, and the server's allowlist"),
     ("bad_image", None, "whether the bytes decode as a picture"),
-    ("bad_input", r"(.+\.)?data", "whether image data decodes (base64, a data: URI)"),
     ("bad_input", r"encoder", "the serving version's text encoders (GET /models)"),
     ("bad_input", r"dimensions", "the serving model's embedding width"),
     ("bad_input", r"descriptions\..*", "a description's key must be one of the request's labels"),

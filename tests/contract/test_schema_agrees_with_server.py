@@ -106,6 +106,14 @@ CASES: list[tuple[str, dict[str, str], str, Any, bool]] = [
     ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "the first is red"}, True),
     ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "x", "pairs": [PAIR]}, False),
     ("/rank-pair", {}, "form", {"pairs": [PAIR]}, True),
+    # an empty list sends no part (or, as JSON text, "[]"): in a form it is a field left out
+    ("/embed", {}, "form", {"images": [FILE], "texts": []}, True),
+    ("/embed", {}, "form", {"texts": ["a red circle"], "images": []}, True),
+    ("/embed", {}, "form", {"texts": []}, False),
+    ("/rank-pair", {}, "form", {"image_a": FILE, "image_b": FILE, "difference": "the first is red", "pairs": []}, True),
+    ("/rank-pair", {}, "form", {"pairs": []}, False),
+    ("/classify", {}, "form", {"images": [FILE], "labels": LABELS, "templates": [], "comparatives": []}, True),
+    ("/classify", {}, "form", {"images": [], "labels": LABELS}, False),
     ("/score/dense", {}, "form", {"image": FILE, "texts": ["a red circle"], "return_maps": True}, True),
     ("/score/dense", {}, "form", {"image": FILE, "texts": ["a red circle"], "return_maps": "1"}, False),
 ]  # fmt: skip
@@ -195,3 +203,32 @@ def test_the_template_pattern_is_the_servers_rule() -> None:
         for chars in itertools.product("a{}\n", repeat=n):
             text = "".join(chars)
             assert (pattern.search(text) is not None) == (text.count("{}") == 1), repr(text)
+
+
+def test_the_base64_pattern_is_the_servers_rule() -> None:
+    """The schema's pattern for image ``data`` matches exactly the strings the server decodes
+    (``decode_base64``; its size limit aside): every string of up to 8 characters over an
+    alphabet of data characters, padding and whitespace, alone and after data: URI heads."""
+    import re
+
+    from clipcore.errors import ClipError
+    from service.api.schemas import BASE64_PATTERN
+    from service.images import decode_base64
+
+    pattern = re.compile(BASE64_PATTERN)
+
+    def decodes(value: str) -> bool:
+        try:
+            decode_base64(value, "data", max_bytes=1 << 20)
+        except ClipError:
+            return False
+        return True
+
+    heads = ["", "data:image/png;base64,", "data:;base64,", "data:image/png,", "data:a/b;charset=x;base64,",
+             "data:;base64x,", "data:image/png;base64 ,", "data:x;base64,", "data:;q;base64;r,"]  # fmt: skip
+    for n in range(9):
+        for chars in itertools.product("AQ/= \n\u2028-", repeat=n) if n <= 5 else itertools.product("AQ= ", repeat=n):
+            text = "".join(chars)
+            for head in heads if n <= 4 else [""]:
+                value = head + text
+                assert (pattern.search(value) is not None) == decodes(value), repr(value)

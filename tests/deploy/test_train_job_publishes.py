@@ -38,7 +38,9 @@ def test_train_job_commands_publish_a_version_the_service_picks_up(
     publish_model(store, "default", aliases=("production",))
     train_args, promote_args = job_commands()
     assert train_args[0] == "build-default" and "staging" in train_args
-    with serve_app(store=str(store), model="default@production", watch_interval_s=0.5) as running:
+    with serve_app(
+        store=str(store), model="default@production", watch_interval_s=0.5, probes_list_models=True
+    ) as running:
         client = httpx.Client(base_url=running.url, timeout=30)
         assert client.get("/readyz").json()["model"] == "default@v1"
         subprocess.run(

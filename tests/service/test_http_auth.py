@@ -78,7 +78,12 @@ def test_key_file_rotation(secured: str, keyfile: Path) -> None:
 
 def test_probes_and_metrics_need_no_key(secured: str) -> None:
     assert httpx.get(f"{secured}/healthz").status_code == 200
-    assert httpx.get(f"{secured}/readyz").status_code == 200
+    ready = httpx.get(f"{secured}/readyz")
+    # The public probe names no model unless probes_list_models: /models, behind the key, does.
+    assert ready.status_code == 200 and ready.json()["model"] is None and ready.json()["models"] == []
+    assert "tiny" not in ready.text
+    listed = httpx.get(f"{secured}/models", headers={"Authorization": "Bearer static-key"}).json()
+    assert [m["ref"] for m in listed["served"]] == ["tiny@production"]
     assert httpx.get(f"{secured}/metrics").status_code == 200
     assert httpx.get(f"{secured}/openapi.json").status_code == 200
 

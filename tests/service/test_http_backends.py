@@ -104,6 +104,7 @@ def test_version_failing_onnx_parity_is_refused(
         "backend": "onnx",
         "onnx_cache_dir": str(cache_dir),
         "watch_interval_s": 0.2,
+        "probes_list_models": True,
     }
     with caplog.at_level("ERROR", logger="service.lifecycle"), serve_app(**settings) as running:
         store = ModelStore(root)
@@ -153,13 +154,15 @@ def _publish_bf16_unsafe(root: Path) -> str:
 
 def test_version_failing_bf16_parity_is_refused(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
     publish_model(tmp_path, "gated", seed=34)
-    with serve_app(store=str(tmp_path), model="gated@production", precision="bf16", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(tmp_path), model="gated@production", precision="bf16", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         assert _publish_bf16_unsafe(tmp_path) == "v2"
         wait_refused(running.url)
         assert readiness(running.url) == {"ready": True, "model": "gated@v1", "redis": "disabled", "store": "ok"}
         assert httpx.post(f"{running.url}/embed", json={"texts": ["fine"]}).status_code == 200
     # The same version serves in fp32: only the precision was unsafe.
-    with serve_app(store=str(tmp_path), model="gated@production") as running:
+    with serve_app(store=str(tmp_path), model="gated@production", probes_list_models=True) as running:
         assert readiness(running.url) == {"ready": True, "model": "gated@v2", "redis": "disabled", "store": "ok"}
 
 

@@ -94,6 +94,11 @@ def test_a_canary_answers_its_share_of_the_callers_by_key(
         )
         assert metric_value(url, "clip_version_requests_total", version="v1", role="primary") > 0
         assert metric_value(url, "clip_canary_weight_ratio", version="v2") == 0.1
+        # One meaning of `model`: the served-set entry, on the versioned series as on the others.
+        entry = {"model": "split@production"}
+        assert metric_value(url, "clip_model_info", **entry, version="v1", encoder="base") == 1
+        assert metric_value(url, "clip_canary_weight_ratio", **entry, version="v2") == 0.1
+        assert metric_value(url, "clip_version_requests_total", **entry, version="v1", role="primary") > 0
 
         # Widening the canary (picked up at the next poll) keeps every caller it had.
         store.canary("split", "production", "v2", 50, force=True, reason=UNEVALUATED)
@@ -184,7 +189,9 @@ def test_rollback_and_promote_under_load_fail_no_request(store_root: Path, serve
     def answered_since(moment: float) -> set[str]:
         return {model for sent, _, model in list(seen) if sent > moment}
 
-    with serve_app(store=str(store_root), model="split@production", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(store_root), model="split@production", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         url, manager = running.url, running.services.manager
         polls: list[tuple[float, float]] = []  # (started, finished) of each poll of the alias
         poll = manager.reconciler.poll_once

@@ -33,7 +33,9 @@ def _served(ref: str, serving: str, store: str = "ok") -> dict[str, Any]:
 def test_not_ready_until_model_exists(tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any) -> None:
     root = tmp_path / "store"
     root.mkdir()
-    with serve_app(store=str(root), model="late@production", watch_interval_s=0.2, ready=False) as running:
+    with serve_app(
+        store=str(root), model="late@production", watch_interval_s=0.2, ready=False, probes_list_models=True
+    ) as running:
         r = httpx.get(f"{running.url}/readyz")
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "not_ready" and "late@production" in r.json()["error"]["message"]
@@ -135,7 +137,9 @@ def test_corrupt_version_is_refused_old_keeps_serving(
     body = {"images": [make_image("square", "blue")], "labels": ["red circle", "blue square"]}
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
-    with serve_app(store=str(root), model="guarded@production", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(root), model="guarded@production", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         thread = threading.Thread(target=_client_loop, args=(running.url, body, stop, seen))
         thread.start()
         store = ModelStore(root)
@@ -171,7 +175,7 @@ def test_corrupt_version_is_refused_old_keeps_serving(
 
 def test_pinned_version_is_not_swapped(tmp_path: Path, serve_app: Any, publish_model: Any) -> None:
     publish_model(tmp_path, "pinned", seed=11)
-    with serve_app(store=str(tmp_path), model="pinned@v1", watch_interval_s=0.1) as running:
+    with serve_app(store=str(tmp_path), model="pinned@v1", watch_interval_s=0.1, probes_list_models=True) as running:
         publish_model(tmp_path, "pinned", seed=12)  # v2 becomes production
         time.sleep(0.5)
         assert httpx.get(f"{running.url}/readyz").json()["model"] == "pinned@v1"
@@ -202,7 +206,9 @@ def test_version_failing_warm_up_is_refused(tmp_path: Path, serve_app: Any, publ
     from clipcore.models.publish import TrainedModel, publish_bundle
 
     publish_model(tmp_path, "warm", seed=15)
-    with serve_app(store=str(tmp_path), model="warm@production", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(tmp_path), model="warm@production", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         config = json.loads((Path(__file__).resolve().parents[2] / "training/configs/shapes-smoke.json").read_text())
         broken = build_model(config)
         with torch.no_grad():
@@ -253,7 +259,7 @@ def test_the_watcher_survives_an_unreadable_alias_table_and_swaps_afterwards(
     publish_model(root, "watch", seed=8)
     aliases = root / "watch" / "aliases.json"
     good = aliases.read_bytes()
-    with serve_app(store=str(root), model="watch@production", watch_interval_s=0.1) as running:
+    with serve_app(store=str(root), model="watch@production", watch_interval_s=0.1, probes_list_models=True) as running:
         manager = running.services.manager
         for broken in (b'{"aliases": {"production": ', b"\xff\xfe not json"):  # half-written, then garbage
             aliases.write_bytes(broken)
@@ -301,7 +307,7 @@ def test_a_version_that_cannot_be_read_yet_is_retried_not_refused(
 ) -> None:
     root = tmp_path / "store"
     publish_model(root, "flaky", seed=14)
-    with serve_app(store=str(root), model="flaky@production", watch_interval_s=0.1) as running:
+    with serve_app(store=str(root), model="flaky@production", watch_interval_s=0.1, probes_list_models=True) as running:
         store = ModelStore(root)
         version = publish_model(root, "flaky", seed=15, aliases=())
         weights = store.version_dir("flaky", version) / "model.safetensors"

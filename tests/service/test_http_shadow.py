@@ -126,7 +126,8 @@ def test_a_shadow_copy_agrees_another_seed_does_not_and_answers_never_change(
         # v2 is no longer loaded: its series went with it.
         exported = httpx.get(f"{url}/metrics").text
         wait_until(lambda: 'version="v2"' not in httpx.get(f"{url}/metrics").text)
-        series = 'clip_shadow_requests_total{endpoint="/classify",model="split",outcome="compared",version="v3"}'
+        labels = 'endpoint="/classify",model="split@production",outcome="compared",version="v3"'
+        series = f"clip_shadow_requests_total{{{labels}}}"
         assert series in exported
 
         store.shadow("split", "production", None)

@@ -12,27 +12,13 @@ import httpx
 import pytest
 import torch
 from prometheus_samples import metric_value
+from scripted_timings import onnx_scripted_to_win
 
 from clipcore.backends import auto, shared
-from clipcore.backends.onnx import OnnxTowers
 from clipcore.backends.tune import tune
 from model_store import ModelStore
 
 pytestmark = pytest.mark.slow
-
-REAL_TIME_ROUNDS = auto.time_rounds
-
-
-def _onnx_favoured(
-    encoders: Any, image_size: int, seconds: float, rounds: int = auto.ROUNDS, batch_sizes: Any = auto.TIMED_BATCHES
-) -> Any:
-    """The real rounds, ONNX candidates' figures multiplied by 20: the winner has graphs to share."""
-    figures = REAL_TIME_ROUNDS(encoders, image_size, seconds, rounds, batch_sizes)
-    for encode, per_round in zip(encoders, figures, strict=True):
-        if isinstance(getattr(getattr(encode, "__self__", None), "pooled", None), OnnxTowers):
-            for figure in per_round:
-                figure.update({bs: v * 20 for bs, v in figure.items()})
-    return figures
 
 
 def _serving_auto(url: str) -> dict[str, Any]:
@@ -52,7 +38,7 @@ def test_a_server_reads_the_shared_decision_and_another_cpu_kind_decides_locally
     publish_model(store_dir, "tiny", seed=4)
     torch.set_num_threads(1)
     with monkeypatch.context() as patch:
-        patch.setattr(auto, "time_rounds", _onnx_favoured)
+        patch.setattr(auto, "time_rounds", onnx_scripted_to_win)
         done = tune(ModelStore(store_dir), "tiny@production", threads=1, seconds=0.2)
     settings = {"store": str(store_dir), "model": "tiny@production", "precision": "auto", "torch_threads": 1}
 

@@ -83,7 +83,9 @@ def test_vit_s32_in_every_format_serves_open_clip_embeddings(
     images = [sample_image(224, 1), sample_image(224, 2)]
     ref = open_clip_reference("ViT-S-32", files["pt"], images, OPENAI_PREPROCESS)
     caplog.set_level(logging.INFO)
-    with serve_app(store=str(vit_s32["store"]), model="vits@production", watch_interval_s=0.2) as running:
+    with serve_app(
+        store=str(vit_s32["store"]), model="vits@production", watch_interval_s=0.2, probes_list_models=True
+    ) as running:
         for version in ("v1", "v2", "v3"):
             store.promote("vits", "production", version, force=True, reason="imported, never evaluated")
             wait_serving(running.url, f"vits@{version}")

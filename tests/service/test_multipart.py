@@ -200,14 +200,22 @@ def test_the_form_schema_states_what_the_form_takes(small_url: str) -> None:
     assert classify["encoding"] == {"comparatives": as_json, "descriptions": as_json}
     assert form("/score/dense")["schema"]["properties"]["return_maps"]["type"] == "boolean"
     assert form("/rank")["schema"]["properties"]["images"]["minItems"] == 2
-    assert form("/embed")["schema"]["oneOf"] == [
-        {"required": ["texts"], "properties": {"images": False}},
-        {"required": ["images"], "properties": {"texts": False, "encoder": False}},
+    # An empty list sends no part: a list's minimum holds where a one-of form requires it, and a
+    # form that leaves the list out admits it empty (the JSON body keeps minItems on the field).
+    embed = form("/embed")["schema"]
+    assert "minItems" not in embed["properties"]["texts"] and "minItems" not in embed["properties"]["images"]
+    assert embed["oneOf"] == [
+        {"required": ["texts"], "properties": {"images": {"maxItems": 0}, "texts": {"minItems": 1}}},
+        {"required": ["images"], "properties": {"texts": {"maxItems": 0}, "encoder": False, "images": {"minItems": 1}}},
     ]
     assert form("/rank-pair")["schema"]["oneOf"] == [
-        {"required": ["image_a", "image_b", "difference"], "properties": {"pairs": False}},
-        {"required": ["pairs"], "properties": {"image_a": False, "image_b": False, "difference": False}},
+        {"required": ["image_a", "image_b", "difference"], "properties": {"pairs": {"maxItems": 0}}},
+        {
+            "required": ["pairs"],
+            "properties": {"image_a": False, "image_b": False, "difference": False, "pairs": {"minItems": 1}},
+        },
     ]
+    assert "minItems" not in classify["schema"]["properties"]["templates"]  # optional: empty is left out
 
 
 def test_a_json_field_given_as_null_is_refused(small_url: str) -> None:

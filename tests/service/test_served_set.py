@@ -63,7 +63,7 @@ def test_each_request_is_answered_by_the_model_it_names_as_a_lone_server_would(
         "beta@v1": "beta@v1",  # the pinned entry
     }
     answers: dict[tuple[str, str], np.ndarray] = {}
-    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1", probes_list_models=True) as running:
         for model, version in picks.items():
             for kind, body in bodies.items():
                 answered, vectors = _embed(running.url, body, model)
@@ -157,7 +157,7 @@ def test_a_version_one_model_cannot_load_leaves_the_others_serving(
 
 
 def test_an_unknown_model_is_a_404_that_lists_the_served_set(two_models: Path, serve_app: Any) -> None:
-    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1", probes_list_models=True) as running:
         # Ready means the default entry serves; the others may still be loading (then "not loaded").
         wait_until(
             lambda: all(m["serving"] for m in httpx.get(f"{running.url}/readyz").json()["models"]),
@@ -178,7 +178,7 @@ def test_an_unknown_model_is_a_404_that_lists_the_served_set(two_models: Path, s
 
 @pytest.mark.slow
 def test_v1_embeddings_route_by_their_model(two_models: Path, serve_app: Any) -> None:
-    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1", probes_list_models=True) as running:
         vectors = {}
         for model, version in (("alpha", "alpha@v1"), ("beta", "beta@v2"), ("beta@v1", "beta@v1")):
             r = httpx.post(
@@ -199,7 +199,7 @@ def test_the_sdk_names_a_model_per_call_or_for_the_whole_client(
     from clipdiff import Client
 
     images = [make_image("circle", "red", "large"), make_image("circle", "red", "small")]
-    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1") as running:
+    with serve_app(store=str(two_models), model="alpha,beta@production,beta@v1", probes_list_models=True) as running:
         with Client(running.url) as client:
             # The default is ready when the server is; the other entries load in the background.
             wait_until(lambda: all(m.state == "ready" for m in client.served_models()), what="every entry to load")

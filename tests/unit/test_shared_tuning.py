@@ -3,23 +3,21 @@ decision and the winner's graphs are written as an artifact set keyed by the CPU
 settings, and a later load with ``auto`` uses them, copying the graphs and timing nothing; where
 the key differs (another CPU kind, other settings) the load decides locally.
 
-The timing itself is real; only the winner is made an ONNX runtime (its figures are multiplied)
-so that there are graphs to share whatever this machine's noise says.
+The rounds run for real but their figures are scripted (``scripted_timings``): the winner is an
+ONNX runtime, with graphs to share, whatever this machine's noise or its int8 kernels say.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from scripted_timings import REAL_TIME_ROUNDS, onnx_scripted_to_win
 from typer.testing import CliRunner
 
 from clipcore.backends import auto, shared
-from clipcore.backends.onnx import OnnxTowers
 from clipcore.backends.onnx_export import SIDECAR
 from clipcore.backends.parity import PARITY_THRESHOLD, check_parity
 from clipcore.backends.select import select_towers
@@ -28,24 +26,6 @@ from clipcore.models.bundle import ModelBundle
 from model_store import ModelStore
 
 pytestmark = pytest.mark.slow
-
-REAL_TIME_ROUNDS = auto.time_rounds
-
-
-def onnx_favoured(
-    encoders: Sequence[Callable[[np.ndarray], np.ndarray]],
-    image_size: int,
-    seconds: float,
-    rounds: int = auto.ROUNDS,
-    batch_sizes: Sequence[int] = auto.TIMED_BATCHES,
-) -> list[list[dict[str, float]]]:
-    """The real interleaved rounds, with the ONNX candidates' images/s multiplied by 20."""
-    figures = REAL_TIME_ROUNDS(encoders, image_size, seconds, rounds, batch_sizes)
-    for encode, per_round in zip(encoders, figures, strict=True):
-        if isinstance(getattr(getattr(encode, "__self__", None), "pooled", None), OnnxTowers):
-            for figure in per_round:
-                figure.update({bs: v * 20 for bs, v in figure.items()})
-    return figures
 
 
 def must_not_time(*args: Any, **kwargs: Any) -> None:
@@ -56,7 +36,7 @@ def tuned_store(location: str, publish_model: Any, monkeypatch: pytest.MonkeyPat
     torch.set_num_threads(1)
     publish_model(location, "tiny", seed=3)
     store = ModelStore(location)
-    monkeypatch.setattr(auto, "time_rounds", onnx_favoured)
+    monkeypatch.setattr(auto, "time_rounds", onnx_scripted_to_win)
     done = tune(store, "tiny@production", threads=1, seconds=0.2)
     monkeypatch.setattr(auto, "time_rounds", must_not_time)
     return store, done
@@ -136,7 +116,7 @@ def test_the_command_line_tunes_and_says_what_it_shared(
     from training.cli import app
 
     publish_model(tmp_path / "store", "tiny", seed=3)
-    monkeypatch.setattr(auto, "time_rounds", onnx_favoured)
+    monkeypatch.setattr(auto, "time_rounds", onnx_scripted_to_win)
     result = CliRunner().invoke(app, ["tune", "tiny@production", "--store", str(tmp_path / "store"),
                                       "--threads", "1", "--seconds", "0.2"])  # fmt: skip
     assert result.exit_code == 0, result.output

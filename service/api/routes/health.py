@@ -1,4 +1,5 @@
-"""Probes and metrics: /healthz (alive), /readyz (the default model is loaded and warm), /metrics."""
+"""Probes and metrics: /healthz (alive), /readyz (the default model is loaded and warm; the models it
+serves only with ``probes_list_models``), /metrics."""
 
 from __future__ import annotations
 
@@ -26,13 +27,14 @@ async def readyz(services: ServicesDep) -> ReadyResponse:
         raise ApiError(ErrorCode.not_ready, manager.not_ready_message(), headers={"Retry-After": "1"})
     # Ready once the default model serves: it answers requests that name none. The others'
     # states are listed (one still loading, or held out by max_loaded_models, does not make
-    # the replica unready).
+    # the replica unready) only when the settings say so: this probe needs no key.
+    listed = services.settings.probes_list_models
     return ReadyResponse(
         ready=True,
-        model=current.ref,
+        model=current.ref if listed else None,
         redis=services.cache.redis_state,
         store="ok" if manager.watch_error is None else "unreadable",
-        models=served_models(services.models.status()),
+        models=served_models(services.models.status()) if listed else [],
     )
 
 

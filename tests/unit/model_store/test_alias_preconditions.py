@@ -82,8 +82,8 @@ def test_expect_is_checked_with_the_write_not_only_before(four: ModelStore, root
     # Another writer moves the alias while this promote hashes its weights (outside the lock).
     checked = four._checked
 
-    def meanwhile(name: str, version: str) -> None:
-        checked(name, version)
+    def meanwhile(name: str, version: str, *rest: Any) -> None:
+        checked(name, version, *rest)
         root.store().promote("clip", "production", "v2")
 
     four._checked = meanwhile  # type: ignore[method-assign]

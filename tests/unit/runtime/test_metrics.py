@@ -171,7 +171,8 @@ def test_recorders_show_up_with_labels() -> None:
     m.image_decoded(2)
     m.texts_truncated(1)
     m.inflight_requests.inc()
-    m.set_split("default", "v7", weight=10, fraction=0.25)
+    m.set_split("default@production", "v7", weight=10, fraction=0.25)
+    m.observe_answer("default@production", "default@v7", "canary", 200, 0.01)
     text = m.render()[0].decode()
     assert 'clip_http_requests_total{method="POST",route="/classify",status="200"} 1.0' in text
     assert 'clip_batch_size_bucket{batcher="image",le="4.0",model="default@production"} 1.0' in text
@@ -183,8 +184,11 @@ def test_recorders_show_up_with_labels() -> None:
     assert "clip_texts_truncated_total 1.0" in text
     assert "clip_inflight_requests 1.0" in text
     # The canary's weight is a percentage in the alias; the gauge is its 0-1 ratio.
-    assert 'clip_canary_weight_ratio{model="default",version="v7"} 0.1' in text
-    assert 'clip_shadow_sample_ratio{model="default",version="v7"} 0.25' in text
+    assert 'clip_canary_weight_ratio{model="default@production",version="v7"} 0.1' in text
+    assert 'clip_shadow_sample_ratio{model="default@production",version="v7"} 0.25' in text
+    # `model` is the served-set entry on every series, the version its own label.
+    series = 'clip_version_requests_total{model="default@production",role="canary",status="200",version="v7"} 1.0'
+    assert series in text
 
 
 def test_model_info_swap_removes_the_old_version() -> None:
