@@ -1,18 +1,17 @@
-"""Fixtures of the method tests: a real tiny CLIP (the shapes-smoke config, random weights) and
-resume checks shared by every method."""
+"""Fixtures of the method tests: a real tiny CLIP (the shapes-smoke config, random weights); the
+resume check they share is in ``resume_checks`` (a module of its own: ``conftest`` names several
+modules in one test run)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import torch
+from resume_checks import SMOKE
 
 from clipcore.models.clip_model import build_model
-
-SMOKE = Path(__file__).resolve().parents[3] / "training" / "configs" / "shapes-smoke.json"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,28 +26,3 @@ def one_thread() -> Iterator[None]:
 def tiny() -> torch.nn.Module:
     torch.manual_seed(0)
     return build_model(json.loads(SMOKE.read_text())).eval()
-
-
-def assert_same_state(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], atol: float = 1e-6) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol)
-
-
-def resumes_to_the_uninterrupted_result(
-    run: Callable[..., Mapping[str, torch.Tensor]], tmp_path: Path, stop: int, atol: float = 1e-6
-) -> list[str]:
-    """``run(checkpoints, log)`` trained uninterrupted, and stopped after ``stop`` steps then
-    resumed from its checkpoint, end with the same weights; the resumed run's log."""
-    from training.methods.checkpoint import Checkpoints
-
-    whole = run(Checkpoints(), lambda _: None)
-    path = tmp_path / "run.checkpoint.pt"
-    run(Checkpoints(path, every=2, stop_after=stop), lambda _: None)
-    assert path.exists()
-    saved = torch.load(path, weights_only=False)
-    assert saved["step"] == stop
-    logs: list[str] = []
-    resumed = run(Checkpoints(path, every=2), logs.append)
-    assert_same_state(whole, resumed, atol)
-    return logs

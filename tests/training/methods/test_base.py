@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import SMOKE, resumes_to_the_uninterrupted_result
+from resume_checks import SMOKE, resumes_to_the_uninterrupted_result
 
 from clipcore.models.clip_model import build_model
 from training.encode import Tokenize
@@ -29,9 +29,9 @@ def batches(step: int) -> base.Batch:
     return base.Batch(images, Tokenize(32)(CAPTIONS))
 
 
-def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]]) -> str:
+def record(done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]], contrastive: float) -> str:
     history.append({"step": done, "loss": loss})
-    return f"loss {loss:.3f}"
+    return f"contrastive loss {contrastive:.3f}"
 
 
 HYPER = base.Hyper(steps=6, lr=1e-3, warmup_steps=1, text_freeze_steps=2, filip_weight=0.5, checkpoint_every=2)

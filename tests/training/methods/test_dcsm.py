@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import resumes_to_the_uninterrupted_result
+from resume_checks import resumes_to_the_uninterrupted_result
 
 from clipcore.methods.dcsm import functional_row_table
 from training.methods import dcsm

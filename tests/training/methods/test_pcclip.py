@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import resumes_to_the_uninterrupted_result
+from resume_checks import resumes_to_the_uninterrupted_result
 
 from clipcore.methods.losses import pcclip_difference_loss
 from clipcore.models.clip_model import normalize, text_features

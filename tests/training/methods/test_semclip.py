@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import resumes_to_the_uninterrupted_result
+from resume_checks import resumes_to_the_uninterrupted_result
 
 from clipcore.methods.losses import semclip_loss
 from clipcore.methods.semclip import projection_directions

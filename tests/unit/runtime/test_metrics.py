@@ -222,15 +222,15 @@ def test_recorders_count_into_the_same_series_and_a_forgotten_version_comes_back
     get = m.registry.get_sample_value
     for _ in range(3):
         m.observe_request("/embed", "POST", 200, 0.01)
-        m.observe_answer("default@v1", "primary", 200, 0.01)
+        m.observe_answer("default@production", "default@v1", "primary", 200, 0.01)
     assert get("clip_http_requests_total", {"route": "/embed", "method": "POST", "status": "200"}) == 3
-    answered = {"model": "default", "version": "v1", "role": "primary", "status": "200"}
+    answered = {"model": "default@production", "version": "v1", "role": "primary", "status": "200"}
     assert get("clip_version_requests_total", answered) == 3
-    m.forget_version("default", "v1")
+    m.forget_version("default@production", "v1")
     assert get("clip_version_requests_total", answered) is None
-    m.observe_answer("default@v1", "primary", 200, 0.01)
+    m.observe_answer("default@production", "default@v1", "primary", 200, 0.01)
     assert get("clip_version_requests_total", answered) == 1
-    m.set_split("default", "v2", weight=10)
-    m.clear_split("default", "v2")
-    m.set_split("default", "v2", weight=20)
-    assert get("clip_canary_weight_ratio", {"model": "default", "version": "v2"}) == 0.2
+    m.set_split("default@production", "v2", weight=10)
+    m.clear_split("default@production", "v2")
+    m.set_split("default@production", "v2", weight=20)
+    assert get("clip_canary_weight_ratio", {"model": "default@production", "version": "v2"}) == 0.2
