@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import wait_ready
 
 from loadtests.local_stack import RedisProcess, publish_tiny
 
@@ -93,20 +94,6 @@ class RunningServer:
     @property
     def services(self) -> Any:
         return self.app.state.services
-
-
-def wait_ready(url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not become ready within {timeout}s")
 
 
 @contextmanager

@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import REPO, wait_ready
+from polling import wait_ready
 
 from loadtests.local_stack import free_port, metric_value, publish_tiny
 
 pytestmark = pytest.mark.slow  # each test starts a supervisor, an engine and two front-ends
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
