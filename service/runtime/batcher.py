@@ -20,6 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from service.runtime.batcher_errors import (
+    BatcherClosed,
+    BatcherError,
+    DeadlineExceeded,
+    QueueFull,
+    RequestTooLarge,
+)
+
 if TYPE_CHECKING:
     from service.runtime.metrics import ModelMetrics, ServiceMetrics
 
@@ -42,30 +50,6 @@ log = logging.getLogger(__name__)
 # Batch time assumed before any batch has run, for the first Retry-After estimates.
 _INITIAL_BATCH_S = 0.05
 _EWMA_ALPHA = 0.2
-
-
-class BatcherError(Exception):
-    """Base of the batcher's own errors."""
-
-
-class QueueFull(BatcherError):
-    """The queue cannot take the request now; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class BatcherClosed(QueueFull):
-    """The batcher is stopping; a QueueFull so a plain 429 handler still covers it (503 is better)."""
-
-
-class RequestTooLarge(BatcherError, ValueError):
-    """More items than the whole queue can ever hold: retrying cannot help (HTTP 413)."""
-
-
-class DeadlineExceeded(BatcherError):
-    """The request's deadline passed before all its items ran."""
 
 
 @dataclass(frozen=True)

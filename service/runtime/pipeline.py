@@ -3,8 +3,9 @@
 Images are keyed by the sha256 of their bytes, texts by their exact UTF-8 text, both under the
 serving version and encoder variant (``embedding_key``). Only misses are decoded and encoded,
 in chunks no larger than a batch (so a request never needs more queue room than one batch and
-what one chunk computed is cached even if a later chunk is refused). Decoding runs in a thread
-pool, encoding in the runtime's batchers; the event loop only moves arrays around.
+what one chunk computed is cached even if a later chunk is refused). Reading and decoding request
+images is ``service.runtime.image_inputs``' job, in this pipeline's thread pool; encoding runs in
+the runtime's batchers; the event loop only moves arrays around.
 
 DCSM features take the same path under their own cache kinds: ``dense`` (class + patch tokens
 of an image, by image sha256) and ``dense_text`` (per-position text features, by text), each
@@ -16,18 +17,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import httpx
 import numpy as np
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from clipcore.models.bundle import BASE_ENCODER, DenseLayout
 from service.config import Settings
-from service.images import ByteBudget, decode_base64, decode_image, fetch_url
 from service.runtime.assembly import ModelRuntime
 from service.runtime.batcher import (
     BatcherClosed,
@@ -41,36 +40,19 @@ from service.runtime.batcher import (
 )
 from service.runtime.cache import (
     EmbeddingCache,
-    bytes_digest,
     embedding_key,
     embedding_key_prefix,
     quantize,
     text_digest,
 )
+from service.runtime.image_inputs import ImageInputs, ImageRef, ReadImages
 from service.runtime.metrics import ServiceMetrics
-from service.split.wire import PREDECODED, Predecoded, bundle_spec
+from service.split.wire import PREDECODED
 
 T = TypeVar("T")
 
 
-class ImageRef(Protocol):
-    """An image as a request names it: exactly one of base64 ``data``, a ``url``, or the ``sha256``
-    of bytes this model version already embedded (the API's image object is one)."""
-
-    @property
-    def data(self) -> str | None: ...
-
-    @property
-    def url(self) -> str | None: ...
-
-    @property
-    def sha256(self) -> str | None: ...
-
-
 IMAGE_VARIANT = "visual"
-# base64 strings up to this length are decoded on the event loop (tens of microseconds, less than
-# handing them to the decode pool and back); longer ones in the pool, so the loop never stalls.
-INLINE_BASE64_CHARS = 64 * 1024
 _TRUNCATION_MEMO = 100_000
 
 
@@ -98,17 +80,6 @@ class DenseImages:
     pooled: np.ndarray | None  # (N, D): the same embeddings /embed returns
     ids: list[str]
     pixels: list[np.ndarray | None]  # with_pixels: (S, S, 3) uint8 model input, None for references
-
-
-@dataclass
-class _ReadImages:
-    """Request images after their bytes were read: ids, bytes by id, and pixels decoded so far."""
-
-    ids: list[str] = field(default_factory=list)
-    raw: dict[str, tuple[bytes, str]] = field(default_factory=dict)
-    first_field: dict[str, str] = field(default_factory=dict)
-    decoded: dict[str, np.ndarray] = field(default_factory=dict)
-    predecoded: dict[str, Predecoded] = field(default_factory=dict)  # pixels a front-end made, by id
 
 
 @dataclass
@@ -142,16 +113,11 @@ class Pipeline:
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.batching.decode_workers, thread_name_prefix="decode"
         )
-        self.http: httpx.AsyncClient | None = None
-        if settings.allow_url_images:
-            self.http = httpx.AsyncClient(timeout=settings.url_timeout_s, trust_env=False)
-        # URL fetches in progress, all requests together (a request has its own, smaller cap too).
-        self.fetch_slots = asyncio.Semaphore(settings.url_fetches_per_process)
+        self.images = ImageInputs(settings, metrics, self.decode_pool)
         self._truncation: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (tokenizer key, text digest)
 
     async def close(self) -> None:
-        if self.http is not None:
-            await self.http.aclose()
+        await self.images.close()
         self.decode_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ texts
@@ -246,7 +212,7 @@ class Pipeline:
     ) -> ImageEmbeddings:
         """Embeddings of request images; ``fields`` are their paths for errors (``images.0``)."""
         with self._reserve(runtime.image_batcher, images) as room:
-            read = await self._read_images(images, fields)
+            read = await self.images.read(images, fields)
             vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher, room)
         return ImageEmbeddings(vectors, read.ids)
 
@@ -267,9 +233,9 @@ class Pipeline:
             self._reserve(runtime.dense_image_batcher, images) as dense_room,
             self._reserve(runtime.image_batcher, images if pooled else []) as pooled_room,
         ):
-            read = await self._read_images(images, fields)
+            read = await self.images.read(images, fields)
             if with_pixels:
-                await self._decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
+                await self.images.decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
             vectors = (
                 await self._encode_images(runtime, read, "image", runtime.image_batcher, pooled_room)
                 if pooled
@@ -285,7 +251,7 @@ class Pipeline:
         """Per image, YUKINO's yes and no prompt features ``(N, 2, D)`` (cache kind ``yukino``)."""
         assert runtime.yukino_batcher is not None, "yukino_prompts needs a version with a YUKINO component"
         with self._reserve(runtime.yukino_batcher, images) as room:
-            read = await self._read_images(images, fields)
+            read = await self.images.read(images, fields)
             vectors = await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher, room)
         return ImageEmbeddings(vectors, read.ids)
 
@@ -299,41 +265,10 @@ class Pipeline:
         except BatcherError as exc:
             raise self._batcher_error(exc) from None
 
-    async def _read_images(self, images: Sequence[ImageRef], fields: Sequence[str]) -> _ReadImages:
-        budget = ByteBudget(self.settings.limits.max_url_bytes)
-        slots = asyncio.Semaphore(self.settings.url_fetches_per_request)
-        reads = [self._image_bytes(img, f, budget, slots) for img, f in zip(images, fields, strict=True)]
-        if all(img.url is None and len(img.data or "") <= INLINE_BASE64_CHARS for img in images):
-            # Nothing here waits (inline base64, references): one after the other, in order, without
-            # a task per image; the first failure is the one a concurrent run would raise too.
-            payloads = []
-            try:
-                for read_one in reads:
-                    payloads.append(await read_one)
-            finally:
-                for unread in reads[len(payloads) :]:
-                    unread.close()  # not started: closed, so none warns that it was never awaited
-        else:
-            payloads = await _all_or_none(reads)
-        read = _ReadImages()
-        predecoded = PREDECODED.get() or {}
-        for i, (img, data) in enumerate(zip(images, payloads, strict=True)):
-            digest = img.sha256.lower() if img.sha256 is not None else bytes_digest(data or b"")
-            read.ids.append(digest)
-            read.first_field.setdefault(digest, fields[i])
-            if data is not None and digest not in read.raw:
-                read.raw[digest] = (data, f"{fields[i]}.{'data' if img.data is not None else 'url'}")
-            elif digest in predecoded and digest not in read.raw:
-                # Sent as data to a front-end, which decoded it: its bytes stay at hand in case the
-                # version serving this request wants other pixels than the front-end made.
-                read.predecoded[digest] = predecoded[digest]
-                read.raw[digest] = (predecoded[digest].raw, f"{fields[i]}.data")
-        return read
-
     async def _encode_images(
         self,
         runtime: ModelRuntime,
-        read: _ReadImages,
+        read: ReadImages,
         kind: str,
         batcher: DynamicBatcher[Any, np.ndarray],
         room: Reservation,
@@ -353,7 +288,7 @@ class Pipeline:
         step = min(self.settings.batching.max_batch_images, self.settings.batching.max_queue)
         for start in range(0, len(missing), step):
             chunk = missing[start : start + step]
-            pixels = await self._decode(runtime, read, [unique[i] for i in chunk])
+            pixels = await self.images.decode(runtime, read, [unique[i] for i in chunk])
             room.release()  # the submit takes the room it held (no await in between)
             vectors = await self._submit(batcher, pixels)
             await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
@@ -361,66 +296,6 @@ class Pipeline:
                 found[i] = v
         index = {d: i for i, d in enumerate(unique)}
         return np.stack([found[index[d]] for d in read.ids]).astype(np.float32, copy=False)  # type: ignore[misc]
-
-    async def _decode(self, runtime: ModelRuntime, read: _ReadImages, digests: Sequence[str]) -> list[np.ndarray]:
-        """Model-input pixels of these images, decoding only those this request has not yet."""
-        todo = [d for d in digests if d not in read.decoded]
-        if read.predecoded:
-            spec = bundle_spec(runtime.bundle)
-            ready = {d: read.predecoded[d] for d in todo if d in read.predecoded}
-            used = {d: p.pixels for d, p in ready.items() if p.spec == spec}
-            self.metrics.images_predecoded(used=len(used), stale=len(ready) - len(used))
-            read.decoded.update(used)
-            todo = [d for d in todo if d not in used]
-        pixels = await asyncio.gather(*(self._pixels(runtime, *read.raw[d]) for d in todo))
-        self.metrics.image_decoded(len(pixels))
-        read.decoded.update(zip(todo, pixels, strict=True))
-        return [read.decoded[d] for d in digests]
-
-    async def _image_bytes(
-        self, image: ImageRef, field: str, budget: ByteBudget, slots: asyncio.Semaphore
-    ) -> bytes | None:
-        """Raw bytes of a ``data`` or ``url`` image; None for ``sha256`` (resolved by the cache).
-        A URL is fetched once it holds one of the request's ``slots`` and then one of the process's."""
-        limits = self.settings.limits
-        if image.data is not None:
-            if len(image.data) > 2 * limits.max_image_bytes:  # cheap early refusal of huge strings
-                raise too_large(f"image is larger than {limits.max_image_bytes} bytes", f"{field}.data")
-            if len(image.data) <= INLINE_BASE64_CHARS:  # cheaper here than the hand-off to a thread and back
-                return decode_base64(image.data, f"{field}.data", limits.max_image_bytes)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self.decode_pool, decode_base64, image.data, f"{field}.data", limits.max_image_bytes
-            )
-        if image.url is not None:
-            if self.http is None:
-                raise ClipError(ErrorCode.urls_disabled, "image URLs are disabled on this server", f"{field}.url")
-            # A few KB of request naming 64 URLs must not open 64 connections at once, nor many
-            # requests together flood the egress: fetches over either cap wait their turn. The wait
-            # is outside the fetch's deadline (a URL is not failed for queueing) and bounded, as
-            # every slot holder finishes within url_timeout_s. The request's slot is taken first,
-            # so one request queues at most that many fetches for the process's slots.
-            async with slots, self.fetch_slots:
-                return await fetch_url(
-                    self.http,
-                    image.url,
-                    f"{field}.url",
-                    allowlist=self.settings.url_allowlist,
-                    max_bytes=limits.max_image_bytes,
-                    timeout_s=self.settings.url_timeout_s,
-                    budget=budget,
-                )
-        return None  # sha256: resolved through the cache
-
-    async def _pixels(self, runtime: ModelRuntime, data: bytes, field: str) -> np.ndarray:
-        limits = self.settings.limits
-
-        def work() -> np.ndarray:
-            side, ratio = runtime.bundle.image_size, limits.max_aspect_ratio
-            image = decode_image(data, field, limits.max_pixels, min_side=side, max_aspect_ratio=ratio)
-            return runtime.bundle.preprocess(image)
-
-        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, work)
 
     async def offload(self, fn: Callable[[], T]) -> T:
         """CPU work that is not model work (drawing a heatmap) in the decode pool."""
@@ -493,19 +368,6 @@ class Pipeline:
         assert isinstance(exc, DeadlineExceeded), exc
         budget = self.settings.batching.request_timeout_s
         return ClipError(ErrorCode.timeout, f"request did not finish within {budget:g}s")
-
-
-async def _all_or_none(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """Results of all ``coros`` in order; on the first failure the others are cancelled (a bad URL
-    must not leave its siblings downloading for nobody) and that failure is raised."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _seconds(value: float) -> str:

@@ -27,7 +27,7 @@ from PIL import Image
 
 from clipcore.errors import ClipError, ErrorCode
 from service.images import check_url, decode_base64, decode_image, is_public_address
-from service.runtime.pipeline import INLINE_BASE64_CHARS
+from service.runtime.image_inputs import INLINE_BASE64_CHARS
 
 # ----------------------------------------------------------------------------- unit
 
