@@ -122,6 +122,7 @@ class ServedModels:
         self._stopping: set[asyncio.Task[None]] = set()  # versions being stopped after an unload
         self._load_starts: deque[float] = deque()  # monotonic starts of the loads on request in the window
         self._enforcing = False
+        self._alias_reads: list[asyncio.Task[None]] = []
         if self.on_demand:
             at_start = self.budget.at_start(len(self.entries))
             for entry in self.entries[at_start:]:  # the default entry loads at start and retries until it serves
@@ -144,11 +145,14 @@ class ServedModels:
         if self.on_demand:
             later = ", ".join(e.ref for e in self.entries[at_start:])
             log.info("%s: %s load on their first request", self.budget.describe(), later)
+            self._alias_reads = [asyncio.create_task(_learn_alias(e)) for e in self.entries[at_start:]]
 
     def _side_refusal(self, entry: ModelManager, versions: int, size: int, extra: list[ModelRuntime]) -> str | None:
         return self.budget.side_refusal(entry, self.default, versions, size, extra)
 
     async def close(self) -> None:
+        for read in self._alias_reads:
+            read.cancel()
         # Each entry closes even if one before it fails.
         for entry in self.entries:
             try:
@@ -161,7 +165,8 @@ class ServedModels:
     def resolve(self, requested: str | None) -> Selection:
         """The entry a request's ``model`` names (the default entry for None), with the version it
         pins if it names one its entry serves (as primary or canary; an entry unloaded under the
-        memory budget serves what its alias named when it was unloaded, and loads for it);
+        memory budget serves what its alias named when it was unloaded, one not loaded yet what its
+        alias named at start, and loads for it);
         unknown_model else."""
         if requested is None:
             return Selection(self.default)
@@ -380,3 +385,16 @@ def shown_name(name: str) -> str:
     if len(name) <= SHOWN_NAME_CHARS:
         return repr(name)
     return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name):,} characters)"
+
+
+async def _learn_alias(entry: ModelManager) -> None:
+    """Read once what the alias of an entry that loads on request names, so that a request pinning
+    that version (``beta@v5`` for ``beta@production`` -> v5) finds the entry before its first load
+    (``RoleTable.pins``). A store that cannot be read now is left to the entry's own load."""
+    try:
+        alias = (await asyncio.to_thread(entry.store.alias_entries, entry.name)).get(entry.selector)
+    except Exception as exc:  # noqa: BLE001 - the first load reports it with its reason
+        log.debug("the alias of %s could not be read at start: %s", entry.ref, exc)
+        return
+    if alias is not None and entry.table.known is None:
+        entry.table.known = alias

@@ -86,3 +86,24 @@ def test_a_pinned_version_the_alias_serves_is_served_after_its_entry_was_unloade
                 assert _answer(client, pinned, key_of["v1"]) == pinned
             r = client.post("/embed", json={"texts": TEXTS, "model": "beta@v3"})
             assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
+
+
+def test_a_pinned_version_the_alias_serves_is_served_before_its_entry_ever_loaded(
+    tmp_path: Path, serve_app: Any, publish_model: Any
+) -> None:
+    """An entry that loads on request has not loaded when the first request pins its alias'
+    version: the alias read at start says the version belongs to it."""
+    root = tmp_path / "store"
+    publish_model(root, "alpha", seed=91)
+    publish_model(root, "gamma", seed=94)
+    publish_model(root, "beta", seed=92)  # v1, production
+    publish_model(root, "beta", seed=93, aliases=())  # v2, named by no alias
+    settings = {"max_loaded_models": 2, "max_loads_per_minute": 0, "watch_interval_s": 600.0,
+                "batching": {"request_timeout_s": 60.0}}  # fmt: skip
+    with serve_app(store=str(root), model="alpha,gamma,beta@production", **settings) as running:
+        with httpx.Client(base_url=running.url, timeout=120) as client:
+            states = {m["ref"]: m["state"] for m in client.get("/models").json()["served"]}
+            assert states["beta@production"] == "unloaded"  # never loaded yet
+            assert _answer(client, "beta@v1") == "beta@v1"
+            r = client.post("/embed", json={"texts": TEXTS, "model": "beta@v2"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_model"
