@@ -646,16 +646,11 @@ def main(argv: list[str] | None = None) -> None:
                             cpu_before, engine_before = tree_cpu_s(proc.pid), process_cpu_s(engine)
                             res = run_wrk(url + path, bases, template, cell_id, c, args.duration, args.wrk_threads,
                                           args.wrk_timeout)  # fmt: skip
-                            cell = Cell(
-                                server,
-                                r,
-                                endpoint,
-                                c,
-                                ENDPOINTS[endpoint],
-                                res,
-                                tree_cpu_s(proc.pid) - cpu_before,
-                                process_cpu_s(engine) - engine_before,
-                            )
+                            server_cpu = tree_cpu_s(proc.pid) - cpu_before
+                            # One process serving: its engine is the server, one reading for both
+                            # (two reads a moment apart differed in the last digit).
+                            engine_cpu = server_cpu if engine == proc.pid else process_cpu_s(engine) - engine_before
+                            cell = Cell(server, r, endpoint, c, ENDPOINTS[endpoint], res, server_cpu, engine_cpu)
                             cells.append(cell)
                             print(f"round {r} {server} {endpoint} c={c}: {res.req_per_s:.1f} req/s, p50 "
                                   f"{res.p50_ms:.1f} p90 {res.p90_ms:.1f} p99 {res.p99_ms:.1f} ms; 2xx {res.ok}, 503 "

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from headless_chrome import headless_chrome
 from PIL import Image
 
 pytestmark = pytest.mark.slow
@@ -31,8 +31,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "models"
 EXAMPLES = REPO / "examples"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 120  # a generous bound on slow shared machines; the page normally answers in about a second
 CSP_LISTENER = """
 window.cspViolations = [];
@@ -51,28 +49,11 @@ def default_server(serve_app: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--force-device-scale-factor=1", "--no-first-run",
-                "--disable-extensions", "--disable-background-networking"):  # fmt: skip
-        options.add_argument(arg)
-    # Never let Selenium Manager look for (or download) a browser or driver: both are given.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SE_OFFLINE", "true")
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_script_timeout(WAIT_S)
-    # Before any page script: collect what each page's Content-Security-Policy blocks.
-    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_LISTENER})
-    try:
+    with headless_chrome() as driver:
+        driver.set_script_timeout(WAIT_S)
+        # Before any page script: collect what each page's Content-Security-Policy blocks.
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_LISTENER})
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(driver: Any, condition: Any, what: str) -> Any:

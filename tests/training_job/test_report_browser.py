@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from headless_chrome import headless_chrome
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -27,8 +27,6 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 DOC_IMAGES = REPO / "docs" / "images"
 UPDATE_SCREENSHOTS = os.environ.get("CLIP_UPDATE_SCREENSHOTS") == "1"
 PHONE_SCALE = 2
@@ -69,24 +67,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--force-device-scale-factor=1", "--no-first-run",
-                "--disable-extensions", "--disable-background-networking"):  # fmt: skip
-        options.add_argument(arg)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SE_OFFLINE", "true")  # never let Selenium Manager look for a browser or driver
-        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
+    with headless_chrome() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _viewport(driver: Any, width: int, scale: float = 1) -> None:  # noqa: ANN401
