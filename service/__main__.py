@@ -70,19 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal with the handler
     # that was installed before it started: make that one a clean exit (code 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    http_server.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,  # the service logs one structured line per request itself
-        timeout_graceful_shutdown=settings.graceful_shutdown_s,
-        max_header_bytes=settings.max_header_bytes,
-        header_timeout_s=settings.header_timeout_s,
-        body_idle_timeout_s=settings.body_idle_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        keep_alive_s=settings.keep_alive_s,
-    )
+    http_server.run_served(create_app(settings), settings, host=settings.host, port=settings.port)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    from service.config import Settings
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -321,6 +324,23 @@ def run(
         http=guarded_protocol(max_header_bytes, header_timeout_s, body_idle_timeout_s, body_timeout_s),  # type: ignore[arg-type]
         h11_max_incomplete_event_size=max_header_bytes,
         timeout_keep_alive=int(max(1, keep_alive_s)),
+        **options,
+    )
+
+
+def run_served(app: Any, settings: Settings, *, keep_alive_s: float | None = None, **options: Any) -> None:
+    """``run`` under the settings' request bounds, log level and graceful shutdown (the access log
+    off: the service logs one structured line per request itself); ``options`` say where to listen."""
+    run(
+        app,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        body_idle_timeout_s=settings.body_idle_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        keep_alive_s=settings.keep_alive_s if keep_alive_s is None else keep_alive_s,
         **options,
     )
 

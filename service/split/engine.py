@@ -144,17 +144,11 @@ def main(argv: list[str]) -> None:
 
     app = create_app(settings)
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    http_server.run(
+    http_server.run_served(
         EngineGate(app, app.state.services.models),
-        uds=socket_path,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=settings.graceful_shutdown_s,
-        max_header_bytes=settings.max_header_bytes,
-        header_timeout_s=settings.header_timeout_s,
-        body_idle_timeout_s=settings.body_idle_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
+        settings,
         keep_alive_s=max(settings.keep_alive_s, 3600.0),  # front-ends keep their connections
+        uds=socket_path,
     )
 
 
