@@ -72,7 +72,7 @@ def test_the_page_ranks_a_pair_scores_densely_and_shows_api_errors(
     # The preset examples load first, so that they cannot replace the uploads below.
     wait_for(
         browser,
-        lambda d: all(e.text for e in d.find_elements("css selector", ".slot .file-name")),
+        lambda d: all(e.text for e in d.find_elements("css selector", "#scoring-tab .slot .file-name")),
         "the examples",
     )
 
