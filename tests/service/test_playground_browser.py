@@ -244,6 +244,11 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         set_viewport(browser, 1400)
         for panel in PANELS:
             assert _reason(browser, panel) == "API key needed: enter the server's key above.", panel
+        # So does the Collections tab (hidden: its text is read as the DOM holds it).
+        note = find(browser, "#collections-panel .unavailable").get_attribute("textContent")
+        assert note == "API key needed: enter the server's key above."
+        for button in ("collection-create-run", "collection-add-run", "collection-search-run"):
+            assert find(browser, f"#{button}").get_attribute("disabled") is not None, button
         find(browser, "#key-input").send_keys("wrong")
         find(browser, "#key-form button").click()
         wait_for(browser, lambda d: "forbidden" in find(d, "#models-error").text, "the API's 403")
@@ -256,6 +261,10 @@ def test_the_page_asks_for_a_key_and_sends_it_as_the_api_expects(
         wait_for(browser, lambda d: "tiny@v1" in find(d, "#model-status").text, "the model through the key")
         assert not find(browser, "#models-error").is_displayed()
         assert not find(browser, "#model-picker").is_displayed()  # one model: nothing to pick
+        # The collections list came with the key (GET /collections): this server has none yet.
+        select = "#collection-select"
+        wait_for(browser, lambda d: "none yet" in find(d, select).get_attribute("textContent"), "the collections")
+        assert find(browser, "#collection-search-run").get_attribute("disabled") is None
         # The panels of the components tiny@v1 lacks are disabled, and say why; the others are not.
         assert _reason(browser, "pair") is None and _reason(browser, "classify") is None
         for panel, component in (("dense", "dcsm"), ("yukino", "yukino")):

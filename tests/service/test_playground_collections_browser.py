@@ -3,7 +3,8 @@ default model: it creates a collection, adds images picked several at once with 
 searches by text with the dense re-rank and by an image and a difference, and shows the API's own
 hits in the grid (thumbnail, id, score, stage, version) page by page; a click on a hit draws the
 DCSM map of the search text over its image. Inputs are checked before sending, API errors are
-shown as the API words them, and a hit added elsewhere shows its id and says why it has no map.
+shown as the API words them, and a hit added elsewhere shows its id and says why it has no map. A
+collection on a version without DCSM offers no dense re-rank, and says why.
 With ``CLIP_UPDATE_SCREENSHOTS=1`` it writes docs/images/playground_collections.png (1400 px).
 """
 
@@ -141,6 +142,7 @@ def test_the_collections_tab_adds_searches_pages_and_maps_a_hit(
         thumb = card["thumb"]
         assert thumb and thumb["src"] == "data:image/" and thumb["width"] > 0 and thumb["box"] >= 100, card
     assert f"answered by {serving}" in find(browser, "#search-summary").text
+    assert find(browser, "#hit-click-hint").text.startswith("Click a hit for the DCSM token × patch map")
     assert find(browser, "#page-previous").get_attribute("disabled") is not None
 
     # Paging: the last two hits, then back.
@@ -187,6 +189,7 @@ def test_the_collections_tab_adds_searches_pages_and_maps_a_hit(
     )
     assert [h["stage"] for h in by_difference["hits"]] == ["difference"] * 3
     _same_hits(browser, by_difference, 1)
+    assert "search by text" in find(browser, "#hit-click-hint").text
     find(browser, "#hit-grid .hit").click()
     wait_for(browser, lambda d: "search by text" in find(d, "#collections-error").text, "no map without a text")
 
@@ -232,3 +235,22 @@ def test_the_collections_tab_adds_searches_pages_and_maps_a_hit(
     wait_visible(browser, "#scoring-tab")
     assert not find(browser, "#collections-tab").is_displayed()
     assert csp_violations(browser) == []
+
+
+def test_a_collection_without_dcsm_features_offers_no_dense_rerank(
+    serve_app: Any, tiny_store: Path, browser: Any
+) -> None:
+    # tiny@v1 has no DCSM scorer: its collections keep no DCSM features, so nothing to re-rank with.
+    with serve_app(store=str(tiny_store), model="tiny@production") as running:
+        assert httpx.put(f"{running.url}/collections/plain", json={}).status_code == 201
+        browser.get(f"{running.url}/#collections")
+        wait_for(browser, lambda d: "no DCSM features" in find(d, "#collection-info").text, "the collection's info")
+        assert "bound to tiny@v1" in find(browser, "#collection-info").text
+        rerank = find(browser, "#search-rerank")
+        assert rerank.get_attribute("disabled") is not None and not rerank.is_selected()
+        assert "has no DCSM scorer" in find(browser, "#search-rerank-label").get_attribute("title")
+        # A text search still works, by cosine; the empty collection says so instead of a blank grid.
+        find(browser, "#collection-search-run").click()
+        wait_visible(browser, "#search-result")
+        assert find(browser, "#hit-grid").text == "No hits: the collection is empty."
+        assert csp_violations(browser) == []

@@ -677,8 +677,9 @@ const COLLECTION_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/; // the API's rule for a na
 // The collections GET /collections listed, the images added here, and the search the pages belong to.
 const coll = { list: [], loaded: false, added: new Map(), query: null, offset: 0 };
 
-function addedKey(collection, id) {
-  return collection + "\n" + id;
+// A collection dropped and created again under its name is another collection: its creation time tells.
+function addedKey(info, id) {
+  return info.name + "\n" + info.created_at + "\n" + id;
 }
 
 function chosenCollection() {
@@ -778,7 +779,7 @@ async function addImages() {
     const chunk = items.slice(start, start + ADD_CHUNK);
     const answer = await api("collections/" + info.name + "/images", { items: chunk });
     // An add is all or nothing: its images are the collection's once it answers.
-    for (const item of chunk) coll.added.set(addedKey(info.name, item.id), item.image.data);
+    for (const item of chunk) coll.added.set(addedKey(info, item.id), item.image.data);
     count = answer.count;
     note.textContent = "added " + (start + chunk.length) + " of " + items.length + " · embedded by " + answer.model;
   }
@@ -846,6 +847,9 @@ async function searchPage(offset) {
   const ranked = body.rerank || body.difference ? answer.candidates : info.count;
   document.getElementById("page-previous").disabled = offset === 0;
   document.getElementById("page-next").disabled = answer.hits.length < limit || last >= ranked;
+  document.getElementById("hit-click-hint").textContent = body.text
+    ? "Click a hit for the DCSM token × patch map of the search text over its image."
+    : "A hit's map is of a search text over its image: search by text to draw one with a click.";
   show("hit-heatmap-note", false);
   show("search-result");
 }
@@ -856,7 +860,7 @@ function searchResults() {
 }
 
 function hitCard(hit, rank, model) {
-  const picture = coll.added.get(addedKey(coll.query.info.name, hit.id));
+  const picture = coll.added.get(addedKey(coll.query.info, hit.id));
   const thumb = picture
     ? el("img", { class: "hit-thumb", src: picture, alt: hit.id })
     : el("span", { class: "hit-thumb no-thumb", title: "added elsewhere: the API gives no way to fetch its image" },
@@ -875,7 +879,7 @@ function hitCard(hit, rank, model) {
 async function hitHeatmap(hit, card) {
   const { info, body } = coll.query;
   if (!body.text) throw new InputError("a map is of a search text over a hit: search by text to draw one", null);
-  const picture = coll.added.get(addedKey(info.name, hit.id));
+  const picture = coll.added.get(addedKey(info, hit.id));
   if (!picture) {
     throw new InputError("“" + hit.id + "” was not added from this page since it opened, and the API gives no way " +
       "to fetch a stored image: its map cannot be drawn here", null);
