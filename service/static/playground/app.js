@@ -28,13 +28,13 @@ function apiKey() {
   return sessionStorage.getItem(KEY_STORAGE);
 }
 
-// POST or GET a relative API path; resolves to the parsed JSON (or a Blob for images), rejects with
-// an ApiError that carries the API's own {"error": {code, message, field}}.
-async function api(path, body, { binary = false } = {}) {
+// POST (GET without a body, or `method`) a relative API path; resolves to the parsed JSON (or a Blob
+// for images), rejects with an ApiError that carries the API's own {"error": {code, message, field}}.
+async function api(path, body, { binary = false, method = null } = {}) {
   const headers = {};
   const key = apiKey();
   if (key) headers["Authorization"] = "Bearer " + key;
-  const init = { method: body === undefined ? "GET" : "POST", headers };
+  const init = { method: method || (body === undefined ? "GET" : "POST"), headers };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -135,21 +135,26 @@ function modelOf() {
   return value ? { model: value } : {};
 }
 
-// The panels: their button, their error box, the results an answer fills. (The component a panel
-// needs is its section's data-component.)
+// The panels: their button (or buttons), their error box, the results an answer fills. (The
+// component a panel needs is its section's data-component.)
 const PANELS = {
   pair: { button: "pair-run", error: "pair-error", results: ["pair-result"] },
   classify: { button: "classify-run", error: "classify-error", results: ["classify-standard", "classify-comparative"] },
   dense: { button: "dense-run", error: "dense-error", results: ["dense-result", "heatmap-result"] },
   yukino: { button: "yukino-run", error: "yukino-error", results: ["yukino-result"] },
+  collections: {
+    buttons: ["collection-create-run", "collection-add-run", "collection-search-run"],
+    error: "collections-error",
+    results: [],
+  },
 };
 const busy = new Set();
 
 // Runs one panel's request: the earlier answer goes first (so none stays beside a new error), the
 // button is disabled meanwhile, and an error is shown as the API (or the input check) words it.
-async function run(name, work) {
+async function run(name, work, results = PANELS[name].results) {
   const panel = PANELS[name];
-  panel.results.forEach((id) => show(id, false));
+  results.forEach((id) => show(id, false));
   showError(panel.error, null);
   document.querySelectorAll("#" + name + "-panel .invalid").forEach((n) => n.classList.remove("invalid"));
   busy.add(name);
@@ -157,7 +162,7 @@ async function run(name, work) {
   try {
     await work();
   } catch (error) {
-    panel.results.forEach((id) => show(id, false));
+    results.forEach((id) => show(id, false));
     const shown = error instanceof ApiError || error instanceof InputError;
     showError(panel.error, shown ? error : new ApiError(0, "error", String(error), null));
   } finally {
@@ -185,8 +190,12 @@ function updatePanels() {
     note.textContent = reason || "";
     note.hidden = !reason;
     section.classList.toggle("disabled", Boolean(reason));
-    document.getElementById(panel.button).disabled = Boolean(reason) || busy.has(name);
-    if (reason && section.dataset.component) panel.results.forEach((id) => show(id, false));
+    for (const button of panel.buttons || [panel.button]) {
+      document.getElementById(button).disabled = Boolean(reason) || busy.has(name);
+    }
+    // The heatmap under a collection's hits is of that collection's version, not of the picked model.
+    const shown = panel.results.filter((id) => id !== "heatmap-result" || heat.place === "dense");
+    if (reason && section.dataset.component) shown.forEach((id) => show(id, false));
   }
 }
 
@@ -301,6 +310,7 @@ async function loadModels() {
     fillModelPicker(info.served || []);
     showModel();
     if (!limits) api("limits").then((found) => (limits = found), () => null);
+    if (!coll.loaded) run("collections", () => loadCollections());
     // The server is still loading the model the page uses: ask again until it serves. (One held out
     // of memory by the server's budget loads when a request names it.)
     const entry = servedEntry();
@@ -470,10 +480,21 @@ const WARM = [180, 4, 38];
 const MID = [242, 242, 242];
 // The last answer's maps, the caption shown (index), its column width (fit: to the box), the row shown
 // over the picture (token) and the picture itself.
+// `place`: where the map is shown, under the dense panel's table ("dense") or a collection's hits.
 const heat = {
   maps: null, tokens: null, functional: null, texts: null,
-  index: 0, column: null, fit: true, token: 0, picture: new Image(),
+  index: 0, column: null, fit: true, token: 0, picture: new Image(), place: "dense",
 };
+
+// The page has one map, the last one drawn: its box moves to where it was asked for.
+async function useHeatmap(place, answer, texts, picture) {
+  const box = document.getElementById("heatmap-result");
+  if (place === "dense") document.getElementById("dense-error").before(box);
+  else document.getElementById("hit-heatmap").append(box);
+  Object.assign(heat, { maps: answer.maps, tokens: answer.tokens, functional: answer.functional_words, texts, place });
+  heat.picture.src = picture;
+  await heat.picture.decode();
+}
 
 function colour(value, extent) {
   const t = Math.max(-1, Math.min(1, value / extent));
@@ -604,7 +625,8 @@ function showHeatmap(index) {
   const words = heat.maps[index].map((row, r) => [r, Math.max(...row)]).slice(1, -1)
     .filter(([r]) => !functional.has(heat.tokens[index][r]));
   heat.token = words.length ? words.reduce((a, b) => (b[1] > a[1] ? b : a))[0] : 0;
-  document.querySelectorAll("#dense-result tbody tr").forEach((row, i) => row.classList.toggle("shown", i === index));
+  document.querySelectorAll("#dense-result tbody tr")
+    .forEach((row, i) => row.classList.toggle("shown", heat.place === "dense" && i === index));
   show("heatmap-result");
   drawHeatmap();
 }
@@ -613,12 +635,14 @@ async function dense() {
   const picture = image("dense-image");
   const texts = checkTexts("dense-texts", lines("dense-texts"), 1, limits && limits.max_texts, "caption");
   const result = await api("score/dense", { image: picture, texts, return_maps: true, ...modelOf() });
-  Object.assign(heat, { maps: result.maps, tokens: result.tokens, functional: result.functional_words, texts });
-  heat.picture.src = picture.data;
-  await heat.picture.decode();
+  await useHeatmap("dense", result, texts, picture.data);
   const rows = texts.map((caption, i) => {
     const button = el("button", { type: "button", class: "heatmap-button" }, "map");
-    button.addEventListener("click", () => showHeatmap(i));
+    button.addEventListener("click", async () => {
+      // The map went to a collection's hit meanwhile: this answer's maps come back with it.
+      if (heat.place !== "dense") await useHeatmap("dense", result, texts, picture.data);
+      showHeatmap(i);
+    });
     return el("tr", { class: i === result.best ? "best" : "" }, el("td", {}, caption),
       el("td", { class: "score" }, result.scores[i].toFixed(3)), el("td", {}, result.cosine[i].toFixed(3)),
       el("td", { class: "functional" }, result.functional_words[i].join(", ") || "—"), el("td", {}, button));
@@ -645,11 +669,249 @@ async function yukino() {
   show("yukino-result");
 }
 
+// ------------------------------------------------------------------ collections
+// The API keeps no way to fetch a stored image: the thumbnails (and the pictures under the maps) are
+// the images this page added since it opened, by collection and id; other hits show their id.
+const ADD_CHUNK = 16; // items per POST .../images: under the server's default bound (64) and quick to answer
+const COLLECTION_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/; // the API's rule for a name
+// The collections GET /collections listed, the images added here, and the search the pages belong to.
+const coll = { list: [], loaded: false, added: new Map(), query: null, offset: 0 };
+
+// A collection dropped and created again under its name is another collection: its creation time tells.
+function addedKey(info, id) {
+  return info.name + "\n" + info.created_at + "\n" + id;
+}
+
+function chosenCollection() {
+  const name = document.getElementById("collection-select").value;
+  return coll.list.find((info) => info.name === name) || null;
+}
+
+function requireCollection() {
+  const info = chosenCollection();
+  if (!info) throw new InputError("create a collection first (or pick one)", "collection-name");
+  return info;
+}
+
+async function loadCollections(chosen = null) {
+  const found = await api("collections");
+  coll.list = found.collections;
+  coll.loaded = true;
+  const select = document.getElementById("collection-select");
+  const keep = chosen || select.value;
+  const options = coll.list.map((info) => el("option", { value: info.name }, info.name + " · " + info.model));
+  if (!options.length) options.push(el("option", { value: "" }, "none yet: create one"));
+  select.replaceChildren(...options);
+  if (coll.list.some((info) => info.name === keep)) select.value = keep;
+  showCollection();
+}
+
+function showCollection() {
+  const info = chosenCollection();
+  const rerank = document.getElementById("search-rerank");
+  document.getElementById("collection-info").textContent = info
+    ? "bound to " + info.model + " (created on " + info.entry + ") · " + info.count +
+      (info.count === 1 ? " item" : " items") + (info.dense ? " · keeps DCSM features" : " · no DCSM features")
+    : "";
+  // A re-rank needs the DCSM features a collection keeps when its version has a DCSM scorer.
+  rerank.disabled = Boolean(info && !info.dense) || document.getElementById("search-mode").value !== "text";
+  if (rerank.disabled) rerank.checked = false;
+  document.getElementById("search-rerank-label").title =
+    info && !info.dense ? info.model + " has no DCSM scorer: this collection keeps no DCSM features" : "";
+}
+
+function showSearchMode() {
+  const mode = document.getElementById("search-mode").value;
+  show("search-image", mode !== "text");
+  show("search-text-label", mode === "text");
+  show("search-difference-label", mode === "difference");
+  showCollection();
+}
+
+async function createCollection() {
+  const input = document.getElementById("collection-name");
+  const name = input.value.trim();
+  if (!name) throw new InputError("write the new collection's name first", "collection-name");
+  if (!COLLECTION_NAME.test(name)) {
+    throw new InputError("a name is 1-64 of a-z, 0-9, _ and -, starting with a letter or digit", "collection-name");
+  }
+  const info = await api("collections/" + name, modelOf(), { method: "PUT" });
+  input.value = "";
+  await loadCollections(info.name);
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+// The metadata box: nothing, one object for every file, or one object per file name.
+function metadataFor(files) {
+  const id = "collection-metadata";
+  const raw = document.getElementById(id).value.trim();
+  if (!raw) return () => ({});
+  let given;
+  try {
+    given = JSON.parse(raw);
+  } catch (error) {
+    throw new InputError("the metadata is not JSON (" + error.message + ")", id);
+  }
+  if (!isObject(given)) throw new InputError("the metadata is one JSON object, {…}", id);
+  // Metadata values are strings, numbers or booleans: an object of objects is one per file name.
+  const values = Object.values(given);
+  if (!values.length || !values.every(isObject)) return () => given;
+  const names = new Set(files.map((file) => file.name));
+  const unknown = Object.keys(given).filter((name) => !names.has(name));
+  if (unknown.length) throw new InputError("the metadata names “" + unknown[0] + "”, which is not a picked file", id);
+  return (name) => given[name] || {};
+}
+
+async function addImages() {
+  const info = requireCollection();
+  const files = [...document.getElementById("collection-files").files];
+  if (!files.length) throw new InputError("pick one or more image files first", "collection-files");
+  const metadata = metadataFor(files);
+  const items = await Promise.all(
+    files.map(async (file) => ({ id: file.name, image: { data: await readFile(file) }, metadata: metadata(file.name) })),
+  );
+  const note = document.getElementById("collection-added");
+  let count = info.count;
+  for (let start = 0; start < items.length; start += ADD_CHUNK) {
+    const chunk = items.slice(start, start + ADD_CHUNK);
+    const answer = await api("collections/" + info.name + "/images", { items: chunk });
+    // An add is all or nothing: its images are the collection's once it answers.
+    for (const item of chunk) coll.added.set(addedKey(info, item.id), item.image.data);
+    count = answer.count;
+    note.textContent = "added " + (start + chunk.length) + " of " + items.length + " · embedded by " + answer.model;
+  }
+  note.textContent = "added " + items.length + (items.length === 1 ? " image" : " images") +
+    " · the collection holds " + count;
+  await loadCollections(info.name);
+}
+
+// A JSON object of metadata values (or nothing) from input `id`.
+function filtersOf(id) {
+  const raw = document.getElementById(id).value.trim();
+  if (!raw) return {};
+  let given;
+  try {
+    given = JSON.parse(raw);
+  } catch (error) {
+    throw new InputError("the filter is not JSON (" + error.message + ")", id);
+  }
+  if (!isObject(given)) throw new InputError("the filter is one JSON object, {\"key\": value, …}", id);
+  return given;
+}
+
+// The request body of the search the form describes (its page comes later).
+function searchBody() {
+  const mode = document.getElementById("search-mode").value;
+  let body;
+  if (mode === "text") {
+    body = { text: text("search-text", "search text") };
+    if (document.getElementById("search-rerank").checked) body.rerank = "dense";
+  } else if (mode === "image") {
+    body = { image: image("search-image") };
+  } else {
+    body = { image: image("search-image"), difference: text("search-difference", "difference text") };
+  }
+  const filters = filtersOf("search-filters");
+  if (Object.keys(filters).length) body.filters = filters;
+  return body;
+}
+
+async function search() {
+  const info = requireCollection();
+  const body = searchBody();
+  const limit = Number(document.getElementById("search-limit").value);
+  if (!Number.isInteger(limit) || limit < 1) throw new InputError("hits per page is a whole number from 1", "search-limit");
+  coll.query = { info, body, limit };
+  await searchPage(0);
+}
+
+// One page of the last search (its collection, query and page size as they were when it was sent).
+async function searchPage(offset) {
+  const { info, body, limit } = coll.query;
+  const answer = await api("collections/" + info.name + "/search", { ...body, limit, offset });
+  coll.offset = offset;
+  const cards = answer.hits.map((hit, i) => hitCard(hit, offset + i + 1, answer.model));
+  if (!cards.length) {
+    const why = offset ? "no hits past the last one" : body.filters ? "no item matches the filter" : "the collection is empty";
+    cards.push(el("p", { class: "hint no-hits" }, "No hits: " + why + "."));
+  }
+  document.getElementById("hit-grid").replaceChildren(...cards);
+  const last = offset + answer.hits.length;
+  document.getElementById("search-summary").textContent = "answered by " + answer.model + " · " + answer.candidates +
+    " first-stage candidates · ranked by " + (answer.hits.length ? answer.hits[0].stage : "—");
+  document.getElementById("page-shown").textContent = answer.hits.length ? "hits " + (offset + 1) + "–" + last : "";
+  // Past a second stage's candidates (or the collection's items) there is nothing more to rank.
+  const ranked = body.rerank || body.difference ? answer.candidates : info.count;
+  document.getElementById("page-previous").disabled = offset === 0;
+  document.getElementById("page-next").disabled = answer.hits.length < limit || last >= ranked;
+  document.getElementById("hit-click-hint").textContent = body.text
+    ? "Click a hit for the DCSM token × patch map of the search text over its image."
+    : "A hit's map is of a search text over its image: search by text to draw one with a click.";
+  show("hit-heatmap-note", false);
+  show("search-result");
+}
+
+// What a new search (or page) replaces: its hits, and the map of a hit when one is shown.
+function searchResults() {
+  return ["search-result", "hit-heatmap-note", ...(heat.place === "collections" ? ["heatmap-result"] : [])];
+}
+
+function hitCard(hit, rank, model) {
+  const picture = coll.added.get(addedKey(coll.query.info, hit.id));
+  const thumb = picture
+    ? el("img", { class: "hit-thumb", src: picture, alt: hit.id })
+    : el("span", { class: "hit-thumb no-thumb", title: "added elsewhere: the API gives no way to fetch its image" },
+      hit.id);
+  const score = hit.scores[hit.stage];
+  const scores = hit.stage === "cosine" ? "" : " · cosine " + hit.scores.cosine.toFixed(3);
+  const card = el("button", { type: "button", class: "hit", "data-id": hit.id },
+    thumb, el("span", { class: "hit-id", title: hit.id }, rank + ". " + hit.id),
+    el("span", { class: "hit-score" }, hit.stage + " " + score.toFixed(3) + scores),
+    el("span", { class: "hit-version" }, model));
+  card.addEventListener("click", () => run("collections", () => hitHeatmap(hit, card), ["heatmap-result"]));
+  return card;
+}
+
+// The DCSM map of the search text over a hit's image, from /score/dense on the collection's version.
+async function hitHeatmap(hit, card) {
+  const { info, body } = coll.query;
+  if (!body.text) throw new InputError("a map is of a search text over a hit: search by text to draw one", null);
+  const picture = coll.added.get(addedKey(info, hit.id));
+  if (!picture) {
+    throw new InputError("“" + hit.id + "” was not added from this page since it opened, and the API gives no way " +
+      "to fetch a stored image: its map cannot be drawn here", null);
+  }
+  const result = await api("score/dense", { image: { data: picture }, texts: [body.text], return_maps: true, model: info.model });
+  await useHeatmap("collections", result, [body.text], picture);
+  document.querySelectorAll("#hit-grid .hit").forEach((node) => node.classList.toggle("shown", node === card));
+  const note = document.getElementById("hit-heatmap-note");
+  note.textContent = "“" + hit.id + "”: DCSM " + result.scores[0].toFixed(3) + " · cosine " +
+    result.cosine[0].toFixed(3) + " · " + result.model;
+  show("hit-heatmap-note");
+  showHeatmap(0);
+}
+
+// ------------------------------------------------------------------ tabs
+function showTab({ load = true } = {}) {
+  const collections = location.hash === "#collections";
+  show("scoring-tab", !collections);
+  show("collections-tab", collections);
+  for (const [id, selected] of [["tab-scoring", !collections], ["tab-collections", collections]]) {
+    document.getElementById(id).setAttribute("aria-selected", String(selected));
+  }
+  if (collections && load && !keyNeeded) run("collections", () => loadCollections());
+  // A map drawn while its tab was hidden had no width to fit: drawn again now.
+  if (heat.maps && heat.fit && !document.getElementById("heatmap-result").hidden) drawHeatmap();
+}
+
 // ------------------------------------------------------------------ start
 document.querySelectorAll(".slot").forEach(setupSlot);
 const WORK = { pair: rankPair, classify, dense, yukino };
-for (const [name, panel] of Object.entries(PANELS)) {
-  document.getElementById(panel.button).addEventListener("click", () => run(name, WORK[name]));
+for (const [name, work] of Object.entries(WORK)) {
+  document.getElementById(PANELS[name].button).addEventListener("click", () => run(name, work));
 }
 const heatCanvas = document.getElementById("heatmap-canvas");
 heatCanvas.addEventListener("mousemove", readout);
@@ -664,6 +926,19 @@ document.getElementById("model-select").addEventListener("change", () => {
   showModel();
   loadModels();
 });
+document.getElementById("collection-select").addEventListener("change", showCollection);
+document.getElementById("search-mode").addEventListener("change", showSearchMode);
+document.getElementById("collection-create").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("collections", createCollection);
+});
+document.getElementById("collection-add-run").addEventListener("click", () => run("collections", addImages));
+document.getElementById("collection-search-run").addEventListener("click", () => run("collections", search, searchResults()));
+for (const [id, step] of [["page-previous", -1], ["page-next", 1]]) {
+  document.getElementById(id).addEventListener("click", () =>
+    run("collections", () => searchPage(Math.max(0, coll.offset + step * coll.query.limit)), searchResults()));
+}
+window.addEventListener("hashchange", () => showTab());
 document.getElementById("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(KEY_STORAGE, document.getElementById("key-input").value.trim());
@@ -671,4 +946,6 @@ document.getElementById("key-form").addEventListener("submit", (event) => {
   loadModels();
 });
 updatePanels();
+showSearchMode();
+showTab({ load: false }); // the list comes with the models (GET /models tells whether a key is needed)
 loadModels();
