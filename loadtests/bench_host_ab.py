@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cell", type=int, default=4, help="seconds per cell")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of load on each server before a row")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each server")
+    parser.add_argument("--arch", type=Path, default=TINY_VIT, help="open_clip config of the random model served")
     args = parser.parse_args(argv)
     if args.a.name == args.b.name:
         raise SystemExit("--a and --b need different names")
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     cells: list[AbCell] = []
     with tempfile.TemporaryDirectory(prefix="bench-host-ab-") as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
-        ref = publish_random_arch(tmp / "store", TINY_VIT)
+        ref = publish_random_arch(tmp / "store", args.arch)
         bases = tmp / "bases.txt"
         write_bases(bases, base_jpegs(256))
         servers: dict[str, tuple[int, int, str]] = {}

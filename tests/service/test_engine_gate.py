@@ -143,3 +143,37 @@ def test_the_hot_routes_take_the_short_way_and_only_they() -> None:
     taken = {route.path for route in routes if direct_route(route) is not None}  # type: ignore[attr-defined]
     assert taken == DIRECT_PATHS  # a signature the short way cannot call would fall out of it here
     assert "/score/dense/heatmap" not in taken
+
+
+def test_pixels_from_a_front_ends_shared_memory_answer_as_inline_ones(gated: Any) -> None:
+    from service.split.pixel_ring import PixelRing
+
+    raw = _jpeg(7)
+    spec = _table(gated).json()["default"]
+    side = int(spec.split("/")[0])
+    pixels = fit_square(decode_image(raw, "image", 10**8, min_side=side), side)
+    digest = hashlib.sha256(raw).hexdigest()
+    ring = PixelRing(size=1024 * 1024)
+    try:
+        lease = ring.lease(pixels.nbytes)
+        assert lease is not None
+        body, manifest_length = pack(
+            f'{{"images":[{{"sha256":"{digest}"}}]}}'.encode(), {digest: (raw, spec, pixels)}, lease
+        )
+        headers = {PREDECODED_HEADER: str(manifest_length), "content-type": "application/json"}
+        used = metric_value(gated.url, "clip_predecoded_images_total", outcome="used")
+        shared = httpx.post(f"{gated.url}/embed", content=body, headers=headers)
+        lease.release()
+        assert shared.status_code == 200, shared.text
+        assert metric_value(gated.url, "clip_predecoded_images_total", outcome="used") == used + 1
+        inline = httpx.post(f"{gated.url}/embed", json={"images": [{"data": base64.b64encode(raw).decode()}]})
+        assert inline.json()["embeddings"] == shared.json()["embeddings"]  # the cache entry the shared pixels made
+        forged = json.dumps({**json.loads(body[:manifest_length]), "shared": ["clip-pixels-1-ab", 0]}).encode()
+        refused = httpx.post(
+            f"{gated.url}/embed",
+            content=forged + body[manifest_length:],
+            headers={**headers, PREDECODED_HEADER: str(len(forged))},
+        )
+        assert refused.status_code == 500 and "does not add up" in refused.text  # no such ring
+    finally:
+        ring.close()
