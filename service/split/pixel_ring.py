@@ -9,8 +9,9 @@ tracker should the front-end die) and names the segment and the offset in the bo
 (service.split.wire); the region is the request's until its answer comes back
 (``PixelLease.release``). The engine maps each front-end's segment once, read-only
 (``SharedPixels``), and copies a request's pixels out as it unpacks them, so nothing it keeps (a
-shadow's run after the answer included) points into a region a front-end may reuse. A full ring, or no /dev/shm, sends the pixels inline as
-before. At 64 px (12 KiB an image) the inline copy costs nothing measurable: those stay inline.
+shadow's run after the answer included) points into a region a front-end may reuse. A full
+ring, or no /dev/shm (or not ``RING_BYTES`` of it), sends the pixels inline as before. At 64 px
+(12 KiB an image) the inline copy costs nothing measurable: those stay inline.
 """
 
 from __future__ import annotations
