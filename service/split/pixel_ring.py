@@ -98,8 +98,11 @@ class PixelRing:
             return sum(self._taken.values())
 
     def close(self) -> None:
-        self.memory.close()
         self.memory.unlink()
+        try:
+            self.memory.close()
+        except BufferError:  # a lease still out (a relay cancelled by the shutdown): the exit unmaps it
+            pass
 
 
 def _reserve(path: Path, size: int) -> None:

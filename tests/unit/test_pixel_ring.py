@@ -97,3 +97,12 @@ def test_the_engine_reads_only_rings_and_only_within_them(ring: PixelRing, tmp_p
         with pytest.raises(MalformedFrame):
             unpack(forged + body[manifest_length:], len(forged), SharedPixels())
     lease.release()
+
+
+def test_a_ring_closed_with_a_lease_still_out_is_gone_all_the_same() -> None:
+    ring = PixelRing(size=1024 * 1024)
+    lease = ring.lease(1000)  # kept, as by a relay a shutdown cancelled
+    assert lease is not None and (Path("/dev/shm") / ring.name).exists()
+    ring.close()
+    assert not (Path("/dev/shm") / ring.name).exists()
+    lease.view.release()  # as the process's exit would: the mapping can go now
