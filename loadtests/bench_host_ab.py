@@ -5,9 +5,10 @@ load of other work moves between rounds by more than a small change saves. Here 
 side by side (each its own ``python -m service`` on the same temporary store and tiny ViT, from the
 checkout its ``PYTHONPATH`` names), and cells of ``--cell`` seconds alternate A B, B A, A B, ... so
 both meet the same moments of the machine. Per cell: the server's CPU per answer (its process
-tree, from /proc), the share of it spent on its main thread (the event loop: HTTP, validation,
-the pipeline's bookkeeping, serialisation; the rest is the decode pool, the model threads and the
-intra-op threads), req/s and p50 / p99. Printed: medians over the cells, and B / A.
+tree, from /proc), the CPU of the process that runs the model (the engine with ``CLIP_WORKERS`` > 1,
+else the server itself) and the share of that spent on its main thread (the event loop: HTTP,
+validation, the pipeline's bookkeeping, serialisation; the rest is the decode pool, the model
+threads and the intra-op threads), req/s and p50 / p99. Printed: medians over the cells, and B / A.
 
     .venv/bin/python -P -m loadtests.bench_host_ab --a base:PYTHONPATH=../wt-base --b new:PYTHONPATH=. \\
         --endpoints embed classify rank-pair --concurrency 8 32 64 --cells 6 --cell 4
@@ -29,6 +30,7 @@ from loadtests.bench_host_path import (
     Variant,
     base_jpegs,
     body_template,
+    engine_pid,
     machine,
     parse_variant,
     run_wrk,
@@ -53,7 +55,8 @@ class AbCell:
     p50_ms: float
     p99_ms: float
     cpu_ms: float  # server process tree, per 2xx answer
-    loop_ms: float  # of which its main thread (the event loop)
+    engine_ms: float  # of which the process that runs the model (the server itself without a split)
+    loop_ms: float  # of which that process's main thread (the event loop)
     failed: int
 
 
@@ -67,11 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cell", type=int, default=4, help="seconds per cell")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of load on each server before a row")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each server")
+    parser.add_argument("--arch", type=Path, default=TINY_VIT, help="open_clip config of the random model served")
     args = parser.parse_args(argv)
     if args.a.name == args.b.name:
         raise SystemExit("--a and --b need different names")
     wrk_or_exit()
-    from loadtests.bench_rss import tree_cpu_s
+    from loadtests.bench_rss import process_cpu_s, tree_cpu_s
     from loadtests.benchmark import publish_random_arch
 
     info = machine()
@@ -79,10 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     cells: list[AbCell] = []
     with tempfile.TemporaryDirectory(prefix="bench-host-ab-") as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
-        ref = publish_random_arch(tmp / "store", TINY_VIT)
+        ref = publish_random_arch(tmp / "store", args.arch)
         bases = tmp / "bases.txt"
         write_bases(bases, base_jpegs(256))
-        servers: dict[str, tuple[int, str]] = {}
+        servers: dict[str, tuple[int, int, str]] = {}
         for v in (args.a, args.b):
             assert isinstance(v, Variant)
             proc, url = stack.enter_context(
@@ -90,38 +94,42 @@ def main(argv: list[str] | None = None) -> None:
                     tmp / "store", "bench@production", args.threads, v.env, tmp / "onnx", tmp / f"{v.name}.log"
                 )
             )
-            servers[v.name] = (proc.pid, url)
-        print(f"serving {ref}: " + ", ".join(f"{n} pid {p}" for n, (p, _) in servers.items()), flush=True)
+            servers[v.name] = (proc.pid, engine_pid(proc.pid), url)
+        print(f"serving {ref}: " + ", ".join(f"{n} pid {p} (engine {e})" for n, (p, e, _) in servers.items()),
+              flush=True)  # fmt: skip
         cell_id = 0
         for endpoint in args.endpoints:
             path, body = body_template("service", endpoint)
             template = tmp / f"{endpoint}.json"
             template.write_text(body + "\n")
             for c in args.concurrency:
-                for _, url in servers.values():
+                for _, _, url in servers.values():
                     cell_id += 1
                     if args.warmup:
                         run_wrk(url + path, bases, template, cell_id, c, args.warmup)
                 for i in range(args.cells):
                     order = [args.a.name, args.b.name] if i % 2 == 0 else [args.b.name, args.a.name]
                     for name in order:
-                        pid, url = servers[name]
+                        pid, engine, url = servers[name]
                         cell_id += 1
-                        cpu0, loop0 = tree_cpu_s(pid), thread_cpu_s(pid, pid)
+                        cpu0, engine0, loop0 = tree_cpu_s(pid), process_cpu_s(engine), thread_cpu_s(engine, engine)
                         res = run_wrk(url + path, bases, template, cell_id, c, args.cell)
-                        cpu, loop = tree_cpu_s(pid) - cpu0, thread_cpu_s(pid, pid) - loop0
+                        cpu, loop = tree_cpu_s(pid) - cpu0, thread_cpu_s(engine, engine) - loop0
+                        # One process serving: its engine is the server, one reading for both.
+                        engine_cpu = cpu if engine == pid else process_cpu_s(engine) - engine0
                         ok = max(res.ok, 1)
-                        cells.append(AbCell(name, endpoint, c, res.req_per_s, res.p50_ms, res.p99_ms,
-                                            1000 * cpu / ok, 1000 * loop / ok, res.failed))  # fmt: skip
+                        cells.append(AbCell(name, endpoint, c, res.req_per_s, res.p50_ms, res.p99_ms, 1000 * cpu / ok,
+                                            1000 * engine_cpu / ok, 1000 * loop / ok, res.failed))  # fmt: skip
                 summary_row(cells, args.a.name, args.b.name, endpoint, c, flush=True)
     print()
     print(f"machine: {info['cpu']}, {info['cores']} cores; {args.cells} cells of {args.cell} s per variant and row, "
           f"alternating; load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(
-        f"| endpoint, c | CPU ms / answer {args.a.name} | {args.b.name} | B / A | event loop ms {args.a.name} | "
-        f"{args.b.name} | req/s {args.a.name} | {args.b.name} | p50 / p99 ms {args.a.name} | {args.b.name} | failed |"
+        f"| endpoint, c | CPU ms / answer {args.a.name} | {args.b.name} | B / A | engine ms {args.a.name} | "
+        f"{args.b.name} | B / A | its event loop ms {args.a.name} | {args.b.name} | req/s {args.a.name} | "
+        f"{args.b.name} | p50 / p99 ms {args.a.name} | {args.b.name} | failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for endpoint in args.endpoints:
         for c in args.concurrency:
             summary_row(cells, args.a.name, args.b.name, endpoint, c)
@@ -135,7 +143,8 @@ def summary_row(cells: list[AbCell], a: str, b: str, endpoint: str, c: int, flus
 
     failed = sum(x.failed for x in cells if (x.endpoint, x.concurrency) == (endpoint, c))
     print(f"| /{endpoint}, c={c} | {med(a, 'cpu_ms'):.2f} | {med(b, 'cpu_ms'):.2f} | "
-          f"**{med(b, 'cpu_ms') / med(a, 'cpu_ms'):.2f}x** | {med(a, 'loop_ms'):.2f} | {med(b, 'loop_ms'):.2f} | "
+          f"**{med(b, 'cpu_ms') / med(a, 'cpu_ms'):.2f}x** | {med(a, 'engine_ms'):.2f} | {med(b, 'engine_ms'):.2f} | "
+          f"**{med(b, 'engine_ms') / med(a, 'engine_ms'):.2f}x** | {med(a, 'loop_ms'):.2f} | {med(b, 'loop_ms'):.2f} | "
           f"{med(a, 'req_per_s'):.0f} | {med(b, 'req_per_s'):.0f} | {med(a, 'p50_ms'):.0f} / {med(a, 'p99_ms'):.0f} | "
           f"{med(b, 'p50_ms'):.0f} / {med(b, 'p99_ms'):.0f} | {failed} |", flush=flush)  # fmt: skip
 

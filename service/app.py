@@ -19,6 +19,7 @@ from fastapi.security import HTTPBearer
 from model_store import ModelStore, open_backend
 from model_store.version import package_version
 from service.api.deps import Services
+from service.api.direct_routes import DirectRoutesMiddleware
 from service.api.errors import install_error_handlers
 from service.api.middleware import (
     AdmissionMiddleware,
@@ -116,10 +117,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.playground:
         install_playground(app)
     # Added last = outermost. Order of a request: security headers -> observe -> HEAD as GET -> CORS
-    # -> admission -> auth -> body cap -> multipart forms to JSON -> routes, so every answer carries
+    # -> admission -> auth -> body cap -> multipart forms to JSON -> (on the engine, pre-decoded
+    # requests to the answering routes: service.api.direct_routes) -> routes, so every answer carries
     # the security headers, metrics and the access log see every answer (a HEAD as a HEAD, on its
     # route), CORS preflights need no key, a request over the in-flight bound costs no key check
     # and an upload is counted by the cap before it is parsed.
+    app.add_middleware(DirectRoutesMiddleware, routes=[route for router in routers for route in router.routes])
     app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)

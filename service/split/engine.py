@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from service.split.pixel_ring import SharedPixels
 from service.split.wire import (
     FRONT_END_HEADER,
     GENERATION_HEADER,
@@ -67,6 +68,7 @@ class EngineGate:
     def __init__(self, app: Any, models: Any) -> None:
         self.app = app
         self.table = SpecTable(models)
+        self.rings = SharedPixels()  # the front-ends' shared memory, for requests with large pixels
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -92,7 +94,7 @@ class EngineGate:
             return
         body = await _read_body(receive)
         try:
-            request_json, images = unpack(body, int(manifest_length))
+            request_json, images = unpack(body, int(manifest_length), self.rings)
         except (MalformedFrame, ValueError) as exc:
             log.error("a front-end sent %s", exc)
             await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})

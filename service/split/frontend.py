@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 
 from service.config import Settings
 from service.split.channel import EngineChannel, EngineUnavailable
-from service.split.predecode import IMAGE_ROUTES, rewrite
+from service.split.pixel_ring import PixelLease, PixelRing
+from service.split.predecode import IMAGE_ROUTES, Rewritten, rewrite
 from service.split.wire import FRONT_END_HEADER, GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH
 
 log = logging.getLogger("service")
@@ -61,6 +62,7 @@ class FrontEnd:
         self.client: httpx.AsyncClient | None = None  # for streamed request bodies
         self.channel = EngineChannel(engine_socket)  # for whole ones: lighter (service.split.channel)
         self.table: dict[str, Any] | None = None
+        self.ring = PixelRing.open()  # pixels of large images by shared memory (service.split.pixel_ring)
         self.generation: str | None = None
         self.decode_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.batching.decode_workers, thread_name_prefix="decode"
@@ -105,6 +107,8 @@ class FrontEnd:
                     await self.client.aclose()
                 self.channel.close()
                 self.decode_pool.shutdown(wait=False, cancel_futures=True)
+                if self.ring is not None:
+                    self.ring.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -113,14 +117,15 @@ class FrontEnd:
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         content: bytes | AsyncIterator[bytes] = b""
         outcome = "as_sent"
+        shared: PixelLease | None = None
         if scope["method"] == "POST" and length is not None and length.isdigit():
             if scope["path"] in IMAGE_ROUTES and int(length) <= self.settings.limits.max_body_bytes and _is_json(scope):
                 body = await _read_body(receive)
                 rewritten = await self._predecode(scope["path"], body)
                 if rewritten is not None:
-                    content, manifest_length, count = rewritten
-                    headers.append((PREDECODED_HEADER.encode(), str(manifest_length).encode()))
-                    self.images.inc(count)
+                    content, shared = rewritten.body, rewritten.shared
+                    headers.append((PREDECODED_HEADER.encode(), str(rewritten.manifest_length).encode()))
+                    self.images.inc(rewritten.images)
                     outcome = "predecoded"
                 else:
                     content = body
@@ -132,14 +137,23 @@ class FrontEnd:
         target = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
                                                          if scope["query_string"] else "")  # fmt: skip
         await self._forward(scope, target, headers, content, outcome, send)
+        # The engine has read the pixels once it answered (or could not: it was not there). A relay
+        # cancelled mid-way (a shutdown) keeps its region: the engine may not have read it yet.
+        if shared is not None:
+            shared.release()
 
-    async def _predecode(self, path: str, body: bytes) -> tuple[bytes, int, int] | None:
+    async def _predecode(self, path: str, body: bytes) -> Rewritten | None:
         if self.table is None:
             await self._read_table()
-        table, settings = self.table, self.settings
+        table, settings, ring = self.table, self.settings, self.ring
         if len(body) <= INLINE_BODY_BYTES:
-            return rewrite(path, body, table, settings)
-        return await asyncio.get_running_loop().run_in_executor(self.decode_pool, rewrite, path, body, table, settings)
+            return rewrite(path, body, table, settings, ring)
+        decoding = self.decode_pool.submit(rewrite, path, body, table, settings, ring)
+        try:
+            return await asyncio.wrap_future(decoding)
+        except asyncio.CancelledError:
+            decoding.add_done_callback(_release_unsent)  # the client left while its images decoded
+            raise
 
     async def _read_table(self) -> None:
         assert self.client is not None
@@ -219,6 +233,13 @@ class FrontEnd:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
+
+
+def _release_unsent(decoding: concurrent.futures.Future[Rewritten | None]) -> None:
+    if not decoding.cancelled() and decoding.exception() is None:
+        rewritten = decoding.result()
+        if rewritten is not None and rewritten.shared is not None:
+            rewritten.shared.release()
 
 
 def _is_json(scope: Scope) -> bool:

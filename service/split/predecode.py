@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,8 @@ from clipcore.errors import ClipError
 from clipcore.models.preprocess import fit_square
 from service.config import Settings
 from service.images import decode_base64, decode_image
-from service.split.wire import pack, spec_side
+from service.split.pixel_ring import MIN_SHARED_BYTES, PixelLease, PixelRing
+from service.split.wire import pack, pixel_bytes, spec_side
 
 # The routes whose bodies carry ImageInput objects, and where. /score/dense/heatmap is left out on
 # purpose: it draws the picture itself, so its image must stay data or url.
@@ -59,8 +61,19 @@ def choose_spec(table: dict[str, Any] | None, doc: dict[str, Any]) -> str | None
     return None
 
 
-def rewrite(path: str, body: bytes, table: dict[str, Any] | None, settings: Settings) -> tuple[bytes, int, int] | None:
-    """(rewritten body, manifest length, images pre-decoded), or None to forward ``body`` as it is."""
+@dataclass
+class Rewritten:
+    body: bytes
+    manifest_length: int
+    images: int  # image objects of the request that went as pixels
+    shared: PixelLease | None  # the ring's region of their pixels, to release once answered
+
+
+def rewrite(
+    path: str, body: bytes, table: dict[str, Any] | None, settings: Settings, ring: PixelRing | None = None
+) -> Rewritten | None:
+    """The rewritten body, or None to forward ``body`` as it is. Pixels of at least
+    ``MIN_SHARED_BYTES`` go into ``ring`` where it has room."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser
@@ -89,8 +102,10 @@ def rewrite(path: str, body: bytes, table: dict[str, Any] | None, settings: Sett
         except ClipError:
             return None  # the engine says what is wrong, as it always has
         container[key] = {"sha256": digest}
-    packed, manifest_length = pack(json.dumps(doc, separators=(",", ":")).encode(), images)
-    return packed, manifest_length, len(slots)
+    size = pixel_bytes(images)
+    shared = ring.lease(size) if ring is not None and size >= MIN_SHARED_BYTES else None
+    packed, manifest_length = pack(json.dumps(doc, separators=(",", ":")).encode(), images, shared)
+    return Rewritten(packed, manifest_length, len(slots), shared)
 
 
 def _is_data_image(value: Any) -> bool:

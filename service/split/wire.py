@@ -1,7 +1,9 @@
 """What a front-end hands the engine besides a request: the images it already decoded.
 
-A rewritten request body is ``manifest + request JSON + per image (its bytes, then its pixels)``;
-the ``x-clip-predecoded`` header carries the manifest's length. In the request JSON each
+A rewritten request body is ``manifest + request JSON + per image (its bytes, then its pixels)``,
+or, where the manifest names a front-end's shared memory ring and an offset
+(``service.split.pixel_ring``), ``manifest + request JSON + per image its bytes``, the pixels one
+after another in the ring; the ``x-clip-predecoded`` header carries the manifest's length. In the request JSON each
 pre-decoded image object ``{"data": ...}`` became ``{"sha256": ...}`` of its bytes, the key the
 pipeline caches it under; the engine's pipeline finds the bytes and pixels by that digest
 (``PREDECODED``), uses the pixels when they were made under the preprocessing of the version that
@@ -14,9 +16,12 @@ from __future__ import annotations
 import json
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from service.split.pixel_ring import PixelLease, SharedPixels
 
 PREDECODED_HEADER = "x-clip-predecoded"
 # Every engine answer says which preprocessing its loaded versions use (a digest of the table at
@@ -59,40 +64,69 @@ class MalformedFrame(ValueError):
     """A rewritten body that does not add up (never from a working front-end)."""
 
 
-def pack(request_json: bytes, images: dict[str, tuple[bytes, str, np.ndarray]]) -> tuple[bytes, int]:
-    """The body and the manifest length for ``images`` (sha256 -> bytes, spec, pixels)."""
-    manifest = json.dumps(
-        {
-            "json": len(request_json),
-            "images": [{"sha256": d, "spec": spec, "raw": len(raw)} for d, (raw, spec, _) in images.items()],
-        }
-    ).encode()
+def pixel_bytes(images: dict[str, tuple[bytes, str, np.ndarray]]) -> int:
+    """What the pixels of ``images`` take, in the body or in a shared ring (``pack``'s ``shared``)."""
+    return sum(spec_side(spec) ** 2 * 3 for _, spec, _ in images.values())
+
+
+def pack(
+    request_json: bytes, images: dict[str, tuple[bytes, str, np.ndarray]], shared: PixelLease | None = None
+) -> tuple[bytes, int]:
+    """The body and the manifest length for ``images`` (sha256 -> bytes, spec, pixels); with
+    ``shared`` (``pixel_bytes(images)`` bytes of a front-end's ring) the pixels go there, one
+    after another, and the manifest names the ring and the offset instead."""
+    head: dict[str, Any] = {
+        "json": len(request_json),
+        "images": [{"sha256": d, "spec": spec, "raw": len(raw)} for d, (raw, spec, _) in images.items()],
+    }
+    if shared is not None:
+        head["shared"] = [shared.name, shared.offset]
+    manifest = json.dumps(head).encode()
     parts: list[bytes | memoryview] = [manifest, request_json]
+    at = 0
     for raw, _, pixels in images.values():
-        parts += [raw, np.ascontiguousarray(pixels, dtype=np.uint8).data]
+        data = np.ascontiguousarray(pixels, dtype=np.uint8).data
+        if shared is None:
+            parts += [raw, data]
+        else:
+            parts.append(raw)
+            shared.view[at : at + data.nbytes] = data.cast("B")
+            at += data.nbytes
     return b"".join(parts), len(manifest)
 
 
-def unpack(body: bytes, manifest_length: int) -> tuple[bytes, dict[str, Predecoded]]:
-    """The request JSON and the pre-decoded images of a rewritten body (views, no copies of pixels)."""
+def unpack(body: bytes, manifest_length: int, rings: SharedPixels | None = None) -> tuple[bytes, dict[str, Predecoded]]:
+    """The request JSON and the pre-decoded images of a rewritten body (views of the body, or of
+    one copy of the request's pixels out of the front-end's ring read through ``rings``)."""
     try:
         manifest = json.loads(body[:manifest_length])
         at = manifest_length + int(manifest["json"])
         request_json = body[manifest_length:at]
+        entries = [(str(e["sha256"]), str(e["spec"]), int(e["raw"])) for e in manifest["images"]]
+        sizes = [spec_side(spec) ** 2 * 3 for _, spec, _ in entries]
+        pixels_from: memoryview | None = None
+        if "shared" in manifest:
+            if rings is None:
+                raise MalformedFrame("pixels in shared memory, and no reader for them")
+            name, offset = manifest["shared"]
+            pixels_from = memoryview(rings.read(str(name), int(offset), sum(sizes)))
         view = memoryview(body)
         images: dict[str, Predecoded] = {}
-        for entry in manifest["images"]:
-            spec, raw_length = str(entry["spec"]), int(entry["raw"])
+        taken = 0
+        for (digest, spec, raw_length), size in zip(entries, sizes, strict=True):
             side = spec_side(spec)
             raw = body[at : at + raw_length]
             at += raw_length
-            size = side * side * 3
-            if at + size > len(body) or len(raw) != raw_length:
-                raise MalformedFrame("pixels past the end of the body")
-            pixels = np.frombuffer(view[at : at + size], dtype=np.uint8).reshape(side, side, 3)
-            at += size
-            images[str(entry["sha256"])] = Predecoded(raw, spec, pixels)
-    except (KeyError, TypeError, ValueError) as exc:
+            if len(raw) != raw_length:
+                raise MalformedFrame("image bytes past the end of the body")
+            if pixels_from is None:
+                if at + size > len(body):
+                    raise MalformedFrame("pixels past the end of the body")
+                data, at = view[at : at + size], at + size
+            else:
+                data, taken = pixels_from[taken : taken + size], taken + size
+            images[digest] = Predecoded(raw, spec, np.frombuffer(data, dtype=np.uint8).reshape(side, side, 3))
+    except (KeyError, TypeError, ValueError, OSError) as exc:
         raise MalformedFrame(f"a pre-decoded body that does not add up: {exc}") from None
     if at != len(body):
         raise MalformedFrame("bytes after the last pre-decoded image")

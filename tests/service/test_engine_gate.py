@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,86 @@ def test_a_body_that_does_not_add_up_is_refused(gated: Any) -> None:
     body, headers = _packed(raw, "64/bicubic/shortest", np.zeros((64, 64, 3), np.uint8))
     r = httpx.post(f"{gated.url}/embed", content=body[:-10], headers=headers)
     assert r.status_code == 500 and "does not add up" in r.text
+
+
+def test_a_pre_decoded_answer_is_the_bytes_and_headers_of_the_usual_path(gated: Any) -> None:
+    raw = _jpeg(5)
+    spec = _table(gated).json()["default"]
+    side = int(spec.split("/")[0])
+    pixels = fit_square(decode_image(raw, "image", 10**8, min_side=side), side)
+    plain = httpx.post(f"{gated.url}/embed", json={"images": [{"data": base64.b64encode(raw).decode()}]})
+    ok_embed = {"route": "/embed", "method": "POST", "status": "200"}
+    answered = metric_value(gated.url, "clip_http_requests_total", **ok_embed)
+    body, headers = _packed(raw, spec, pixels)
+    direct = httpx.post(f"{gated.url}/embed", content=body, headers=headers)  # the cache entry plain made
+    assert direct.status_code == 200 and direct.content == plain.content
+    skip = {"date", "x-queue-time", "x-inference-time"}  # no batch ran for a cached image
+    assert [(k, v) for k, v in direct.headers.items() if k not in skip] == [
+        (k, v) for k, v in plain.headers.items() if k not in skip
+    ]
+    # counted on its route as any answer (the metrics and the access log are the middleware's)
+    assert metric_value(gated.url, "clip_http_requests_total", **ok_embed) == answered + 1
+
+
+def test_a_pre_decoded_request_that_does_not_validate_gets_fastapis_answer(gated: Any) -> None:
+    raw = _jpeg(6)
+    digest = hashlib.sha256(raw).hexdigest()
+    spec = _table(gated).json()["default"]
+    side = int(spec.split("/")[0])
+    for request in (
+        {"images": [{"sha256": digest}], "encoding_format": "hex"},  # 422 from FastAPI's validation
+        {"images": [{"sha256": digest}], "model": "nosuch"},  # 404 from the route (a ClipError)
+        {"images": [{"sha256": digest}], "texts": ["both"]},  # 422 from the request model
+    ):
+        request_json = json.dumps(request).encode()
+        body, manifest_length = pack(request_json, {digest: (raw, spec, np.zeros((side, side, 3), np.uint8))})
+        headers = {PREDECODED_HEADER: str(manifest_length), "content-type": "application/json"}
+        direct = httpx.post(f"{gated.url}/embed", content=body, headers=headers)
+        plain_request = {**request, "images": [{"data": base64.b64encode(raw).decode()}]}
+        plain = httpx.post(f"{gated.url}/embed", json=plain_request)
+        assert direct.status_code == plain.status_code and direct.status_code in (404, 422), direct.text
+        assert direct.json() == plain.json()
+
+
+def test_the_hot_routes_take_the_short_way_and_only_they() -> None:
+    from service.api.direct_routes import DIRECT_PATHS, direct_route
+    from service.api.routes import classify, dense, embed, models, rank
+
+    routes = [route for module in (classify, dense, embed, models, rank) for route in module.router.routes]
+    taken = {route.path for route in routes if direct_route(route) is not None}  # type: ignore[attr-defined]
+    assert taken == DIRECT_PATHS  # a signature the short way cannot call would fall out of it here
+    assert "/score/dense/heatmap" not in taken
+
+
+def test_pixels_from_a_front_ends_shared_memory_answer_as_inline_ones(gated: Any) -> None:
+    from service.split.pixel_ring import PixelRing
+
+    raw = _jpeg(7)
+    spec = _table(gated).json()["default"]
+    side = int(spec.split("/")[0])
+    pixels = fit_square(decode_image(raw, "image", 10**8, min_side=side), side)
+    digest = hashlib.sha256(raw).hexdigest()
+    ring = PixelRing(size=1024 * 1024)
+    try:
+        lease = ring.lease(pixels.nbytes)
+        assert lease is not None
+        body, manifest_length = pack(
+            f'{{"images":[{{"sha256":"{digest}"}}]}}'.encode(), {digest: (raw, spec, pixels)}, lease
+        )
+        headers = {PREDECODED_HEADER: str(manifest_length), "content-type": "application/json"}
+        used = metric_value(gated.url, "clip_predecoded_images_total", outcome="used")
+        shared = httpx.post(f"{gated.url}/embed", content=body, headers=headers)
+        lease.release()
+        assert shared.status_code == 200, shared.text
+        assert metric_value(gated.url, "clip_predecoded_images_total", outcome="used") == used + 1
+        inline = httpx.post(f"{gated.url}/embed", json={"images": [{"data": base64.b64encode(raw).decode()}]})
+        assert inline.json()["embeddings"] == shared.json()["embeddings"]  # the cache entry the shared pixels made
+        forged = json.dumps({**json.loads(body[:manifest_length]), "shared": ["clip-pixels-1-ab", 0]}).encode()
+        refused = httpx.post(
+            f"{gated.url}/embed",
+            content=forged + body[manifest_length:],
+            headers={**headers, PREDECODED_HEADER: str(len(forged))},
+        )
+        assert refused.status_code == 500 and "does not add up" in refused.text  # no such ring
+    finally:
+        ring.close()

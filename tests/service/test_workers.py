@@ -162,12 +162,37 @@ def test_metrics_is_one_scrape_of_the_engine_and_the_front_ends(split: Split) ->
     assert text.count("# TYPE clip_frontend_requests_total counter") == 1
 
 
+def _children(split: Split) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{split.process.pid}/task/{split.process.pid}/children").read_text().split()]
+
+
+def _front_ends(split: Split) -> list[int]:
+    return [c for c in _children(split) if b"service.split.frontend" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def test_pixels_past_the_inline_size_cross_by_shared_memory(single: Any, split: Split, make_image: Any) -> None:
+    from service.split.pixel_ring import MIN_SHARED_BYTES, SHM_DIR
+
+    # three distinct 64 px images: 36 KiB of pixels, past MIN_SHARED_BYTES (one alone stays inline)
+    images = [make_image("circle", "green", x=0.2), make_image("square", "red", x=0.7), make_image("cross", "blue")]
+    assert 3 * 64 * 64 * 3 >= MIN_SHARED_BYTES > 64 * 64 * 3
+    rings = {pid: list(SHM_DIR.glob(f"clip-pixels-{pid}-*")) for pid in _front_ends(split)}
+    assert all(len(found) == 1 for found in rings.values()), rings  # one ring per front-end
+    used = metric_value(split.url, "clip_predecoded_images_total", outcome="used")
+    for _ in range(4):  # over both front-ends, most likely; each answer frees its region for the next
+        one = httpx.post(f"{single.url}/embed", json={"images": images}, timeout=60)
+        two = httpx.post(f"{split.url}/embed", json={"images": images}, timeout=60)
+        assert (one.status_code, two.status_code) == (200, 200), two.text
+        close(one.json(), two.json())
+    assert metric_value(split.url, "clip_predecoded_images_total", outcome="used") == used + 3  # cached after
+
+
 def test_a_front_end_that_dies_ends_the_service(split: Split) -> None:
     """Last of the tests on the module's service: it stops it."""
-    children = [
-        int(c) for c in Path(f"/proc/{split.process.pid}/task/{split.process.pid}/children").read_text().split()
-    ]
-    frontend = next(c for c in children if b"service.split.frontend" in Path(f"/proc/{c}/cmdline").read_bytes())
+    from service.split.pixel_ring import SHM_DIR
+
+    children = _children(split)
+    frontend = _front_ends(split)[0]
     os.kill(frontend, signal.SIGKILL)
     assert split.process.wait(timeout=60) != 0
     assert "exited with code -9: stopping the service" in split.log.read_text()
@@ -176,6 +201,10 @@ def test_a_front_end_that_dies_ends_the_service(split: Split) -> None:
         while Path(f"/proc/{child}").exists() and b"zombie" not in _state(child):
             assert time.monotonic() < deadline, f"process {child} outlived the service"
             time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while list(SHM_DIR.glob(f"clip-pixels-{frontend}-*")):  # the killed one's ring goes with it
+        assert time.monotonic() < deadline, "a dead front-end's shared memory was left behind"
+        time.sleep(0.1)
 
 
 def _state(pid: int) -> bytes:

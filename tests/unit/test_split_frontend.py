@@ -40,9 +40,8 @@ def test_data_images_become_digests_with_the_pixels_the_engine_would_make() -> N
     body = json.dumps({"images": [{"data": _b64(red)}, {"data": _b64(blue)}, {"data": _b64(red)}]}).encode()
     result = rewrite("/embed", body, TABLE, Settings())
     assert result is not None
-    packed, manifest_length, count = result
-    assert count == 3
-    request_json, images = unpack(packed, manifest_length)
+    assert result.images == 3 and result.shared is None  # no ring given
+    request_json, images = unpack(result.body, result.manifest_length)
     digests = [hashlib.sha256(raw).hexdigest() for raw in (red, blue, red)]
     assert json.loads(request_json) == {"images": [{"sha256": d} for d in digests]}
     assert list(images) == digests[:2]  # each distinct image once
@@ -56,9 +55,9 @@ def test_pairs_and_single_images_are_found_where_their_routes_put_them() -> None
     image = {"data": _b64(_png())}
     pair = {"image_a": image, "image_b": {"url": "http://example.com/x.png"}, "difference": "d"}
     result = rewrite("/rank-pair", json.dumps({"pairs": [pair]}).encode(), TABLE, Settings())
-    assert result is not None and result[2] == 1  # the URL stays for the engine to fetch
+    assert result is not None and result.images == 1  # the URL stays for the engine to fetch
     dense = rewrite("/score/dense", json.dumps({"image": image, "texts": ["t"]}).encode(), TABLE, Settings())
-    assert dense is not None and dense[2] == 1
+    assert dense is not None and dense.images == 1
 
 
 @pytest.mark.parametrize(
@@ -94,7 +93,7 @@ def test_a_truncated_frame_is_refused() -> None:
     result = rewrite("/embed", body, TABLE, Settings())
     assert result is not None
     with pytest.raises(MalformedFrame):
-        unpack(result[0][:-1], result[1])
+        unpack(result.body[:-1], result.manifest_length)
 
 
 def test_auto_workers_and_the_engine_threads_never_exceed_the_cores() -> None:
