@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(1, args.rounds + 1):
             for server in servers if r % 2 == 1 else servers[::-1]:
                 kind = server if server in PEERS else "service"
-                log = None if kind == "infinity" else tmp / f"{kind}-{server}.log"
+                log = tmp / f"{kind}-{server}.log"  # Infinity writes none
                 if kind == "infinity":
                     from loadtests.peer.benchmark import infinity_process
 
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> None:
                 elif kind == "pytriton":
                     from loadtests.peer.triton_peer import pytriton_process
 
-                    assert triton_python is not None and log is not None
+                    assert triton_python is not None
                     context = pytriton_process(triton_python, Path(args.arch), args.threads,
                                                args.pytriton_batch_size, log)  # fmt: skip
                 else:
