@@ -38,9 +38,10 @@ Servers run one at a time; ``--rounds`` alternate their order. Endpoints (``--en
 one difference text), this service only. Each server's resident memory (its process tree) is read
 idle after the first warm-up and after its last cell.
 
-Output: per endpoint a table (req/s per round, p50 / p99 of the better round, service / Infinity
-as the ratio of the medians over rounds, % of the decode-only ceiling on all cores, wrk's CPU per
-request), the memory table, the machine and the command; ``--json OUT`` writes every figure.
+Output: per endpoint a table (req/s per round, p50 / p99 of the better round, each service
+variant / each peer as the ratio of the medians over rounds, % of the decode-only ceiling on all
+cores, wrk's CPU per request), the memory table, the machine and the command; ``--json OUT``
+writes every figure.
 
     .venv/bin/python -m loadtests.bench_host_path --duration 10 --rounds 2 --threads 2
     .venv/bin/python -m loadtests.bench_host_path --service torch-fp32 --service auto:CLIP_PRECISION=auto \\
