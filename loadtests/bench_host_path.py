@@ -7,6 +7,11 @@ JSON, base64, validation, image decode and preprocessing, batching, serialisatio
 - **Infinity** serving the same dimensions (``loadtests.peer``: its own virtualenv, created on
   first use, a ``transformers.CLIPModel`` built from the same config, torch engine, CPU;
   ``--no-infinity`` skips it), on ``POST /embeddings``;
+- **NVIDIA Triton through PyTriton** (``--pytriton``; ``loadtests.peer.triton_peer``: its own
+  virtualenv, created on first use) serving the same image tower (random weights, torch, CPU) with
+  its dynamic batcher, on Triton's own KServe v2 HTTP protocol (``POST /v2/models/clip_image/infer``,
+  one BYTES tensor holding the base64 JPEG; FP32 embeddings back in JSON); base64, JPEG decode and
+  preprocessing run in the Python model function (``loadtests/peer/pytriton_server.py``);
 - **the decode-only ceiling**: in-process, on the same cores, the service's own code path
   for one image (``service.images.decode_base64`` of the same base64, ``decode_image`` with the
   service's default limits, ``bundle.preprocess`` to 64 px) looped for ``--ceiling-duration``
@@ -33,9 +38,10 @@ Servers run one at a time; ``--rounds`` alternate their order. Endpoints (``--en
 one difference text), this service only. Each server's resident memory (its process tree) is read
 idle after the first warm-up and after its last cell.
 
-Output: per endpoint a table (req/s per round, p50 / p99 of the better round, service / Infinity
-as the ratio of the medians over rounds, % of the decode-only ceiling on all cores, wrk's CPU per
-request), the memory table, the machine and the command; ``--json OUT`` writes every figure.
+Output: per endpoint a table (req/s per round, p50 / p99 of the better round, each service
+variant / each peer as the ratio of the medians over rounds, % of the decode-only ceiling on all
+cores, wrk's CPU per request), the memory table, the machine and the command; ``--json OUT``
+writes every figure.
 
     .venv/bin/python -m loadtests.bench_host_path --duration 10 --rounds 2 --threads 2
     .venv/bin/python -m loadtests.bench_host_path --service torch-fp32 --service auto:CLIP_PRECISION=auto \\
@@ -76,6 +82,7 @@ ENDPOINTS = {"embed": 1, "classify": 1, "rank-pair": 2}  # images per request
 COUNTER_AT, COUNTER_LEN = 6, 15
 CEILING_CELL = 9999  # the counter's cell digits for the in-process ceiling's images
 IMG = "@IMG@"  # where the Lua script puts each image's base64 in a body template
+PEERS = ("infinity", "pytriton")  # the other servers, embed only
 
 
 # ----------------------------------------------------------------------------- unique JPEGs
@@ -145,6 +152,12 @@ def body_template(server_kind: str, endpoint: str) -> tuple[str, str]:
     from loadtests.run import DIFFERENCE, LABELS_20
 
     image = {"data": IMG}
+    if server_kind == "pytriton":
+        if endpoint != "embed":
+            raise ValueError(f"the PyTriton peer answers embed only, not {endpoint}")
+        from loadtests.peer.triton_peer import INFER_PATH, infer_body
+
+        return INFER_PATH, infer_body(IMG)
     if server_kind == "infinity":
         if endpoint != "embed":
             raise ValueError(f"Infinity answers embed only, not {endpoint}")
@@ -318,8 +331,10 @@ class Variant:
 def parse_variant(text: str) -> Variant:
     """``NAME:ENV=VALUE,ENV=VALUE`` (or ``NAME``) -> a service variant."""
     name, _, settings = text.partition(":")
-    if not re.fullmatch(r"[\w.+-]+", name) or name == "infinity":
-        raise argparse.ArgumentTypeError(f"{text!r}: a variant is NAME:ENV=VALUE,... with a plain NAME (not infinity)")
+    if not re.fullmatch(r"[\w.+-]+", name) or name in PEERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a variant is NAME:ENV=VALUE,... with a plain NAME (not {' or '.join(PEERS)})"
+        )
     env = {}
     for item in filter(None, settings.split(",")):
         key, eq, value = item.partition("=")
@@ -488,15 +503,15 @@ def endpoint_table(
             rates = " / ".join(_fmt(c.result.req_per_s) for c in sorted(runs, key=lambda c: c.round))
             row.append(f"{rates} ({best.p50_ms:.1f} / {best.p99_ms:.1f})")
         lines.append(f"| {s} | " + " | ".join(row) + " |")
-    if "infinity" in present:
+    for peer in (p for p in PEERS if p in present):
         for s in present:
-            if s == "infinity":
+            if s in PEERS:
                 continue
             ratios = []
             for k in concurrency:
-                mine, theirs = rate(s, k), rate("infinity", k)
+                mine, theirs = rate(s, k), rate(peer, k)
                 ratios.append(f"**{mine / theirs:.2f}x**" if mine is not None and theirs else "-")
-            lines.append(f"| {s} / infinity (medians) | " + " | ".join(ratios) + " |")
+            lines.append(f"| {s} / {peer} (medians) | " + " | ".join(ratios) + " |")
     for s in present:
         shares = []
         for k in concurrency:
@@ -551,6 +566,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ceiling-duration", type=float, default=5.0, help="seconds of the decode-only ceiling")
     parser.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     parser.add_argument("--infinity-batch-size", type=int, default=32)
+    parser.add_argument("--pytriton", action="store_true", help="add Triton through PyTriton (embed only)")
+    parser.add_argument("--pytriton-venv", type=Path, default=ROOT / ".bench" / "pytriton-venv")
+    parser.add_argument("--pytriton-batch-size", type=int, default=32, help="its dynamic batcher's largest batch")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args(argv)
     command = shlex.join([sys.executable, "-m", "loadtests.bench_host_path",
@@ -560,6 +578,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--service: each variant needs its own NAME")
     if args.arch != str(TINY_VIT) and not args.no_infinity:
         raise SystemExit("--arch: Infinity serves the tiny ViT only; add --no-infinity")
+    if args.pytriton and not args.arch.endswith(".json"):
+        raise SystemExit("--pytriton serves an open_clip config JSON (--arch PATH.json), not a model name")
     if min(args.concurrency) < 1 or args.duration < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("--concurrency and --duration must be at least 1, --rounds at least 1")
     wrk_or_exit()
@@ -568,6 +588,11 @@ def main(argv: list[str] | None = None) -> None:
         from loadtests.peer.benchmark import ensure_infinity
 
         exe = ensure_infinity(args.infinity_venv)
+    triton_python = None
+    if args.pytriton:
+        from loadtests.peer.triton_peer import ensure_pytriton
+
+        triton_python = ensure_pytriton(args.pytriton_venv)
 
     from loadtests.bench_rss import process_cpu_s, settle_rss, tree_cpu_s, tree_rss_mib
     from loadtests.benchmark import publish_random_arch
@@ -606,27 +631,34 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)  # fmt: skip
 
         templates: dict[tuple[str, str], tuple[str, Path]] = {}
-        for kind in ("service", "infinity"):
+        for kind in ("service", *PEERS):
             for endpoint in args.endpoints if kind == "service" else ["embed"]:
                 path, body = body_template(kind, endpoint)
                 file = tmp / f"{kind}-{endpoint}.json"
                 file.write_text(body + "\n")
                 templates[kind, endpoint] = (path, file)
 
-        servers = [v.name for v in variants] + (["infinity"] if exe is not None else [])
+        servers = ([v.name for v in variants] + (["infinity"] if exe is not None else [])
+                   + (["pytriton"] if triton_python is not None else []))  # fmt: skip
         cells: list[Cell] = []
         rss: dict[str, list[tuple[float, float]]] = {s: [] for s in servers}
         roles: dict[str, dict[str, list[float]]] = {}
         cell_id = 0
         for r in range(1, args.rounds + 1):
             for server in servers if r % 2 == 1 else servers[::-1]:
-                kind = "infinity" if server == "infinity" else "service"
-                log = None if kind == "infinity" else tmp / f"service-{server}.log"
-                if log is None:
+                kind = server if server in PEERS else "service"
+                log = tmp / f"{kind}-{server}.log"  # Infinity writes none
+                if kind == "infinity":
                     from loadtests.peer.benchmark import infinity_process
 
                     assert exe is not None
                     context = infinity_process(exe, {SERVED_NAME: peer_dir}, args.threads, args.infinity_batch_size)
+                elif kind == "pytriton":
+                    from loadtests.peer.triton_peer import pytriton_process
+
+                    assert triton_python is not None
+                    context = pytriton_process(triton_python, Path(args.arch), args.threads,
+                                               args.pytriton_batch_size, log)  # fmt: skip
                 else:
                     variant = next(v for v in variants if v.name == server)
                     context = service_process(store, "bench@production", args.threads, variant.env, onnx_cache, log)
