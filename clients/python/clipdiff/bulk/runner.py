@@ -192,7 +192,9 @@ async def run_async(
         # order (a slow head) does not leave the server idle; the window bounds what is held.
         window: deque[asyncio.Task[list[dict[str, Any]]]] = deque()
         try:
-            for rows in _batches(dataset.rows(start + resumed, stop), size):
+            batches = _batches(dataset.rows(start + resumed, stop), size)
+            # Reading (files, tar members) runs in a thread, so answers keep arriving meanwhile.
+            while rows := await asyncio.to_thread(next, batches, None):
                 window.append(asyncio.ensure_future(scorer.batch(rows)))
                 while len(window) >= 2 * slots:
                     take(await window.popleft())
