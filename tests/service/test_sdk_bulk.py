@@ -114,15 +114,17 @@ def test_classify_jsonl_with_bad_lines(tmp_path: Path, pictures: list[bytes], ur
     lines.insert(2, "{not json")
     lines.append(json.dumps({"id": "gone", "image": "img/missing.png"}))
     lines.append(json.dumps({"id": "no-image"}))
+    lines.append(json.dumps({"id": "never-seen", "image": {"sha256": "0" * 64}}))
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n\n")
     labels = ("circle", "square", "cross")
     run("classify", tmp_path / "data.jsonl", tmp_path / "out.parquet", base_url=url, progress="none",
         options=BulkOptions(labels=labels))  # fmt: skip
     rows = read(tmp_path / "out.parquet")
     assert [r["key"] for r in rows] == ["item-0", "item-1", "2", "item-2", "item-3", "item-4", "item-5", "gone",
-                                        "no-image"]  # fmt: skip
+                                        "no-image", "never-seen"]  # fmt: skip
     assert rows[2]["error"].startswith("line 3 is not JSON")
     assert rows[7]["error"].startswith("unreadable image: ") and rows[8]["error"] == "no image in this row"
+    assert rows[9]["error"].startswith("unknown_image: ")  # the server's 404 for this row alone
     good = [r for r in rows if r["error"] is None]
     expected = client.classify(pictures[:6], list(labels))
     assert [r["label"] for r in good] == expected.labels

@@ -6,8 +6,8 @@ server's ``max_concurrent_requests``), each sent with the SDK's retry policy (42
 for ``Retry-After``). Answers are written in input order, ``row_group_rows`` rows per row group,
 through :class:`~clipdiff.bulk.output.PartedOutput`, which lets a killed run resume.
 
-A batch the server refuses as a whole (400, 413, 422: an image it cannot decode) is sent again
-one row at a time, so only the bad rows fail, each with the server's reason in ``error``. A
+A batch the server refuses as a whole for what its rows hold (400, 413, 422: an image it cannot
+decode; 404 ``unknown_image``: a ``sha256`` it has not seen) is sent again one row at a time, so only the bad rows fail, each with the server's reason in ``error``. A
 failure that is not the rows' (the service unreachable, overloaded past the retries, a wrong
 key or model) stops the run: the rows written so far stay, and the same call resumes.
 """
@@ -29,12 +29,25 @@ from clipdiff.bulk.output import PartedOutput
 from clipdiff.bulk.progress import make_progress
 from clipdiff.bulk.tasks import TASKS, BulkOptions, RowError, Task, output_schema
 from clipdiff.client import AsyncClient
-from clipdiff.errors import BadRequest, ClipServiceError, PayloadTooLarge
+from clipdiff.errors import BadRequest, ClipServiceError, NotFound, PayloadTooLarge
 
 __all__ = ["BulkSummary", "run", "run_async", "shard_bounds"]
 
 DEFAULT_CONCURRENCY = 4
-ROW_ERRORS = (BadRequest, PayloadTooLarge)  # the rows' fault: the server read and refused them
+
+
+class RowRefused(Exception):
+    """The server refused a request for what its rows hold (``reason``: its code and message)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def rows_at_fault(exc: ClipServiceError) -> bool:
+    """The server read the rows and refused them (a bad image, one over a limit, an unknown
+    ``sha256`` reference), rather than the run (an unknown model, a wrong key, no service)."""
+    return isinstance(exc, (BadRequest, PayloadTooLarge)) or (isinstance(exc, NotFound) and exc.code == "unknown_image")
 
 
 @dataclass
@@ -85,10 +98,6 @@ def _batches(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
         yield batch
 
 
-def _reason(exc: ClipServiceError) -> str:
-    return f"{exc.code}: {exc.message}"
-
-
 class _Scorer:
     def __init__(self, client: AsyncClient, task: Task, options: BulkOptions, concurrency: int) -> None:
         self.client, self.task, self.options = client, task, options
@@ -96,7 +105,12 @@ class _Scorer:
 
     async def _send(self, items: list[Any]) -> list[dict[str, Any]]:
         async with self.slots:
-            return await self.task.score(self.client, items, self.options)
+            try:
+                return await self.task.score(self.client, items, self.options)
+            except ClipServiceError as exc:
+                if rows_at_fault(exc):
+                    raise RowRefused(f"{exc.code}: {exc.message}") from exc
+                raise
 
     async def batch(self, rows: list[Row]) -> list[dict[str, Any]]:
         """One output record per row, in order."""
@@ -112,16 +126,16 @@ class _Scorer:
             return records
         try:
             answers = dict(zip(items, await self._send(list(items.values())), strict=True))
-        except ROW_ERRORS as exc:
+        except RowRefused as exc:
             answers = {}
             if len(items) == 1:
-                records[next(iter(items))]["error"] = _reason(exc)
+                records[next(iter(items))]["error"] = exc.reason
             else:
                 for i, item in items.items():  # find the rows the server refuses
                     try:
                         answers[i] = (await self._send([item]))[0]
-                    except ROW_ERRORS as one:
-                        records[i]["error"] = _reason(one)
+                    except RowRefused as one:
+                        records[i]["error"] = one.reason
         for i, answer in answers.items():
             records[i].update(answer)
         return records
