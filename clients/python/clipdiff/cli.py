@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -48,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--format", choices=["folder", "jsonl", "parquet", "webdataset"], help="the input's format")
         p.add_argument("--url", help="the service (default $CLIP_SERVICE_URL, else http://127.0.0.1:8000)")
         p.add_argument("--api-key", help="default $CLIP_SERVICE_API_KEY")
+        p.add_argument("--api-key-file", type=Path, help="a file holding the key (a mounted Secret); unused if absent")
         p.add_argument("--model", help="the served model to ask (name, name@alias or name@version)")
         p.add_argument("--concurrency", type=int, help="requests in flight (default 4, capped by the server's limit)")
         p.add_argument("--batch-size", type=int, help="rows per request (default: the server's limit)")
@@ -81,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from clipdiff.errors import ClipServiceError
 
+    api_key = args.api_key
+    if api_key is None and args.api_key_file is not None and args.api_key_file.is_file():
+        api_key = args.api_key_file.read_text().strip() or None
+
     options = BulkOptions(
         labels=_labels(getattr(args, "labels", None) or []),
         texts=tuple(getattr(args, "text", None) or ()),
@@ -97,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.output,
             options=options,
             base_url=args.url,
-            api_key=args.api_key,
+            api_key=api_key,
             input_format=args.format,
             concurrency=args.concurrency,
             batch_size=args.batch_size,
