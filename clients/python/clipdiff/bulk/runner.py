@@ -7,9 +7,10 @@ for ``Retry-After``). Answers are written in input order, ``row_group_rows`` row
 through :class:`~clipdiff.bulk.output.PartedOutput`, which lets a killed run resume.
 
 A batch the server refuses as a whole for what its rows hold (400, 413, 422: an image it cannot
-decode; 404 ``unknown_image``: a ``sha256`` it has not seen) is sent again one row at a time, so only the bad rows fail, each with the server's reason in ``error``. A
-failure that is not the rows' (the service unreachable, overloaded past the retries, a wrong
-key or model) stops the run: the rows written so far stay, and the same call resumes.
+decode; 404 ``unknown_image``: a ``sha256`` it has not seen) is sent again one row at a time,
+so only the bad rows fail, each with the server's reason in ``error``. A failure that is not the
+rows' (the service unreachable, overloaded past the retries, a wrong key or model) stops the
+run: the rows written so far stay, and the same call resumes.
 """
 
 from __future__ import annotations
