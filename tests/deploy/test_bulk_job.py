@@ -105,16 +105,16 @@ def url(tmp_path_factory: pytest.TempPathFactory, publish_model: Any, serve_app:
 
 
 @pytest.mark.slow  # a server of its own
-def test_every_index_as_the_pod_runs_it_covers_the_dataset_once(job: Obj, tmp_path: Path, url: str) -> None:
+def test_every_index_as_the_pod_runs_it_covers_the_dataset_once(
+    job: Obj, tmp_path: Path, url: str, make_image: Any
+) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
-    from conftest import png_b64, shape_image
-
     from clipdiff.cli import main
 
     inputs = tmp_path / "input"
     inputs.mkdir()
     for i in range(19):
-        (inputs / f"{i:03d}.png").write_bytes(base64.b64decode(png_b64(shape_image(px=32 + i))))
+        (inputs / f"{i:03d}.png").write_bytes(base64.b64decode(make_image(px=32 + i)["data"]))
     container = container_of(job)
     files = []
     for index in range(job["spec"]["completions"]):

@@ -10,6 +10,7 @@ processes, so they are marked slow).
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -41,17 +42,10 @@ COLOURS = ("red", "blue")
 LARGER = "The first image contains a larger shape, while the second contains a smaller shape."
 
 
-def png(image: Any) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, "PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
-def pictures() -> list[bytes]:
-    from conftest import shape_image
-
-    return [png(shape_image(SHAPES[i % 3], COLOURS[i % 2], ("small", "large")[i % 2], px=64)) for i in range(24)]
+def pictures(make_image: Any) -> list[bytes]:
+    sizes = ("small", "large")
+    return [base64.b64decode(make_image(SHAPES[i % 3], COLOURS[i % 2], sizes[i % 2], px=64)["data"]) for i in range(24)]
 
 
 @pytest.fixture(scope="module")
