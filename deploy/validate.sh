@@ -3,17 +3,17 @@
 #
 #   bash deploy/validate.sh            # exits non-zero on any problem
 #
-# 1. renders k8s/overlays/{cpu,gpu,s3,redis-sentinel,redis-cluster} and the optional
-#    k8s/monitoring with `kubectl kustomize` or `kustomize` when installed, else with
+# 1. renders k8s/overlays/{cpu,gpu,s3,redis-sentinel,redis-cluster}, the bulk Job k8s/bulk and the
+#    optional k8s/monitoring with `kubectl kustomize` or `kustomize` when installed, else with
 #    deploy/render_kustomize.py (and, when both exist, checks they agree);
-# 2. validates every rendered overlay object (and k8s/tools/*.yaml) against the Kubernetes schemas
-#    of $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors (k8s/monitoring holds a
+# 2. validates every rendered object (k8s/bulk's too, and k8s/tools/*.yaml) against the Kubernetes
+#    schemas of $K8S_VERSION (default 1.32.0), strictly: unknown fields are errors (k8s/monitoring holds a
 #    Prometheus Operator ServiceMonitor, a custom resource outside those schemas: rendered only);
 # 3. runs checkov's Kubernetes policies on the same objects. Rendered output rather than
 #    `checkov -d k8s`, because base files carry no namespace and overlays hold partial patches;
 #    a skipped check needs a written reason in a `checkov.io/skipN` annotation (annotations,
 #    unlike comments, survive rendering) and is counted in the report;
-# 4. lints both Dockerfiles with hadolint;
+# 4. lints the Dockerfiles with hadolint;
 # 5. checks the compose files (`docker compose config` when available, plus invariants).
 #
 # The validators live in their own virtualenv (deploy/requirements-validate.txt), created on
@@ -28,6 +28,9 @@ K8S_VERSION="${K8S_VERSION:-1.32.0}"
 OVERLAYS=(cpu gpu s3 redis-sentinel redis-cluster)
 # Applied beside an overlay where the cluster has what they need; rendered and compared only.
 OPTIONAL=(monitoring)
+# Applied by hand beside an overlay (k8s/bulk: an Indexed Job scoring a dataset's shards); validated
+# and checked like the overlays.
+EXTRA=(bulk)
 TOOLS_VENV="${DEPLOY_TOOLS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/clip-deploy-tools}"
 REQUIREMENTS="deploy/requirements-validate.txt"
 
@@ -60,9 +63,9 @@ elif command -v kustomize >/dev/null 2>&1; then
 else
     RENDERER=()
 fi
-for overlay in "${OVERLAYS[@]}" "${OPTIONAL[@]}"; do
+for overlay in "${OVERLAYS[@]}" "${OPTIONAL[@]}" "${EXTRA[@]}"; do
     dir="k8s/overlays/$overlay"
-    if [[ " ${OPTIONAL[*]} " == *" $overlay "* ]]; then dir="k8s/$overlay"; fi
+    if [[ " ${OPTIONAL[*]} ${EXTRA[*]} " == *" $overlay "* ]]; then dir="k8s/$overlay"; fi
     if ((${#RENDERER[@]})); then
         if "${RENDERER[@]}" "$dir" >"$OUT/$overlay.yaml"; then
             echo "$dir: rendered with ${RENDERER[*]}"
@@ -79,10 +82,10 @@ for overlay in "${OVERLAYS[@]}" "${OPTIONAL[@]}"; do
     fi
 done
 RENDERED=()
-for overlay in "${OVERLAYS[@]}"; do
+for overlay in "${OVERLAYS[@]}" "${EXTRA[@]}"; do
     [[ -s "$OUT/$overlay.yaml" ]] && RENDERED+=("$OUT/$overlay.yaml")
 done
-((${#RENDERED[@]} == ${#OVERLAYS[@]})) || fail "not every overlay rendered"
+((${#RENDERED[@]} == ${#OVERLAYS[@]} + ${#EXTRA[@]})) || fail "not every overlay rendered"
 # Stand-alone manifests (applied by hand, outside any kustomization) are checked as they are.
 TOOLS=(k8s/tools/*.yaml)
 
@@ -111,7 +114,7 @@ fi
 # ---------------------------------------------------------------- 4. Dockerfiles
 step "hadolint"
 if HADOLINT="$(tool hadolint)"; then
-    "$HADOLINT" deploy/Dockerfile deploy/Dockerfile.train && echo "Dockerfiles clean" || fail "hadolint"
+    "$HADOLINT" deploy/Dockerfile deploy/Dockerfile.train deploy/Dockerfile.bulk && echo "Dockerfiles clean" || fail "hadolint"
 else
     fail "hadolint is not available"
 fi

@@ -16,5 +16,5 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Python 3.11 is required")'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e "$spec" -e clients/python
+.venv/bin/python -m pip install -q -e "$spec" -e "clients/python[bulk]"
 echo "$wanted" >>"$stamp"

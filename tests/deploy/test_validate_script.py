@@ -1,5 +1,6 @@
-"""The offline deployment validation that CI relies on: every overlay renders, every object is
-schema-valid, checkov findings are fixed or justified, and both Dockerfiles lint clean."""
+"""The offline deployment validation that CI relies on: every overlay (and the bulk Job) renders,
+every object is schema-valid, checkov findings are fixed or justified, and the Dockerfiles lint
+clean."""
 
 from __future__ import annotations
 
@@ -16,3 +17,4 @@ def test_deploy_validate_script_passes() -> None:
     proc = subprocess.run(["bash", "deploy/validate.sh"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all objects valid" in proc.stdout
+    assert "k8s/bulk: rendered" in proc.stdout

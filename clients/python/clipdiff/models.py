@@ -206,6 +206,7 @@ class ServerLimits(_Result):
     max_texts: int | None = None
     max_labels: int | None = None
     max_pairs: int | None = None
+    max_concurrent_requests: int | None = None  # requests one server process holds at once (then 429)
 
 
 class CollectionInfo(_Result):
