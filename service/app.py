@@ -71,7 +71,7 @@ def build_services(settings: Settings) -> Services:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else Settings()
     services = build_services(settings)
-    user_collections = Collections(settings.collections)
+    user_collections = Collections(settings.collections, services.metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

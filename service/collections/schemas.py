@@ -24,6 +24,20 @@ class CreateCollectionRequest(_Request):
     )
 
 
+class JobInfo(BaseModel):
+    kind: Literal["reembed", "import"] = Field(
+        description="`reembed`: every kept image embedded again with the version the model serves now, into a "
+        "new index that replaces the old one at once when complete; `import`: images added from a server folder"
+    )
+    model: str = Field(description="`name@version` that embeds the job's images")
+    state: Literal["running", "done", "failed"]
+    done: int = Field(description="images embedded so far")
+    total: int = Field(description="images the job embeds")
+    error: str | None = Field(default=None, description="why it failed")
+    started_at: str
+    finished_at: str | None = None
+
+
 class CollectionInfo(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(description="`name@version` whose embeddings the collection holds")
@@ -32,6 +46,9 @@ class CollectionInfo(BaseModel):
     count: int = Field(description="items it holds")
     dense: bool = Field(description='whether it keeps DCSM image features, so `rerank: "dense"` works')
     created_at: str
+    job: JobInfo | None = Field(
+        default=None, description="its last background job (a re-embedding or an import) since the server started"
+    )
 
 
 class CollectionList(BaseModel):

@@ -14,19 +14,22 @@ from service.api.deps import PipelineDep, ServicesDep
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
 from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
+from service.collections.jobs import Job
 from service.collections.schemas import (
     AddImagesRequest,
     AddImagesResponse,
     CollectionInfo,
     CollectionList,
     CreateCollectionRequest,
+    JobInfo,
     RemovedResponse,
     SearchRequest,
     SearchResponse,
 )
-from service.collections.service import Collections, bound_runtime, current_runtime, model_ref
+from service.collections.service import Collections, current_runtime, model_ref
 from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
 from service.collections.store import CollectionInfo as StoredInfo
+from service.collections.versions import bound_runtime, start_reembed
 from service.config import CollectionsSettings
 
 router = APIRouter(
@@ -34,7 +37,12 @@ router = APIRouter(
     responses={
         **ERROR_RESPONSES,
         409: error_response_doc(
-            "collection_exists, or version_mismatch (the collection's model serves another version now)"
+            "collection_exists, or version_mismatch (the collection's model serves another version now: re-embed it)"
+        ),
+        503: error_response_doc(
+            "not_ready: the model is not loaded, the collection is being re-embedded (or another of its jobs runs), "
+            "or the collections folder cannot be written; retry after Retry-After seconds where it is sent",
+            retry_after=True,
         ),
     },
 )
@@ -50,8 +58,9 @@ CollectionsDep = Annotated[Collections, Depends(get_collections)]
 Name = Annotated[str, Path(pattern=NAME_PATTERN, description="the collection's name")]
 
 
-def _shown(info: StoredInfo) -> CollectionInfo:
+def _shown(info: StoredInfo, job: Job | None = None) -> CollectionInfo:
     return CollectionInfo(
+        job=None if job is None else JobInfo.model_validate(job, from_attributes=True),
         name=info.name,
         model=model_ref(info),
         entry=info.model,
@@ -76,18 +85,39 @@ async def create_collection(
 
 @router.get("/collections", response_model=CollectionList)
 async def list_collections(collections: CollectionsDep) -> CollectionList:
-    return CollectionList(collections=[_shown(i) for i in await collections.call(collections.store.list_all)])
+    infos = await collections.call(collections.store.list_all)
+    return CollectionList(collections=[_shown(i, collections.jobs.jobs.get(i.name)) for i in infos])
 
 
 @router.get("/collections/{name}", response_model=CollectionInfo)
 async def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
-    return _shown(await collections.call(collections.store.info, name))
+    return _shown(await collections.call(collections.store.info, name), collections.jobs.jobs.get(name))
 
 
 @router.delete("/collections/{name}", response_model=RemovedResponse)
 async def drop_collection(name: Name, collections: CollectionsDep) -> RemovedResponse:
+    await collections.call(collections.store.info, name)  # 404 before its job is touched
+    await collections.jobs.cancel(name)
     await collections.call(collections.store.drop, name)
+    await collections.call(collections.images.drop, name)
     return RemovedResponse(collection=name, removed=name)
+
+
+@router.post(
+    "/collections/{name}/reembed",
+    response_model=CollectionInfo,
+    status_code=202,
+    response_model_exclude_none=True,
+)
+async def reembed(
+    name: Name, services: ServicesDep, pipeline: PipelineDep, collections: CollectionsDep
+) -> CollectionInfo:
+    """Embeds every image of the collection again with the version its model serves now, in the
+    background, into a new index that replaces the old one at once when complete; meanwhile the
+    collection answers 503. Progress: `GET /collections/{name}` (`job`)."""
+    info = await collections.call(collections.store.info, name)
+    job = start_reembed(services, pipeline, collections, info)
+    return _shown(info, job)
 
 
 @router.post("/collections/{name}/images", response_model=AddImagesResponse)
@@ -101,12 +131,13 @@ async def add_images(
 ) -> AddImagesResponse:
     check_add(req, collections.settings)
     info = await collections.call(collections.store.info, name)
-    async with bound_runtime(request, services, info) as runtime:
+    async with bound_runtime(request, services, pipeline, collections, info) as runtime:
         return await operations.add_images(pipeline, runtime, collections, info, req)
 
 
 @router.delete("/collections/{name}/images/{item_id}", response_model=RemovedResponse)
 async def remove_image(name: Name, item_id: str, collections: CollectionsDep) -> RemovedResponse:
+    collections.jobs.refuse_while_reembedding(name)  # its items are being copied to the new version
     if not await collections.call(collections.store.remove, name, item_id):
         raise ClipError(ErrorCode.not_found, f"collection {name!r} has no item {item_id[:200]!r}", "item_id")
     return RemovedResponse(collection=name, removed=item_id)
@@ -123,7 +154,7 @@ async def search(
 ) -> SearchResponse:
     check_search(req, collections.settings, services)
     info = await collections.call(collections.store.info, name)
-    async with bound_runtime(request, services, info) as runtime:
+    async with bound_runtime(request, services, pipeline, collections, info) as runtime:
         return await operations.search(pipeline, runtime, collections, info, req)
 
 
