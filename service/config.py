@@ -144,6 +144,10 @@ class CollectionsSettings(BaseModel):
         "one of them, or a JSONL manifest in one); empty, imports are refused (403).",
     )
 
+    max_items_per_import: int = Field(
+        default=100_000, ge=1, description="Images one `POST /collections/{name}/imports` adds (413 above)."
+    )
+
     def image_path(self) -> Path:
         if self.image_folder is not None:
             return Path(self.image_folder)

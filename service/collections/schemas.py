@@ -77,6 +77,15 @@ class AddImagesResponse(BaseModel):
     count: int = Field(description="items the collection holds now")
 
 
+class ImportRequest(_Request):
+    path: str = Field(
+        min_length=1,
+        description="an absolute server path under one of `collections.import_roots`: a folder (every image file "
+        "below it, its id the path relative to the folder, no metadata) or a JSONL manifest (one "
+        '`{"path": "relative/to/the/manifest.png", "id": "...", "metadata": {...}}` a line; `id` left out: the path)',
+    )
+
+
 class RemovedResponse(BaseModel):
     collection: str
     removed: str

@@ -36,6 +36,15 @@ async def bound_runtime(
     """The runtime of the version the collection holds, held for the request; 503 while it is
     re-embedded, and once its model serves another version 409 ``version_mismatch`` (or, with
     ``collections.reembed: auto``, a re-embedding starts and the answer is 503): never mixed."""
+    selection = check_version(services, pipeline, collections, info)
+    # No await between the check above and the hold: a swap cannot come in between.
+    async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
+        yield runtime
+
+
+def check_version(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Selection:
+    """The collection's served model, if it still serves the collection's version and no
+    re-embedding runs; else the refusal ``bound_runtime`` describes."""
     collections.jobs.refuse_while_reembedding(info.name)
     selection = services.models.resolve(info.model)
     current = selection.entry.current
@@ -56,15 +65,12 @@ async def bound_runtime(
             "images again with the new version",
             "name",
         )
-    # No await between the check above and the hold: a swap cannot come in between.
-    async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
-        yield runtime
+    return selection
 
 
 def start_reembed(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Job:
     """Starts re-embedding ``info``'s collection with the version its model serves now (the
-    running job if one is); 409 ``version_mismatch``-free: a collection already on that version
-    finishes at once."""
+    running re-embedding if one runs); for a collection already on that version the job ends at once."""
     running = collections.jobs.running(info.name)
     if running is not None and running.kind == "reembed":
         return running

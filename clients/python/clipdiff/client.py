@@ -262,6 +262,11 @@ class Client(_Base):
         its ``job`` shows the progress (``collection(name).job``)."""
         return self._run(ep.reembed_collection(name))
 
+    def import_to_collection(self, name: str, path: str) -> CollectionInfo:
+        """Start adding the images of a server folder or JSONL manifest (under the server's
+        ``collections.import_roots``); its ``job`` shows the progress."""
+        return self._run(ep.import_to_collection(name, path))
+
     def search_collection(
         self,
         name: str,
@@ -460,6 +465,9 @@ class AsyncClient(_Base):
 
     async def reembed_collection(self, name: str) -> CollectionInfo:
         return await self._run(ep.reembed_collection(name))
+
+    async def import_to_collection(self, name: str, path: str) -> CollectionInfo:
+        return await self._run(ep.import_to_collection(name, path))
 
     async def search_collection(
         self,

@@ -14,6 +14,7 @@ from service.api.deps import PipelineDep, ServicesDep
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
 from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
+from service.collections.imports import list_dataset, start_import
 from service.collections.jobs import Job
 from service.collections.schemas import (
     AddImagesRequest,
@@ -21,15 +22,16 @@ from service.collections.schemas import (
     CollectionInfo,
     CollectionList,
     CreateCollectionRequest,
+    ImportRequest,
     JobInfo,
     RemovedResponse,
     SearchRequest,
     SearchResponse,
 )
 from service.collections.service import Collections, current_runtime, model_ref
-from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
+from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN, Scalar
 from service.collections.store import CollectionInfo as StoredInfo
-from service.collections.versions import bound_runtime, start_reembed
+from service.collections.versions import bound_runtime, check_version, start_reembed
 from service.config import CollectionsSettings
 
 router = APIRouter(
@@ -135,6 +137,26 @@ async def add_images(
         return await operations.add_images(pipeline, runtime, collections, info, req)
 
 
+@router.post(
+    "/collections/{name}/imports", response_model=CollectionInfo, status_code=202, response_model_exclude_none=True
+)
+async def import_dataset(
+    name: Name, req: ImportRequest, services: ServicesDep, pipeline: PipelineDep, collections: CollectionsDep
+) -> CollectionInfo:
+    """Adds the images of a server folder or JSONL manifest under `collections.import_roots` in
+    the background (403 outside them); the listing and every id and metadata are checked first.
+    Progress: `GET /collections/{name}` (`job`)."""
+    info = await collections.call(collections.store.info, name)
+    check_version(services, pipeline, collections, info)
+    bounds = collections.settings
+
+    def check(item_id: str, metadata: Mapping[str, Scalar], field: str) -> None:
+        check_item(item_id, metadata, field, bounds)
+
+    items = await collections.call(list_dataset, req.path, bounds.import_roots, bounds.max_items_per_import, check)
+    return _shown(info, start_import(services, pipeline, collections, info, items))
+
+
 @router.delete("/collections/{name}/images/{item_id}", response_model=RemovedResponse)
 async def remove_image(name: Name, item_id: str, collections: CollectionsDep) -> RemovedResponse:
     collections.jobs.refuse_while_reembedding(name)  # its items are being copied to the new version
@@ -162,17 +184,23 @@ async def search(
 def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
     check_count(req.items, "items", 1, bounds.max_items_per_add, "items")
     for i, item in enumerate(req.items):
-        if len(item.id) > bounds.max_id_chars:
-            raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"items.{i}.id")
-        check_metadata(item.metadata, f"items.{i}.metadata")
-        if len(item.metadata) > bounds.max_metadata_keys:
-            raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"items.{i}.metadata")
-        size = len(json.dumps(item.metadata, separators=(",", ":")).encode())
-        if size > bounds.max_metadata_bytes:
-            raise too_large(
-                f"metadata is {size} bytes as JSON, over {bounds.max_metadata_bytes} (collections.max_metadata_bytes)",
-                f"items.{i}.metadata",
-            )
+        check_item(item.id, item.metadata, f"items.{i}", bounds)
+
+
+def check_item(item_id: str, metadata: Mapping[str, Scalar], field: str, bounds: CollectionsSettings) -> None:
+    if len(item_id) > bounds.max_id_chars:
+        raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"{field}.id")
+    if not is_unicode(item_id):
+        raise bad_input("an id must be Unicode text (it holds an unpaired surrogate)", f"{field}.id")
+    check_metadata(metadata, f"{field}.metadata")
+    if len(metadata) > bounds.max_metadata_keys:
+        raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"{field}.metadata")
+    size = len(json.dumps(metadata, separators=(",", ":")).encode())
+    if size > bounds.max_metadata_bytes:
+        raise too_large(
+            f"metadata is {size} bytes as JSON, over {bounds.max_metadata_bytes} (collections.max_metadata_bytes)",
+            f"{field}.metadata",
+        )
 
 
 def check_search(req: SearchRequest, bounds: CollectionsSettings, services: ServicesDep) -> None:
