@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 from pydantic.config import JsonDict
@@ -66,8 +66,47 @@ class CollectionItem(_Request):
     )
 
 
+# One entry of a form add's ``items`` part, as the contract states it.
+_FORM_ITEM: JsonDict = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "metadata": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}, **_KEYS},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+
+
+class AddImagesForm(_Request):
+    """An add as a multipart form (``-F images=@a.png -F images=@b.png -F 'items=[{"id": "a"}, {"id": "b"}]'``):
+    the image files, and the items' ids and metadata as one JSON part, one entry per file, in order."""
+
+    images: list[ImageInput] = Field(
+        description="the image files, in the order of `items`", json_schema_extra=_min_items(1, unique=False)
+    )
+    # Each entry is checked as an item of the JSON body it becomes (``from_form``).
+    items: list[dict[str, Any]] = Field(
+        description='`[{"id": "sku-1", "metadata": {"colour": "red"}}, ...]`: one per file, in order',
+        json_schema_extra={**_min_items(1, unique=False), "items": _FORM_ITEM},
+    )
+
+    @staticmethod
+    def from_form(body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON body of an add (``AddImagesRequest``) that this form's fields make."""
+        from service.api.multipart import FormError
+
+        images, items = body.pop("images", []), body.pop("items", None)
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise FormError('an add takes its ids and metadata as one JSON part: -F \'items=[{"id": "a"}]\'', "items")
+        if len(items) != len(images):
+            raise FormError(f"items has {len(items)} entries for {len(images)} image files: one per file", "items")
+        return {**body, "items": [{**item, "image": image} for item, image in zip(items, images, strict=True)]}
+
+
 class AddImagesRequest(_Request):
     items: list[CollectionItem] = Field(json_schema_extra=_min_items(1, unique=False))
+    form_model: ClassVar[type[BaseModel]] = AddImagesForm  # what a multipart add sends (service.api.multipart)
 
 
 class AddImagesResponse(BaseModel):

@@ -128,3 +128,38 @@ def test_no_roots_no_imports(tmp_path: Path) -> None:
         allowed(str(tmp_path), [])
     assert refused.value.code == ErrorCode.forbidden
     assert allowed(str(tmp_path / "a" / ".." / "b"), [str(tmp_path)]) == (tmp_path / "b").resolve()
+
+
+def test_an_add_as_a_multipart_form_is_the_same_add_as_json(client: httpx.Client, dataset: Path) -> None:
+    assert client.put("/collections/form", json={}).status_code == 201
+    red, blue = (dataset / "catalogue" / f"{n}.png" for n in ("red-circle", "blue-square"))
+    files = [
+        ("images", ("r.png", red.read_bytes(), "image/png")),
+        ("images", ("b.png", blue.read_bytes(), "image/png")),
+    ]
+    items = [{"id": "r", "metadata": {"colour": "red"}}, {"id": "b"}]
+    r = client.post("/collections/form/images", files=files, data={"items": json.dumps(items)})
+    assert r.status_code == 200, r.text
+    assert (r.json()["added"], r.json()["count"]) == (["r", "b"], 2)
+    body = {"image": {"data": base64.b64encode(red.read_bytes()).decode()}, "limit": 1}
+    (hit,) = client.post("/collections/form/search", json=body).json()["hits"]
+    assert (hit["id"], hit["metadata"]) == ("r", {"colour": "red"})
+    url = "/collections/form/images"
+    assert (
+        error(client.post(url, files=files, data={"items": json.dumps(items[:1])}), 422, "validation_error")["field"]
+        == "items"
+    )  # one entry per file
+    assert error(client.post(url, files=files), 422, "validation_error")["field"] == "items"
+    bad = [{"id": "r", "metadata": {"1k": 1}}, {"id": "b"}]
+    assert error(client.post(url, files=files, data={"items": json.dumps(bad)}), 400, "bad_input")["field"] == (
+        "items.0.metadata.1k"
+    )
+    assert error(
+        client.post("/collections/nope/images", files=files, data={"items": json.dumps(items)}),
+        404,
+        ("unknown_collection"),
+    )
+    # Bytes the server never had cannot be kept: a reference is refused, with its field.
+    ref = {"items": [{"id": "x", "image": {"sha256": "0" * 64}}]}
+    assert error(client.post(url, json=ref), 400, "bad_input")["field"] == "items.0.image.sha256"
+    assert client.get("/collections/form").json()["count"] == 2

@@ -11,12 +11,14 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from service.api.deps import PipelineDep, ServicesDep
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
 from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
 from service.collections.imports import list_dataset, start_import
 from service.collections.jobs import Job
 from service.collections.schemas import (
+    AddImagesForm,
     AddImagesRequest,
     AddImagesResponse,
     CollectionInfo,
@@ -122,7 +124,7 @@ async def reembed(
     return _shown(info, job)
 
 
-@router.post("/collections/{name}/images", response_model=AddImagesResponse)
+@router.post("/collections/{name}/images", response_model=AddImagesResponse, openapi_extra=openapi_form(AddImagesForm))
 async def add_images(
     name: Name,
     req: AddImagesRequest,
