@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 
@@ -23,7 +24,7 @@ from service.api.deps import Services
 from service.collections.jobs import Job
 from service.collections.operations import add_read_images, stores_dense
 from service.collections.service import Collections, model_ref
-from service.collections.store import CollectionInfo
+from service.collections.store import CollectionInfo, StoredImage
 from service.runtime.assembly import ModelRuntime
 from service.runtime.pipeline import Pipeline
 from service.runtime.served import Selection
@@ -98,30 +99,32 @@ async def _reembed(
         return  # already on it (a second request raced the first)
     items = await collections.call(store.stored_images, name)
     job.total = len(items)
-    unkept = [item.id for item in items if item.image is None]
-    if unkept:
-        raise ClipError(
-            ErrorCode.not_found,
-            f"{len(unkept)} items of collection {name!r} were added before their images were kept (the first: "
-            f"{unkept[0]!r}); add them again (the same id replaces an item), then re-embed",
-        )
+    _require_kept(name, items)
     staged: CollectionInfo | None = None
     batch = collections.settings.max_items_per_add
-    for start in range(0, len(items), batch):
-        chunk = items[start : start + batch]
-        raw = [await collections.call(collections.images.get, name, item.image) for item in chunk if item.image]
-        # Leased per batch: once the entry serves yet another version, the lease refuses this one
-        # (unknown_model) and the job fails, the collection untouched on its old version.
-        async with services.models.lease(target) as rt:
-            if staged is None:
-                staged = dataclasses.replace(info, version=version, dim=rt.bundle.embed_dim, dense=stores_dense(rt))
-                await collections.call(store.stage, name, version, staged.dim, staged.dense)
-            fields = [f"reembed.{item.id}" for item in chunk]
-            await add_read_images(
-                pipeline, rt, collections, staged, [(i.id, i.metadata) for i in chunk], raw, fields, staged=True
-            )
-        job.done += len(chunk)
-        services.metrics.collection_job_images(job.kind, len(chunk))
+    done: set[tuple[str, str | None, str]] = set()
+    # An add that held the old version before the job started may land after the listing: the
+    # items are listed again until every one is in the staged copy, so none is lost by the switch.
+    while todo := [item for item in items if _key(item) not in done]:
+        job.total = len(done) + len(todo)
+        for start in range(0, len(todo), batch):
+            chunk = todo[start : start + batch]
+            raw = [await collections.call(collections.images.get, name, item.image) for item in chunk if item.image]
+            # Leased per batch: once the entry serves yet another version, the lease refuses this
+            # one (unknown_model) and the job fails, the collection untouched on its old version.
+            async with services.models.lease(target) as rt:
+                if staged is None:
+                    staged = dataclasses.replace(info, version=version, dim=rt.bundle.embed_dim, dense=stores_dense(rt))
+                    await collections.call(store.stage, name, version, staged.dim, staged.dense)
+                fields = [f"reembed.{item.id}" for item in chunk]
+                await add_read_images(
+                    pipeline, rt, collections, staged, [(i.id, i.metadata) for i in chunk], raw, fields, staged=True
+                )
+            done.update(_key(item) for item in chunk)
+            job.done += len(chunk)
+            services.metrics.collection_job_images(job.kind, len(chunk))
+        items = await collections.call(store.stored_images, name)
+        _require_kept(name, items)
     current = target.entry.current
     if current is None or current.bundle.version != version:
         await collections.call(store.discard_staged, name)
@@ -134,3 +137,17 @@ async def _reembed(
             await collections.call(store.stage, name, version, rt.bundle.embed_dim, stores_dense(rt))
     await collections.call(store.commit_staged, name)
     await collections.call(collections.images.keep_only, name, {item.image for item in items if item.image})
+
+
+def _key(item: StoredImage) -> tuple[str, str | None, str]:
+    return item.id, item.image, json.dumps(item.metadata, sort_keys=True)
+
+
+def _require_kept(name: str, items: Sequence[StoredImage]) -> None:
+    unkept = [item.id for item in items if item.image is None]
+    if unkept:
+        raise ClipError(
+            ErrorCode.not_found,
+            f"{len(unkept)} items of collection {name!r} were added before their images were kept (the first: "
+            f"{unkept[0]!r}); add them again (the same id replaces an item), then re-embed",
+        )
