@@ -135,6 +135,7 @@ async def _import(
     entry = services.models.resolve(info.model).entry
     batch = collections.settings.max_items_per_add
     for start in range(0, len(items), batch):
+        job.check_stopping()
         chunk = items[start : start + batch]
         current = entry.current
         if current is not None and current.bundle.version != info.version:

@@ -38,9 +38,16 @@ class Job:
     error: str | None = None
     started_at: str = ""
     finished_at: str | None = None
+    stopping: bool = False  # set by ``JobBoard.cancel``: the job ends before its next batch
 
     def __post_init__(self) -> None:
         self.started_at = self.started_at or now()
+
+    def check_stopping(self) -> None:
+        """Called between batches: a job asked to stop ends there (never within a store call, which
+        runs on a thread that a task's cancellation would not stop)."""
+        if self.stopping:
+            raise ClipError(ErrorCode.not_found, "cancelled: the collection was dropped, or the server stopped")
 
 
 class JobBoard:
@@ -89,9 +96,6 @@ class JobBoard:
         except ClipError as exc:
             job.state, job.error = "failed", exc.message
             log.warning("collection %s: %s job failed: %s", name, job.kind, exc.message)
-        except asyncio.CancelledError:
-            job.state, job.error = "failed", "cancelled (the collection was dropped, or the server stopped)"
-            raise
         except Exception:
             log.exception("collection %s: %s job failed", name, job.kind)
             job.state, job.error = "failed", "internal error (see the server log)"
@@ -102,11 +106,14 @@ class JobBoard:
                 self.ended(job.kind, job.state)
 
     async def cancel(self, name: str) -> None:
-        task = self._tasks.pop(name, None)
-        self.jobs.pop(name, None)
+        """Stops the collection's job at its next batch and waits for it: once this returns,
+        nothing of the job writes to the collection (which may then be dropped, or made again)."""
+        job, task = self.jobs.get(name), self._tasks.get(name)
         if task is not None:
-            task.cancel()
+            if job is not None:
+                job.stopping = True
             await asyncio.gather(task, return_exceptions=True)
+        self.jobs.pop(name, None)
 
     async def close(self) -> None:
         for name in list(self._tasks):

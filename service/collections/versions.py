@@ -108,6 +108,7 @@ async def _reembed(
     while todo := [item for item in items if _key(item) not in done]:
         job.total = len(done) + len(todo)
         for start in range(0, len(todo), batch):
+            job.check_stopping()
             chunk = todo[start : start + batch]
             raw = [await collections.call(collections.images.get, name, item.image) for item in chunk if item.image]
             # Leased per batch: once the entry serves yet another version, the lease refuses this
@@ -125,6 +126,7 @@ async def _reembed(
             services.metrics.collection_job_images(job.kind, len(chunk))
         items = await collections.call(store.stored_images, name)
         _require_kept(name, items)
+    job.check_stopping()
     current = target.entry.current
     if current is None or current.bundle.version != version:
         await collections.call(store.discard_staged, name)

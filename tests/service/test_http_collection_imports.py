@@ -163,3 +163,18 @@ def test_an_add_as_a_multipart_form_is_the_same_add_as_json(client: httpx.Client
     ref = {"items": [{"id": "x", "image": {"sha256": "0" * 64}}]}
     assert error(client.post(url, json=ref), 400, "bad_input")["field"] == "items.0.image.sha256"
     assert client.get("/collections/form").json()["count"] == 2
+
+
+def test_dropping_a_collection_stops_its_import(client: httpx.Client, dataset: Path, tmp_path: Path) -> None:
+    for _ in range(3):
+        assert client.put("/collections/dropped", json={}).status_code == 201
+        r = client.post("/collections/dropped/imports", json={"path": str(dataset / "catalogue")})
+        assert r.status_code == 202, r.text
+        assert client.delete("/collections/dropped").status_code == 200
+        assert client.get("/collections/dropped").status_code == 404
+        # A collection made again under the name gets nothing from the dropped one's job.
+        assert client.put("/collections/dropped", json={}).status_code == 201
+        time.sleep(0.3)
+        info = client.get("/collections/dropped").json()
+        assert (info["count"], info["job"]) == (0, None)
+        assert client.delete("/collections/dropped").status_code == 200

@@ -124,6 +124,11 @@ def test_a_hot_swapped_collection_is_reembedded_on_request_and_never_served_mixe
             assert sdk.collection("c").job.state == "done"  # type: ignore[union-attr]
             again = sdk.reembed_collection("c").job  # already on v2: a job with nothing to embed
             assert again is not None and (again.kind, again.model) == ("reembed", v2)
+            deadline = time.monotonic() + 30
+            while (job := sdk.collection("c").job) is not None and job.state == "running":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert job is not None and (job.state, job.total) == ("done", 4)
         metrics = c.get("/metrics").text
         assert 'clip_collection_job_images_total{kind="reembed"} 4.0' in metrics
         assert 'clip_collection_jobs_total{kind="reembed",result="done"} 2.0' in metrics
