@@ -120,7 +120,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # the security headers, metrics and the access log see every answer (a HEAD as a HEAD, on its
     # route), CORS preflights need no key, a request over the in-flight bound costs no key check
     # and an upload is counted by the cap before it is parsed.
-    app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
+    app.add_middleware(
+        MultipartFormMiddleware,
+        limits=settings.limits,
+        forms=form_models(routers),
+        most_files=settings.collections.max_items_per_add,
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
     app.add_middleware(AdmissionMiddleware, limit=settings.limits.max_concurrent_requests)

@@ -213,7 +213,7 @@ def _documented_content(route: APIRoute) -> dict[str, Any]:
 class MultipartFormMiddleware:
     """Rewrites multipart requests to the paths of ``forms`` into their JSON bodies."""
 
-    def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]]) -> None:
+    def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]], most_files: int = 0) -> None:
         self.app = app
         self.fields = {path: form_fields(model) for path, model in forms.items()}
         self.reshape = {path: getattr(model, "from_form", None) for path, model in forms.items()}
@@ -221,7 +221,8 @@ class MultipartFormMiddleware:
         self.templates = [(compile_path(path)[0], path) for path in forms if "{" in path]
         # Beyond these the parser stops at once; within them the route's own checks (413 with the
         # field) apply, as for JSON.
-        self.max_files = limits.max_images + 2
+        # (``most_files``: a route that takes more files than ``limits.max_images``, a collection add.)
+        self.max_files = max(limits.max_images, most_files) + 2
         self.max_fields = limits.max_labels + limits.max_texts + 64
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

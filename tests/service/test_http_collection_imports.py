@@ -178,3 +178,19 @@ def test_dropping_a_collection_stops_its_import(client: httpx.Client, dataset: P
         info = client.get("/collections/dropped").json()
         assert (info["count"], info["job"]) == (0, None)
         assert client.delete("/collections/dropped").status_code == 200
+
+
+def test_a_form_add_takes_as_many_files_as_an_add_takes_items(
+    tiny_store: Path, dataset: Path, tmp_path: Path, serve_app: Any
+) -> None:
+    picture = (dataset / "catalogue" / "red-circle.png").read_bytes()
+    settings = {"url": f"file://{tmp_path}", "max_items_per_add": 5}
+    with (
+        serve_app(store=str(tiny_store), model="tiny@production", limits={"max_images": 1}, collections=settings) as s,
+        httpx.Client(base_url=s.url, timeout=60) as c,
+    ):
+        assert c.put("/collections/many", json={}).status_code == 201
+        files = [("images", (f"{i}.png", picture, "image/png")) for i in range(5)]
+        items = json.dumps([{"id": str(i)} for i in range(5)])
+        r = c.post("/collections/many/images", files=files, data={"items": items})
+        assert r.status_code == 200 and r.json()["count"] == 5, r.text
