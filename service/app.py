@@ -124,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         MultipartFormMiddleware,
         limits=settings.limits,
         forms=form_models(routers),
-        most_files=settings.collections.max_items_per_add,
+        files_by_route={collections.ADD_IMAGES: settings.collections.max_items_per_add},
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)

@@ -25,7 +25,7 @@ import base64
 import enum
 import json
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -213,7 +213,13 @@ def _documented_content(route: APIRoute) -> dict[str, Any]:
 class MultipartFormMiddleware:
     """Rewrites multipart requests to the paths of ``forms`` into their JSON bodies."""
 
-    def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]], most_files: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Limits,
+        forms: dict[str, type[BaseModel]],
+        files_by_route: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.fields = {path: form_fields(model) for path, model in forms.items()}
         self.reshape = {path: getattr(model, "from_form", None) for path, model in forms.items()}
@@ -221,19 +227,20 @@ class MultipartFormMiddleware:
         self.templates = [(compile_path(path)[0], path) for path in forms if "{" in path]
         # Beyond these the parser stops at once; within them the route's own checks (413 with the
         # field) apply, as for JSON.
-        # (``most_files``: a route that takes more files than ``limits.max_images``, a collection add.)
-        self.max_files = max(limits.max_images, most_files) + 2
+        self.max_files = {path: limits.max_images + 2 for path in forms}
+        # Routes whose files are bounded by another setting (a collection add: its items).
+        self.max_files.update({path: most + 2 for path, most in (files_by_route or {}).items()})
         self.max_fields = limits.max_labels + limits.max_texts + 64
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self._route(scope.get("path", "")) if scope["type"] == "http" else None
-        fields = None if route is None else self.fields[route]
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
-        if fields is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
+        if route is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
             await self.app(scope, receive, send)
             return
+        fields, most_files = self.fields[route], self.max_files[route]
         try:
-            async with Request(scope, receive).form(max_files=self.max_files, max_fields=self.max_fields) as form:
+            async with Request(scope, receive).form(max_files=most_files, max_fields=self.max_fields) as form:
                 values = await form_body(form, fields)
                 reshape = self.reshape[route] if route is not None else None
                 body = json.dumps(values if reshape is None else reshape(values)).encode()

@@ -51,6 +51,7 @@ router = APIRouter(
     },
 )
 _METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+ADD_IMAGES = "/collections/{name}/images"
 DEFAULT_CANDIDATES = 100  # a search's first-stage k when the request leaves it out
 
 
@@ -124,7 +125,7 @@ async def reembed(
     return _shown(info, job)
 
 
-@router.post("/collections/{name}/images", response_model=AddImagesResponse, openapi_extra=openapi_form(AddImagesForm))
+@router.post(ADD_IMAGES, response_model=AddImagesResponse, openapi_extra=openapi_form(AddImagesForm))
 async def add_images(
     name: Name,
     req: AddImagesRequest,
