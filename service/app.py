@@ -72,7 +72,7 @@ def build_services(settings: Settings) -> Services:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else Settings()
     services = build_services(settings)
-    user_collections = Collections(settings.collections)
+    user_collections = Collections(settings.collections, services.metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -123,7 +123,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # route), CORS preflights need no key, a request over the in-flight bound costs no key check
     # and an upload is counted by the cap before it is parsed.
     app.add_middleware(DirectRoutesMiddleware, routes=[route for router in routers for route in router.routes])
-    app.add_middleware(MultipartFormMiddleware, limits=settings.limits, forms=form_models(routers))
+    app.add_middleware(
+        MultipartFormMiddleware,
+        limits=settings.limits,
+        forms=form_models(routers),
+        files_by_route={collections.ADD_IMAGES: settings.collections.max_items_per_add},
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=services.auth)
     app.add_middleware(AdmissionMiddleware, limit=settings.limits.max_concurrent_requests)

@@ -125,6 +125,35 @@ class CollectionsSettings(BaseModel):
     max_results: int = Field(
         default=1000, ge=1, description="`offset` + `limit` of a search, and its first stage's `k`."
     )
+    image_folder: str | None = Field(
+        default=None,
+        description="Where the bytes of every collection image are kept (one file per distinct image of a "
+        "collection, named by its SHA-256), so that a new model version can embed them again; left out, the "
+        "folder of a `file:` `url`.",
+    )
+    reembed: Literal["manual", "auto"] = Field(
+        default="manual",
+        description="When a collection's model serves another version than the collection holds: `manual` "
+        "answers 409 `version_mismatch` until `POST /collections/{name}/reembed`; `auto` starts that "
+        "re-embedding at the first request that finds the new version. Either way the collection answers "
+        "503 while it runs and never mixes versions.",
+    )
+    import_roots: list[str] = Field(
+        default_factory=list,
+        description="Server folders whose images `POST /collections/{name}/imports` may add (a folder under "
+        "one of them, or a JSONL manifest in one); empty, imports are refused (403).",
+    )
+
+    max_items_per_import: int = Field(
+        default=100_000, ge=1, description="Images one `POST /collections/{name}/imports` adds (413 above)."
+    )
+
+    def image_path(self) -> Path:
+        if self.image_folder is not None:
+            return Path(self.image_folder)
+        from service.collections.store import collections_path
+
+        return collections_path(self.url)
 
     @field_validator("url")
     @classmethod

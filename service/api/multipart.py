@@ -25,7 +25,7 @@ import base64
 import enum
 import json
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -36,6 +36,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import ErrorCode, error_response
@@ -199,7 +200,9 @@ def form_models(routers: Iterable[APIRouter]) -> dict[str, type[BaseModel]]:
             body = route.body_field.field_info.annotation if route.body_field is not None else None
             if not (isinstance(body, type) and issubclass(body, BaseModel)):
                 raise TypeError(f"{route.path} documents a form but takes no JSON body model")
-            forms[route.path] = body
+            # A body whose form differs from it (a collection add: files and one JSON part) names
+            # the form's model, which turns the form's fields into the body (``from_form``).
+            forms[route.path] = getattr(body, "form_model", body)
     return forms
 
 
@@ -210,23 +213,37 @@ def _documented_content(route: APIRoute) -> dict[str, Any]:
 class MultipartFormMiddleware:
     """Rewrites multipart requests to the paths of ``forms`` into their JSON bodies."""
 
-    def __init__(self, app: ASGIApp, limits: Limits, forms: dict[str, type[BaseModel]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Limits,
+        forms: dict[str, type[BaseModel]],
+        files_by_route: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.fields = {path: form_fields(model) for path, model in forms.items()}
+        self.reshape = {path: getattr(model, "from_form", None) for path, model in forms.items()}
+        # Paths with parameters (/collections/{name}/images), matched as the router matches them.
+        self.templates = [(compile_path(path)[0], path) for path in forms if "{" in path]
         # Beyond these the parser stops at once; within them the route's own checks (413 with the
         # field) apply, as for JSON.
-        self.max_files = limits.max_images + 2
+        self.max_files = {path: limits.max_images + 2 for path in forms}
+        # Routes whose files are bounded by another setting (a collection add: its items).
+        self.max_files.update({path: most + 2 for path, most in (files_by_route or {}).items()})
         self.max_fields = limits.max_labels + limits.max_texts + 64
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fields = self.fields.get(scope.get("path", "")) if scope["type"] == "http" else None
+        route = self._route(scope.get("path", "")) if scope["type"] == "http" else None
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
-        if fields is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
+        if route is None or scope.get("method") != "POST" or not content_type.startswith(_FORM_BYTES):
             await self.app(scope, receive, send)
             return
+        fields, most_files = self.fields[route], self.max_files[route]
         try:
-            async with Request(scope, receive).form(max_files=self.max_files, max_fields=self.max_fields) as form:
-                body = json.dumps(await form_body(form, fields)).encode()
+            async with Request(scope, receive).form(max_files=most_files, max_fields=self.max_fields) as form:
+                values = await form_body(form, fields)
+                reshape = self.reshape[route] if route is not None else None
+                body = json.dumps(values if reshape is None else reshape(values)).encode()
         except FormError as exc:
             await error_response(ErrorCode.validation_error, exc.message, exc.field)(scope, receive, send)
             return
@@ -251,6 +268,11 @@ class MultipartFormMiddleware:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    def _route(self, path: str) -> str | None:
+        if path in self.fields:
+            return path
+        return next((route for pattern, route in self.templates if pattern.match(path)), None)
 
     @staticmethod
     async def _unparsable(detail: str, scope: Scope, receive: Receive, send: Send) -> None:

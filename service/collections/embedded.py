@@ -11,6 +11,7 @@ folder (several replicas on one shared volume would each see only their own adds
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,12 +24,20 @@ import faiss
 import numpy as np
 
 from clipcore.errors import ClipError, ErrorCode
-from service.collections.store import CollectionInfo, NewItem, Scalar, StoredHit, check_name, unknown
+from service.collections.store import (
+    CollectionInfo,
+    NewItem,
+    Scalar,
+    StoredHit,
+    StoredImage,
+    check_name,
+    unknown,
+)
 
 _SCHEMA = """
 CREATE TABLE info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE items (key INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
-                    metadata TEXT NOT NULL, vector BLOB NOT NULL);
+                    metadata TEXT NOT NULL, vector BLOB NOT NULL, image TEXT);
 CREATE TABLE dense (key INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 """
 # A metadata (key, value) as the filters match it: equal only within one JSON type (1 == 1.0,
@@ -53,6 +62,10 @@ class _Open:
     # (key, type, value) -> row keys: the filters' inverted index, kept in memory like the vectors
     # (a json_extract scan of 100,000 rows in SQLite took 250 ms a search).
     postings: dict[_Term, set[int]] = field(default_factory=dict)
+    # Set (under ``lock``) once the collection was dropped or replaced by a re-embedded version:
+    # a caller that waited for the lock then finds the collection anew (gone: 404, not a closed
+    # database's 500).
+    closed: bool = False
 
     def post(self, key: int, metadata: Mapping[str, Scalar]) -> None:
         for term in _terms(metadata):
@@ -89,23 +102,46 @@ class EmbeddedCollections:
         with self._lock:
             if path.exists():
                 raise ClipError(ErrorCode.collection_exists, f"collection {name!r} exists already", "name")
-            self.root.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
-            partial.unlink(missing_ok=True)
-            db = sqlite3.connect(partial)
-            try:
-                db.executescript(_SCHEMA)
-                db.executemany("INSERT INTO info VALUES (?, ?)", [(k, json.dumps(v)) for k, v in info.items()])
-                db.commit()
-            finally:
-                db.close()
-            partial.rename(path)  # the collection exists once it is complete
+            with self._writing():
+                self.root.mkdir(parents=True, exist_ok=True)
+                partial = path.with_suffix(".partial")
+                self._new_file(partial, info)
+                partial.rename(path)  # the collection exists once it is complete
         return self.info(name)
+
+    @staticmethod
+    def _new_file(path: Path, info: Mapping[str, object]) -> None:
+        path.unlink(missing_ok=True)
+        db = sqlite3.connect(path)
+        try:
+            db.executescript(_SCHEMA)
+            db.executemany("INSERT INTO info VALUES (?, ?)", [(k, json.dumps(v)) for k, v in info.items()])
+            db.commit()
+        finally:
+            db.close()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write the folder refuses (not writable, full, not a folder) is the server's storage
+        failing, not the request: 503 with the reason, never a 500."""
+        try:
+            yield
+        except (OSError, sqlite3.OperationalError) as exc:
+            raise ClipError(
+                ErrorCode.not_ready, f"the collections folder {str(self.root)!r} cannot be written: {exc}"
+            ) from exc
 
     def list_all(self) -> list[CollectionInfo]:
         if not self.root.is_dir():
             return []
-        return [self.info(p.stem) for p in sorted(self.root.glob("*.sqlite"))]
+        out = []
+        for path in sorted(self.root.glob("*.sqlite")):
+            try:
+                out.append(self.info(path.stem))
+            except ClipError as exc:  # dropped since the folder was listed
+                if exc.code is not ErrorCode.unknown_collection:
+                    raise
+        return out
 
     def info(self, name: str) -> CollectionInfo:
         with self._use(name) as coll:
@@ -119,22 +155,26 @@ class EmbeddedCollections:
     def drop(self, name: str) -> None:
         path = self._path(name)
         with self._lock:
-            coll = self._open.pop(name, None)
-            if coll is not None:
-                with coll.lock:
-                    coll.db.close()
+            self._close(name)
             if not path.exists():
                 raise unknown(name)
-            path.unlink()
-            for extra in ("-wal", "-shm", "-journal"):
-                Path(f"{path}{extra}").unlink(missing_ok=True)
+            with self._writing():
+                path.unlink()
+                for extra in ("-wal", "-shm", "-journal", ".staged"):
+                    Path(f"{path}{extra}").unlink(missing_ok=True)
+
+    def _close(self, name: str) -> None:
+        """Closes the open collection ``name`` (under ``self._lock``); its waiting callers find it anew."""
+        coll = self._open.pop(name, None)
+        if coll is not None:
+            with coll.lock:
+                coll.closed = True
+                coll.db.close()
 
     def close(self) -> None:
         with self._lock:
-            for coll in self._open.values():
-                with coll.lock:
-                    coll.db.close()
-            self._open.clear()
+            for name in list(self._open):
+                self._close(name)
 
     # ------------------------------------------------------------------ items
     def upsert(self, name: str, items: Sequence[NewItem]) -> int:
@@ -143,7 +183,7 @@ class EmbeddedCollections:
             db, dim = coll.db, int(coll.info["dim"])  # type: ignore[call-overload]
             replaced: list[tuple[int, dict[str, Scalar]]] = []
             added: list[tuple[int, np.ndarray, Mapping[str, Scalar]]] = []
-            with db:  # one transaction: all items or none
+            with self._writing(), db:  # one transaction: all items or none
                 for item in items:
                     vector = np.ascontiguousarray(item.vector, dtype=np.float32)
                     assert vector.shape == (dim,), (vector.shape, dim)
@@ -152,17 +192,7 @@ class EmbeddedCollections:
                         replaced.append((row[0], json.loads(row[1])))
                         db.execute("DELETE FROM items WHERE key = ?", row[:1])
                         db.execute("DELETE FROM dense WHERE key = ?", row[:1])
-                    cur = db.execute(
-                        "INSERT INTO items (id, metadata, vector) VALUES (?, ?, ?)",
-                        (item.id, json.dumps(dict(item.metadata)), vector.tobytes()),
-                    )
-                    key = int(cur.lastrowid or 0)
-                    if item.dense is not None:
-                        tokens = np.ascontiguousarray(item.dense, dtype=np.float16)
-                        db.execute("INSERT INTO dense VALUES (?, ?)", (key, tokens.tobytes()))
-                        if "dense_tokens" not in coll.info:
-                            coll.info["dense_tokens"] = int(tokens.shape[0])
-                            db.execute("INSERT INTO info VALUES ('dense_tokens', ?)", (str(tokens.shape[0]),))
+                    key = _insert(db, coll.info, item, vector)
                     added.append((key, vector, item.metadata))
             if replaced:
                 coll.index.remove_ids(np.asarray([k for k, _ in replaced], dtype=np.int64))  # type: ignore[arg-type]
@@ -177,7 +207,7 @@ class EmbeddedCollections:
 
     def remove(self, name: str, item_id: str) -> bool:
         with self._use(name) as coll:
-            with coll.db:
+            with self._writing(), coll.db:
                 row = coll.db.execute("SELECT key, metadata FROM items WHERE id = ?", (item_id,)).fetchone()
                 if row is None:
                     return False
@@ -222,6 +252,62 @@ class EmbeddedCollections:
             }
             return [found[i] for i in ids]
 
+    # ------------------------------------------------------------------ re-embedding
+    def stored_images(self, name: str) -> list[StoredImage]:
+        with self._use(name) as coll:
+            rows = coll.db.execute("SELECT id, metadata, image FROM items ORDER BY key").fetchall()
+        return [StoredImage(item_id, json.loads(metadata), image) for item_id, metadata, image in rows]
+
+    def stage(self, name: str, version: str, dim: int, dense: bool) -> None:
+        with self._use(name) as coll:
+            kept = {k: v for k, v in coll.info.items() if k != "dense_tokens"}
+        with self._lock, self._writing():
+            self._new_file(self._staged(name), {**kept, "version": version, "dim": dim, "dense": dense})
+
+    def upsert_staged(self, name: str, items: Sequence[NewItem]) -> int:
+        staged = self._staged(name)
+        with self._lock:  # a drop meanwhile removed the staged file: not created anew here
+            if not staged.exists():
+                raise unknown(name)
+            db = sqlite3.connect(staged, check_same_thread=False)
+        try:
+            with self._writing(), db:
+                info: dict[str, object] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
+                for item in {item.id: item for item in items}.values():
+                    row = db.execute("SELECT key FROM items WHERE id = ?", (item.id,)).fetchone()
+                    if row is not None:
+                        db.execute("DELETE FROM items WHERE key = ?", row)
+                        db.execute("DELETE FROM dense WHERE key = ?", row)
+                    _insert(db, info, item, np.ascontiguousarray(item.vector, dtype=np.float32))
+                (count,) = db.execute("SELECT count(*) FROM items").fetchone()
+            return int(count)
+        finally:
+            db.close()
+
+    def commit_staged(self, name: str) -> CollectionInfo:
+        path, staged = self._path(name), self._staged(name)
+        with self._lock:
+            self._close(name)  # its callers waiting for it load the new file
+            if not path.exists():
+                staged.unlink(missing_ok=True)
+                raise unknown(name)
+            if not staged.exists():
+                raise ClipError(ErrorCode.not_found, f"collection {name!r} has no re-embedded version staged", "name")
+            with self._writing():
+                # The old file's connection closed cleanly (its WAL checkpointed into it): nothing
+                # of it may be left to apply to the new file.
+                for extra in ("-wal", "-shm"):
+                    Path(f"{path}{extra}").unlink(missing_ok=True)
+                os.replace(staged, path)  # atomic: a reader sees the old version or the new one
+        return self.info(name)
+
+    def discard_staged(self, name: str) -> None:
+        with self._lock, self._writing():
+            self._staged(name).unlink(missing_ok=True)
+
+    def _staged(self, name: str) -> Path:
+        return Path(f"{self._path(name)}.staged")
+
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _matching(coll: _Open, where: Mapping[str, Scalar]) -> set[int]:
@@ -246,13 +332,16 @@ class EmbeddedCollections:
         # threads keep theirs): a single query gains nothing from more, and on a busy 2-core
         # machine a second spinning thread made a top-10 search at 100,000 vectors 14x slower.
         faiss.omp_set_num_threads(1)
-        with self._lock:
-            coll = self._open.get(name)
-            if coll is None:
-                coll = self._load(name)
-                self._open[name] = coll
-        with coll.lock:
-            yield coll
+        while True:
+            with self._lock:
+                coll = self._open.get(name)
+                if coll is None:
+                    coll = self._load(name)
+                    self._open[name] = coll
+            with coll.lock:
+                if not coll.closed:
+                    yield coll
+                    return
 
     def _load(self, name: str) -> _Open:
         path = self._path(name)
@@ -260,6 +349,9 @@ class EmbeddedCollections:
             raise unknown(name)
         db = sqlite3.connect(path, check_same_thread=False)  # used under its lock from worker threads
         db.execute("PRAGMA journal_mode=WAL")
+        if "image" not in {row[1] for row in db.execute("PRAGMA table_info(items)")}:
+            with self._writing(), db:  # a file from before images were kept
+                db.execute("ALTER TABLE items ADD COLUMN image TEXT")
         info: dict[str, object] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
         dim = int(info["dim"])  # type: ignore[call-overload]
         index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
@@ -272,3 +364,19 @@ class EmbeddedCollections:
         if keys:
             index.add_with_ids(np.stack(vectors), np.asarray(keys, dtype=np.int64))
         return coll
+
+
+def _insert(db: sqlite3.Connection, info: dict[str, object], item: NewItem, vector: np.ndarray) -> int:
+    """Writes one item's row (and its DCSM tokens); returns its row key."""
+    cur = db.execute(
+        "INSERT INTO items (id, metadata, vector, image) VALUES (?, ?, ?, ?)",
+        (item.id, json.dumps(dict(item.metadata)), vector.tobytes(), item.image),
+    )
+    key = int(cur.lastrowid or 0)
+    if item.dense is not None:
+        tokens = np.ascontiguousarray(item.dense, dtype=np.float16)
+        db.execute("INSERT INTO dense VALUES (?, ?)", (key, tokens.tobytes()))
+        if "dense_tokens" not in info:
+            info["dense_tokens"] = int(tokens.shape[0])
+            db.execute("INSERT INTO info VALUES ('dense_tokens', ?)", (str(tokens.shape[0]),))
+    return key

@@ -9,7 +9,8 @@ DCSM image features stored with each item.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from clipcore.methods.common import l2_normalize
 from clipcore.methods.pairwise_rank import pair_scores
 from service.api.dense_operations import require_dcsm
 from service.api.operations import both
+from service.api.schemas import ImageInput
 from service.collections.schemas import (
     AddImagesRequest,
     AddImagesResponse,
@@ -28,7 +30,7 @@ from service.collections.schemas import (
     Stage,
 )
 from service.collections.service import Collections, model_ref
-from service.collections.store import CollectionInfo, NewItem, StoredHit
+from service.collections.store import CollectionInfo, NewItem, Scalar, StoredHit
 from service.runtime.assembly import ModelRuntime
 from service.runtime.pipeline import Pipeline
 
@@ -48,8 +50,42 @@ def stores_dense(runtime: ModelRuntime) -> bool:
 async def add_images(
     pipeline: Pipeline, rt: ModelRuntime, collections: Collections, info: CollectionInfo, req: AddImagesRequest
 ) -> AddImagesResponse:
-    images = [item.image for item in req.items]
     fields = [f"items.{i}.image" for i in range(len(req.items))]
+    raw = await image_bytes(pipeline, [item.image for item in req.items], fields)
+    count = await add_read_images(
+        pipeline, rt, collections, info, [(item.id, item.metadata) for item in req.items], raw, fields, staged=False
+    )
+    return AddImagesResponse(model=model_ref(info), collection=info.name, added=[i.id for i in req.items], count=count)
+
+
+async def image_bytes(pipeline: Pipeline, images: Sequence[ImageInput], fields: Sequence[str]) -> list[bytes]:
+    """The bytes of each image (``data`` decoded, a ``url`` fetched, under the usual caps): a
+    collection keeps them, so a ``sha256`` reference, whose bytes the server never had, is refused."""
+    for image, field in zip(images, fields, strict=True):
+        if image.sha256 is not None:
+            raise bad_input(
+                "a collection keeps the bytes of its images (to embed them again for a new model version): send "
+                "the image as 'data' or 'url', not as a 'sha256' reference",
+                f"{field}.sha256",
+            )
+    read = await pipeline.images.read(images, fields)
+    return [read.raw[digest][0] for digest in read.ids]
+
+
+async def add_read_images(
+    pipeline: Pipeline,
+    rt: ModelRuntime,
+    collections: Collections,
+    info: CollectionInfo,
+    items: Sequence[tuple[str, Mapping[str, Scalar]]],
+    raw: Sequence[bytes],
+    fields: Sequence[str],
+    *,
+    staged: bool,
+) -> int:
+    """Embeds images already read (``raw``, one per item) with ``rt``, keeps their bytes, and
+    stores the items (in the staged copy of a re-embedding when ``staged``); returns the count."""
+    images = [ImageInput(data=base64.b64encode(data).decode("ascii")) for data in raw]
     dense: Sequence[np.ndarray | None]
     if info.dense:
         features = await pipeline.dense_images(rt, images, fields, pooled=True)
@@ -58,12 +94,14 @@ async def add_images(
     else:
         vectors, dense = (await pipeline.embed_images(rt, images, fields)).vectors, [None] * len(images)
     vectors = l2_normalize(vectors)  # cached embeddings are float16-rounded: stored as unit vectors
-    items = [
-        NewItem(item.id, item.metadata, vector, tokens)
-        for item, vector, tokens in zip(req.items, vectors, dense, strict=True)
+    # The bytes are kept before the items that name them are stored: an item never names a missing file.
+    digests = await collections.call(collections.images.put, info.name, raw)
+    new = [
+        NewItem(item_id, metadata, vector, tokens, digest)
+        for (item_id, metadata), vector, tokens, digest in zip(items, vectors, dense, digests, strict=True)
     ]
-    count = await collections.call(collections.store.upsert, info.name, items)
-    return AddImagesResponse(model=model_ref(info), collection=info.name, added=[i.id for i in req.items], count=count)
+    upsert = collections.store.upsert_staged if staged else collections.store.upsert
+    return await collections.call(upsert, info.name, new)
 
 
 async def search(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 from pydantic.config import JsonDict
@@ -24,6 +24,20 @@ class CreateCollectionRequest(_Request):
     )
 
 
+class JobInfo(BaseModel):
+    kind: Literal["reembed", "import"] = Field(
+        description="`reembed`: every kept image embedded again with the version the model serves now, into a "
+        "new index that replaces the old one at once when complete; `import`: images added from a server folder"
+    )
+    model: str = Field(description="`name@version` that embeds the job's images")
+    state: Literal["running", "done", "failed"]
+    done: int = Field(description="images embedded so far")
+    total: int = Field(description="images the job embeds")
+    error: str | None = Field(default=None, description="why it failed")
+    started_at: str
+    finished_at: str | None = None
+
+
 class CollectionInfo(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(description="`name@version` whose embeddings the collection holds")
@@ -32,6 +46,9 @@ class CollectionInfo(BaseModel):
     count: int = Field(description="items it holds")
     dense: bool = Field(description='whether it keeps DCSM image features, so `rerank: "dense"` works')
     created_at: str
+    job: JobInfo | None = Field(
+        default=None, description="its last background job (a re-embedding or an import) since the server started"
+    )
 
 
 class CollectionList(BaseModel):
@@ -49,8 +66,47 @@ class CollectionItem(_Request):
     )
 
 
+# One entry of a form add's ``items`` part, as the contract states it.
+_FORM_ITEM: JsonDict = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "minLength": 1},
+        "metadata": {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}, **_KEYS},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+
+
+class AddImagesForm(_Request):
+    """An add as a multipart form (``-F images=@a.png -F images=@b.png -F 'items=[{"id": "a"}, {"id": "b"}]'``):
+    the image files, and the items' ids and metadata as one JSON part, one entry per file, in order."""
+
+    images: list[ImageInput] = Field(
+        description="the image files, in the order of `items`", json_schema_extra=_min_items(1, unique=False)
+    )
+    # Each entry is checked as an item of the JSON body it becomes (``from_form``).
+    items: list[dict[str, Any]] = Field(
+        description='`[{"id": "sku-1", "metadata": {"colour": "red"}}, ...]`: one per file, in order',
+        json_schema_extra={**_min_items(1, unique=False), "items": _FORM_ITEM},
+    )
+
+    @staticmethod
+    def from_form(body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON body of an add (``AddImagesRequest``) that this form's fields make."""
+        from service.api.multipart import FormError
+
+        images, items = body.pop("images", []), body.pop("items", None)
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise FormError('an add takes its ids and metadata as one JSON part: -F \'items=[{"id": "a"}]\'', "items")
+        if len(items) != len(images):
+            raise FormError(f"items has {len(items)} entries for {len(images)} image files: one per file", "items")
+        return {**body, "items": [{**item, "image": image} for item, image in zip(items, images, strict=True)]}
+
+
 class AddImagesRequest(_Request):
     items: list[CollectionItem] = Field(json_schema_extra=_min_items(1, unique=False))
+    form_model: ClassVar[type[BaseModel]] = AddImagesForm  # what a multipart add sends (service.api.multipart)
 
 
 class AddImagesResponse(BaseModel):
@@ -58,6 +114,15 @@ class AddImagesResponse(BaseModel):
     collection: str
     added: list[str] = Field(description="the ids added or replaced, in request order")
     count: int = Field(description="items the collection holds now")
+
+
+class ImportRequest(_Request):
+    path: str = Field(
+        min_length=1,
+        description="an absolute server path under one of `collections.import_roots`: a folder (every image file "
+        "below it, its id the path relative to the folder, no metadata) or a JSONL manifest (one "
+        '`{"path": "relative/to/the/manifest.png", "id": "...", "metadata": {...}}` a line; `id` left out: the path)',
+    )
 
 
 class RemovedResponse(BaseModel):

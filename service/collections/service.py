@@ -1,4 +1,5 @@
-"""The collections of one server: the store, the thread its calls run on, and the version check.
+"""The collections of one server: the store, the image files, the threads their calls run on,
+the background jobs, and the version of the model a new collection is bound to.
 
 Store calls block (SQLite, FAISS), so they run on this module's own threads, never the event
 loop; FAISS's OpenMP setting is per thread, so keeping them apart also keeps the model threads'
@@ -9,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
-from fastapi import Request
-
 from clipcore.errors import ClipError, ErrorCode, bad_input
-from service.api.answering import use_model
 from service.api.deps import Services
+from service.collections.image_files import ImageFiles
+from service.collections.jobs import JobBoard
 from service.collections.store import CollectionInfo, CollectionStore, open_collections
 from service.config import CollectionsSettings
+from service.runtime.metrics import ServiceMetrics
 from service.runtime.model_runtime import ModelRuntime
 from service.runtime.served import Selection
 
@@ -27,15 +27,18 @@ T = TypeVar("T")
 
 
 class Collections:
-    def __init__(self, settings: CollectionsSettings) -> None:
+    def __init__(self, settings: CollectionsSettings, metrics: ServiceMetrics | None = None) -> None:
         self.settings = settings
         self.store: CollectionStore = open_collections(settings.url)
+        self.images = ImageFiles(settings.image_path())
+        self.jobs = JobBoard(metrics.collection_job_ended if metrics is not None else None)
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="collections")
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
     async def close(self) -> None:
+        await self.jobs.close()
         await self.call(self.store.close)
         self._threads.shutdown(wait=False)
 
@@ -58,22 +61,3 @@ def current_runtime(services: Services, model: str | None) -> tuple[Selection, M
             "model",
         )
     return selection, runtime
-
-
-@contextlib.asynccontextmanager
-async def bound_runtime(request: Request, services: Services, info: CollectionInfo) -> AsyncIterator[ModelRuntime]:
-    """The runtime of the version the collection holds, held for the request; 409
-    ``version_mismatch`` when its model serves another version now (never mixed)."""
-    selection = services.models.resolve(info.model)
-    current = selection.entry.current
-    if current is not None and current.bundle.version != info.version:
-        raise ClipError(
-            ErrorCode.version_mismatch,
-            f"collection {info.name!r} holds embeddings of {model_ref(info)}, but {info.model} now serves "
-            f"{current.ref}; a collection never mixes versions: create a new collection on {info.model} and add "
-            "its images again",
-            "name",
-        )
-    # No await between the check above and the hold: a swap cannot come in between.
-    async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
-        yield runtime

@@ -43,6 +43,14 @@ class NewItem:
     metadata: Mapping[str, Scalar]
     vector: np.ndarray  # (D,) L2-normalised image embedding
     dense: np.ndarray | None  # (1+P, D) DCSM image tokens, when the collection stores them
+    image: str | None = None  # sha256 of the image's bytes, kept in the image files (re-embedding reads them)
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    id: str
+    metadata: dict[str, Scalar]
+    image: str | None  # sha256 of its bytes; None for an item added before images were kept
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,23 @@ class CollectionStore(Protocol):
 
     def dense_tokens(self, name: str, ids: Sequence[str]) -> list[np.ndarray]:
         """The stored DCSM image tokens of these items, in order."""
+
+    # A re-embedding (``service.collections.jobs``) builds the new version's items beside the
+    # collection, which keeps answering, and replaces them at once when complete.
+    def stored_images(self, name: str) -> list[StoredImage]:
+        """Every item's id, metadata and image digest, in the order they were added."""
+
+    def stage(self, name: str, version: str, dim: int, dense: bool) -> None:
+        """An empty staged copy of the collection for ``version`` (replacing one staged before)."""
+
+    def upsert_staged(self, name: str, items: Sequence[NewItem]) -> int:
+        """``upsert`` into the staged copy; returns how many items it holds."""
+
+    def commit_staged(self, name: str) -> CollectionInfo:
+        """Replaces the collection by its staged copy, atomically: a search sees the old version's
+        items or the new one's, never some of each."""
+
+    def discard_staged(self, name: str) -> None: ...
 
     def close(self) -> None: ...
 

@@ -164,10 +164,29 @@ class ModelOperationsMetrics(MetricSet):
             buckets=CORRELATION_BUCKETS,
             registry=r,
         )
+        self.collection_job_images_total = Counter(
+            "clip_collection_job_images_total",
+            "Images embedded by collection jobs, by kind (reembed: a collection moved to its model's new version; "
+            "import: a server-side dataset added); the running job's done/total is in GET /collections/{name}.",
+            ["kind"],
+            registry=r,
+        )
+        self.collection_jobs_total = Counter(
+            "clip_collection_jobs_total",
+            "Collection jobs that ended, by kind and result (done, failed).",
+            ["kind", "result"],
+            registry=r,
+        )
         # Label sets currently exported by clip_model_info, per served-set entry, so a swap can remove them.
         self._model_labels: dict[str, list[tuple[str, str, str, str]]] = {}
         # Series of the version-labelled metrics above, per (model, version), for forget_version.
         self._version_series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
+
+    def collection_job_images(self, kind: str, n: int) -> None:
+        self._child(self.collection_job_images_total, kind).inc(n)
+
+    def collection_job_ended(self, kind: str, result: str) -> None:
+        self._child(self.collection_jobs_total, kind, result).inc()
 
     def set_serving_model(self, name: str, version: str, encoders: Iterable[str], model: str | None = None) -> None:
         """Export ``name@version`` as what entry ``model`` (default: ``name``) serves; what that

@@ -10,8 +10,9 @@ Refusals no schema fixed at build time can state. They depend on
 * the server's settings: its limits (413, see GET /limits) and whether it fetches image URLs;
 * the serving model version: its text encoders, its embedding width, its family;
 * the content: whether image bytes decode as a picture;
-* other parts of the request: labels that ``descriptions`` and ``comparatives`` name, and the
-  ``?comparative=true`` query that ``comparatives`` and ``method`` depend on.
+* other parts of the request: labels that ``descriptions`` and ``comparatives`` name, the
+  ``?comparative=true`` query that ``comparatives`` and ``method`` depend on, and a collection
+  add's form, whose ``items`` part has one entry per file of its ``images``.
 
 ``UNSTATABLE`` lists them by error code and field, each with its reason; a schema-valid request
 refused with one of them is not a failure, and every other refusal still is. So that fuzzing
@@ -61,6 +62,7 @@ UNSTATABLE: list[tuple[str, str | None, str]] = [
     ("bad_input", r"comparatives(\.\d+(\.[ab])?)?", "labels named elsewhere in the body; ?comparative=true"),
     ("bad_input", r"method", "method 'yukino' with ?comparative=true, a query the body cannot see"),
     ("unsupported_for_family", None, "the serving model's family"),
+    ("validation_error", r"items", "a collection add's form: one entry of its items part per image file"),
 ]
 
 
@@ -77,9 +79,17 @@ def map_case(context: Any, case: Any) -> Any:
                 body[name] = PNG
             elif isinstance(value, list) and value and all(isinstance(v, (Binary, bytes)) for v in value):
                 body[name] = [PNG] * len(value)
+        _one_item_per_file(body)
     _decodable_images(body)
     _labels_named_elsewhere(body)
     return case
+
+
+def _one_item_per_file(body: dict[str, Any]) -> None:
+    """A collection add's form: as many ``items`` entries as ``images`` files."""
+    images, items = body.get("images"), body.get("items")
+    if isinstance(images, list) and images and isinstance(items, list) and items:
+        body["items"] = [items[i % len(items)] for i in range(len(images))]
 
 
 def _decodable_images(value: Any) -> None:

@@ -189,7 +189,10 @@ def first_side(difference: str, a: Example, b: Example) -> str | None:
 def check(exchange: Exchange) -> str | None:
     """Assert that an answer is right for what was asked; return the path when its meaning was checked."""
     where = f"{exchange.method} {exchange.path}?{exchange.query}"
-    assert exchange.status == 200, f"{where} answered {exchange.status}: {bytes(exchange.response)[:300]!r}"
+    created = exchange.method == "PUT"  # a PUT creates (a collection): 201
+    assert exchange.status == (201 if created else 200), f"{where} answered {exchange.status}: " + repr(
+        bytes(exchange.response)[:300]
+    )
     path, request = exchange.path, exchange.request_json()
     if path == "/score/dense/heatmap":
         assert exchange.content_type == "image/png" and exchange.response.startswith(b"\x89PNG"), where

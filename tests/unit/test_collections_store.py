@@ -66,3 +66,35 @@ def test_names_and_urls(tmp_path: Path) -> None:
     for url in ("postgresql://db/clip", "/var/lib/clip", "file://host/x"):
         with pytest.raises(ValueError):
             collections_path(url)
+
+
+def test_a_staged_version_replaces_the_collection_at_once(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    old, new = unit(rng, 3), unit(rng, 3, dim=8)
+    store = EmbeddedCollections(tmp_path)
+    store.create("c", "m@production", "v1", 16, dense=False)
+    store.upsert("c", [NewItem(f"i{i}", {"n": i}, old[i], None, f"{i:064x}") for i in range(3)])
+    assert [(s.id, s.metadata, s.image) for s in store.stored_images("c")] == [
+        (f"i{i}", {"n": i}, f"{i:064x}") for i in range(3)
+    ]
+    store.stage("c", "v2", 8, dense=False)
+    assert store.upsert_staged("c", [NewItem(f"i{i}", {"n": i}, new[i], None, f"{i:064x}") for i in range(2)]) == 2
+    # Until the commit the collection is the old version, whole; the staged copy is listed nowhere.
+    assert (store.info("c").version, store.info("c").count) == ("v1", 3)
+    assert [i.name for i in store.list_all()] == ["c"]
+    assert store.search("c", old[2], 1, {})[0].id == "i2"
+    assert store.upsert_staged("c", [NewItem("i2", {"n": 2}, new[2], None, f"{2:064x}")]) == 3
+    info = store.commit_staged("c")
+    assert (info.version, info.dim, info.count) == ("v2", 8, 3)
+    (hit,) = store.search("c", new[1], 1, {"n": 1})
+    assert hit.id == "i1" and hit.cosine == pytest.approx(1, abs=1e-6)
+    store.close()
+    assert EmbeddedCollections(tmp_path).info("c").version == "v2"  # what was committed is on disk
+    # A collection dropped while a version is staged takes the staged copy with it.
+    store = EmbeddedCollections(tmp_path)
+    store.stage("c", "v3", 8, dense=False)
+    store.drop("c")
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ClipError) as gone:
+        store.upsert_staged("c", [NewItem("i0", {}, new[0], None)])
+    assert gone.value.code == ErrorCode.unknown_collection and not list(tmp_path.iterdir())

@@ -257,6 +257,16 @@ class Client(_Base):
     def remove_from_collection(self, name: str, item_id: str) -> None:
         self._run(ep.remove_from_collection(name, item_id))
 
+    def reembed_collection(self, name: str) -> CollectionInfo:
+        """Start embedding the collection's images again with the version its model serves now;
+        its ``job`` shows the progress (``collection(name).job``)."""
+        return self._run(ep.reembed_collection(name))
+
+    def import_to_collection(self, name: str, path: str) -> CollectionInfo:
+        """Start adding the images of a server folder or JSONL manifest (under the server's
+        ``collections.import_roots``); its ``job`` shows the progress."""
+        return self._run(ep.import_to_collection(name, path))
+
     def search_collection(
         self,
         name: str,
@@ -452,6 +462,12 @@ class AsyncClient(_Base):
 
     async def remove_from_collection(self, name: str, item_id: str) -> None:
         await self._run(ep.remove_from_collection(name, item_id))
+
+    async def reembed_collection(self, name: str) -> CollectionInfo:
+        return await self._run(ep.reembed_collection(name))
+
+    async def import_to_collection(self, name: str, path: str) -> CollectionInfo:
+        return await self._run(ep.import_to_collection(name, path))
 
     async def search_collection(
         self,

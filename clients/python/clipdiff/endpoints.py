@@ -326,6 +326,14 @@ def drop_collection(name: str) -> Plan[None]:
     return single(Call("DELETE", _collection(name)), lambda _: None)
 
 
+def reembed_collection(name: str) -> Plan[CollectionInfo]:
+    return single(Call("POST", _collection(name, "reembed")), CollectionInfo.model_validate)
+
+
+def import_to_collection(name: str, path: str) -> Plan[CollectionInfo]:
+    return single(Call("POST", _collection(name, "imports"), {"path": path}), CollectionInfo.model_validate)
+
+
 def add_to_collection(name: str, items: Iterable[CollectionItem]) -> Plan[CollectionAdd]:
     """``items``: ``(id, image)`` or ``(id, image, metadata)``; an image as ``image_input`` takes it."""
     body = [

@@ -209,9 +209,25 @@ class ServerLimits(_Result):
     max_concurrent_requests: int | None = None  # requests one server process holds at once (then 429)
 
 
+class CollectionJob(_Result):
+    """A collection's background job: ``reembed`` (its images embedded again with the version its
+    model serves now) or ``import`` (images added from a server folder); ``done`` of ``total``
+    images, ``state`` running, done or failed (with the ``error``)."""
+
+    kind: str
+    model: str
+    state: str
+    done: int
+    total: int
+    error: str | None = None
+    started_at: str
+    finished_at: str | None = None
+
+
 class CollectionInfo(_Result):
     """A collection: the ``name@version`` whose embeddings it holds (``model``), the served model
-    it was created on (``entry``), its width, item count and whether it can re-rank by DCSM."""
+    it was created on (``entry``), its width, item count, whether it can re-rank by DCSM, and its
+    last background job (``job``)."""
 
     name: str
     model: str
@@ -220,6 +236,7 @@ class CollectionInfo(_Result):
     count: int
     dense: bool
     created_at: str
+    job: CollectionJob | None = None
 
 
 class CollectionAdd(_Result):

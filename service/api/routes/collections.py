@@ -11,22 +11,29 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from clipcore.errors import ClipError, ErrorCode, bad_input, too_large
 from service.api.deps import PipelineDep, ServicesDep
+from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
 from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
+from service.collections.imports import list_dataset, start_import
+from service.collections.jobs import Job
 from service.collections.schemas import (
+    AddImagesForm,
     AddImagesRequest,
     AddImagesResponse,
     CollectionInfo,
     CollectionList,
     CreateCollectionRequest,
+    ImportRequest,
+    JobInfo,
     RemovedResponse,
     SearchRequest,
     SearchResponse,
 )
-from service.collections.service import Collections, bound_runtime, current_runtime, model_ref
-from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN
+from service.collections.service import Collections, current_runtime, model_ref
+from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN, Scalar
 from service.collections.store import CollectionInfo as StoredInfo
+from service.collections.versions import bound_runtime, check_version, start_reembed
 from service.config import CollectionsSettings
 
 router = APIRouter(
@@ -34,11 +41,17 @@ router = APIRouter(
     responses={
         **ERROR_RESPONSES,
         409: error_response_doc(
-            "collection_exists, or version_mismatch (the collection's model serves another version now)"
+            "collection_exists, or version_mismatch (the collection's model serves another version now: re-embed it)"
+        ),
+        503: error_response_doc(
+            "not_ready: the model is not loaded, the collection is being re-embedded (or another of its jobs runs), "
+            "or the collections folder cannot be written; retry after Retry-After seconds where it is sent",
+            retry_after=True,
         ),
     },
 )
 _METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+ADD_IMAGES = "/collections/{name}/images"
 DEFAULT_CANDIDATES = 100  # a search's first-stage k when the request leaves it out
 
 
@@ -50,8 +63,9 @@ CollectionsDep = Annotated[Collections, Depends(get_collections)]
 Name = Annotated[str, Path(pattern=NAME_PATTERN, description="the collection's name")]
 
 
-def _shown(info: StoredInfo) -> CollectionInfo:
+def _shown(info: StoredInfo, job: Job | None = None) -> CollectionInfo:
     return CollectionInfo(
+        job=None if job is None else JobInfo.model_validate(job, from_attributes=True),
         name=info.name,
         model=model_ref(info),
         entry=info.model,
@@ -76,21 +90,42 @@ async def create_collection(
 
 @router.get("/collections", response_model=CollectionList)
 async def list_collections(collections: CollectionsDep) -> CollectionList:
-    return CollectionList(collections=[_shown(i) for i in await collections.call(collections.store.list_all)])
+    infos = await collections.call(collections.store.list_all)
+    return CollectionList(collections=[_shown(i, collections.jobs.jobs.get(i.name)) for i in infos])
 
 
 @router.get("/collections/{name}", response_model=CollectionInfo)
 async def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
-    return _shown(await collections.call(collections.store.info, name))
+    return _shown(await collections.call(collections.store.info, name), collections.jobs.jobs.get(name))
 
 
 @router.delete("/collections/{name}", response_model=RemovedResponse)
 async def drop_collection(name: Name, collections: CollectionsDep) -> RemovedResponse:
+    await collections.call(collections.store.info, name)  # 404 before its job is touched
+    await collections.jobs.cancel(name)
     await collections.call(collections.store.drop, name)
+    await collections.call(collections.images.drop, name)
     return RemovedResponse(collection=name, removed=name)
 
 
-@router.post("/collections/{name}/images", response_model=AddImagesResponse)
+@router.post(
+    "/collections/{name}/reembed",
+    response_model=CollectionInfo,
+    status_code=202,
+    response_model_exclude_none=True,
+)
+async def reembed(
+    name: Name, services: ServicesDep, pipeline: PipelineDep, collections: CollectionsDep
+) -> CollectionInfo:
+    """Embeds every image of the collection again with the version its model serves now, in the
+    background, into a new index that replaces the old one at once when complete; meanwhile the
+    collection answers 503. Progress: `GET /collections/{name}` (`job`)."""
+    info = await collections.call(collections.store.info, name)
+    job = start_reembed(services, pipeline, collections, info)
+    return _shown(info, job)
+
+
+@router.post(ADD_IMAGES, response_model=AddImagesResponse, openapi_extra=openapi_form(AddImagesForm))
 async def add_images(
     name: Name,
     req: AddImagesRequest,
@@ -101,12 +136,33 @@ async def add_images(
 ) -> AddImagesResponse:
     check_add(req, collections.settings)
     info = await collections.call(collections.store.info, name)
-    async with bound_runtime(request, services, info) as runtime:
+    async with bound_runtime(request, services, pipeline, collections, info) as runtime:
         return await operations.add_images(pipeline, runtime, collections, info, req)
+
+
+@router.post(
+    "/collections/{name}/imports", response_model=CollectionInfo, status_code=202, response_model_exclude_none=True
+)
+async def import_dataset(
+    name: Name, req: ImportRequest, services: ServicesDep, pipeline: PipelineDep, collections: CollectionsDep
+) -> CollectionInfo:
+    """Adds the images of a server folder or JSONL manifest under `collections.import_roots` in
+    the background (403 outside them); the listing and every id and metadata are checked first.
+    Progress: `GET /collections/{name}` (`job`)."""
+    info = await collections.call(collections.store.info, name)
+    check_version(services, pipeline, collections, info)
+    bounds = collections.settings
+
+    def check(item_id: str, metadata: Mapping[str, Scalar], field: str) -> None:
+        check_item(item_id, metadata, field, bounds)
+
+    items = await collections.call(list_dataset, req.path, bounds.import_roots, bounds.max_items_per_import, check)
+    return _shown(info, start_import(services, pipeline, collections, info, items))
 
 
 @router.delete("/collections/{name}/images/{item_id}", response_model=RemovedResponse)
 async def remove_image(name: Name, item_id: str, collections: CollectionsDep) -> RemovedResponse:
+    collections.jobs.refuse_while_reembedding(name)  # its items are being copied to the new version
     if not await collections.call(collections.store.remove, name, item_id):
         raise ClipError(ErrorCode.not_found, f"collection {name!r} has no item {item_id[:200]!r}", "item_id")
     return RemovedResponse(collection=name, removed=item_id)
@@ -123,7 +179,7 @@ async def search(
 ) -> SearchResponse:
     check_search(req, collections.settings, services)
     info = await collections.call(collections.store.info, name)
-    async with bound_runtime(request, services, info) as runtime:
+    async with bound_runtime(request, services, pipeline, collections, info) as runtime:
         return await operations.search(pipeline, runtime, collections, info, req)
 
 
@@ -131,17 +187,23 @@ async def search(
 def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
     check_count(req.items, "items", 1, bounds.max_items_per_add, "items")
     for i, item in enumerate(req.items):
-        if len(item.id) > bounds.max_id_chars:
-            raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"items.{i}.id")
-        check_metadata(item.metadata, f"items.{i}.metadata")
-        if len(item.metadata) > bounds.max_metadata_keys:
-            raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"items.{i}.metadata")
-        size = len(json.dumps(item.metadata, separators=(",", ":")).encode())
-        if size > bounds.max_metadata_bytes:
-            raise too_large(
-                f"metadata is {size} bytes as JSON, over {bounds.max_metadata_bytes} (collections.max_metadata_bytes)",
-                f"items.{i}.metadata",
-            )
+        check_item(item.id, item.metadata, f"items.{i}", bounds)
+
+
+def check_item(item_id: str, metadata: Mapping[str, Scalar], field: str, bounds: CollectionsSettings) -> None:
+    if len(item_id) > bounds.max_id_chars:
+        raise too_large(f"an id has at most {bounds.max_id_chars} characters", f"{field}.id")
+    if not is_unicode(item_id):
+        raise bad_input("an id must be Unicode text (it holds an unpaired surrogate)", f"{field}.id")
+    check_metadata(metadata, f"{field}.metadata")
+    if len(metadata) > bounds.max_metadata_keys:
+        raise too_large(f"metadata has at most {bounds.max_metadata_keys} keys", f"{field}.metadata")
+    size = len(json.dumps(metadata, separators=(",", ":")).encode())
+    if size > bounds.max_metadata_bytes:
+        raise too_large(
+            f"metadata is {size} bytes as JSON, over {bounds.max_metadata_bytes} (collections.max_metadata_bytes)",
+            f"{field}.metadata",
+        )
 
 
 def check_search(req: SearchRequest, bounds: CollectionsSettings, services: ServicesDep) -> None:

@@ -49,6 +49,8 @@ NAMES = [
     "clip_shadow_agreement_total",
     "clip_shadow_cosine",
     "clip_shadow_score_correlation",
+    "clip_collection_job_images_total",
+    "clip_collection_jobs_total",
 ]
 
 # Prometheus naming (https://prometheus.io/docs/practices/naming/): one application prefix, base

@@ -1,0 +1,155 @@
+"""A collection follows its model's version: the version check of every request, and the
+re-embedding that moves a collection to the version its model serves now.
+
+A collection holds the embeddings of one version. Once its model serves another, a request is
+refused (409 ``version_mismatch``, or with ``collections.reembed: auto`` the re-embedding starts)
+until a re-embedding has embedded every kept image with the new version into a staged copy and
+replaced the collection by it at once. While it runs the collection answers 503 (the old
+version's model is no longer served to embed a query, and the new items are incomplete): a
+search is never answered from a mix of the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import Request
+
+from clipcore.errors import ClipError, ErrorCode
+from service.api.answering import use_model
+from service.api.deps import Services
+from service.collections.jobs import Job
+from service.collections.operations import add_read_images, stores_dense
+from service.collections.service import Collections, model_ref
+from service.collections.store import CollectionInfo, StoredImage
+from service.runtime.assembly import ModelRuntime
+from service.runtime.pipeline import Pipeline
+from service.runtime.served import Selection
+
+
+@contextlib.asynccontextmanager
+async def bound_runtime(
+    request: Request, services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo
+) -> AsyncIterator[ModelRuntime]:
+    """The runtime of the version the collection holds, held for the request; 503 while it is
+    re-embedded, and once its model serves another version 409 ``version_mismatch`` (or, with
+    ``collections.reembed: auto``, a re-embedding starts and the answer is 503): never mixed."""
+    selection = check_version(services, pipeline, collections, info)
+    # No await between the check above and the hold: a swap cannot come in between.
+    async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
+        yield runtime
+
+
+def check_version(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Selection:
+    """The collection's served model, if it still serves the collection's version and no
+    re-embedding runs; else the refusal ``bound_runtime`` describes."""
+    collections.jobs.refuse_while_reembedding(info.name)
+    selection = services.models.resolve(info.model)
+    current = selection.entry.current
+    if current is not None and current.bundle.version != info.version:
+        if collections.settings.reembed == "auto":
+            job = start_reembed(services, pipeline, collections, info)
+            raise ClipError(
+                ErrorCode.not_ready,
+                f"collection {info.name!r} holds embeddings of {model_ref(info)}, but {info.model} now serves "
+                f"{job.model}: it is being re-embedded ({job.total} images) and answers once that completes",
+                "name",
+                retry_after=2,
+            )
+        raise ClipError(
+            ErrorCode.version_mismatch,
+            f"collection {info.name!r} holds embeddings of {model_ref(info)}, but {info.model} now serves "
+            f"{current.ref}; a collection never mixes versions: POST /collections/{info.name}/reembed embeds its "
+            "images again with the new version",
+            "name",
+        )
+    return selection
+
+
+def start_reembed(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Job:
+    """Starts re-embedding ``info``'s collection with the version its model serves now (the
+    running re-embedding if one runs); for a collection already on that version the job ends at once."""
+    running = collections.jobs.running(info.name)
+    if running is not None and running.kind == "reembed":
+        return running
+    selection = services.models.resolve(info.model)
+    current = selection.entry.current
+    if current is None:
+        raise ClipError(ErrorCode.not_ready, selection.entry.not_ready_message(), retry_after=1)
+    target = Selection(selection.entry, current.bundle.version)
+    job = Job("reembed", current.ref, total=info.count)
+
+    async def work(job: Job) -> None:
+        await _reembed(services, pipeline, collections, info.name, target, job)
+
+    return collections.jobs.start(info.name, job, work)
+
+
+async def _reembed(
+    services: Services, pipeline: Pipeline, collections: Collections, name: str, target: Selection, job: Job
+) -> None:
+    store, version = collections.store, target.version
+    assert version is not None
+    info = await collections.call(store.info, name)
+    if info.version == version:
+        job.total = job.done = info.count
+        return  # already on it (a second request raced the first)
+    items = await collections.call(store.stored_images, name)
+    job.total = len(items)
+    _require_kept(name, items)
+    staged: CollectionInfo | None = None
+    batch = collections.settings.max_items_per_add
+    done: set[tuple[str, str | None, str]] = set()
+    # An add that held the old version before the job started may land after the listing: the
+    # items are listed again until every one is in the staged copy, so none is lost by the switch.
+    while todo := [item for item in items if _key(item) not in done]:
+        job.total = len(done) + len(todo)
+        for start in range(0, len(todo), batch):
+            job.check_stopping()
+            chunk = todo[start : start + batch]
+            raw = [await collections.call(collections.images.get, name, item.image) for item in chunk if item.image]
+            # Leased per batch: once the entry serves yet another version, the lease refuses this
+            # one (unknown_model) and the job fails, the collection untouched on its old version.
+            async with services.models.lease(target) as rt:
+                if staged is None:
+                    staged = dataclasses.replace(info, version=version, dim=rt.bundle.embed_dim, dense=stores_dense(rt))
+                    await collections.call(store.stage, name, version, staged.dim, staged.dense)
+                fields = [f"reembed.{item.id}" for item in chunk]
+                await add_read_images(
+                    pipeline, rt, collections, staged, [(i.id, i.metadata) for i in chunk], raw, fields, staged=True
+                )
+            done.update(_key(item) for item in chunk)
+            job.done += len(chunk)
+            services.metrics.collection_job_images(job.kind, len(chunk))
+        items = await collections.call(store.stored_images, name)
+        _require_kept(name, items)
+    job.check_stopping()
+    current = target.entry.current
+    if current is None or current.bundle.version != version:
+        await collections.call(store.discard_staged, name)
+        raise ClipError(
+            ErrorCode.version_mismatch,
+            f"{info.model} serves {current.ref if current else 'nothing'} now, not {job.model}: re-embed again",
+        )
+    if staged is None:  # an empty collection: nothing to embed, only its version to change
+        async with services.models.lease(target) as rt:
+            await collections.call(store.stage, name, version, rt.bundle.embed_dim, stores_dense(rt))
+    await collections.call(store.commit_staged, name)
+    await collections.call(collections.images.keep_only, name, {item.image for item in items if item.image})
+
+
+def _key(item: StoredImage) -> tuple[str, str | None, str]:
+    return item.id, item.image, json.dumps(item.metadata, sort_keys=True)
+
+
+def _require_kept(name: str, items: Sequence[StoredImage]) -> None:
+    unkept = [item.id for item in items if item.image is None]
+    if unkept:
+        raise ClipError(
+            ErrorCode.not_found,
+            f"{len(unkept)} items of collection {name!r} were added before their images were kept (the first: "
+            f"{unkept[0]!r}); add them again (the same id replaces an item), then re-embed",
+        )
