@@ -29,8 +29,8 @@ FAMILY = {
     "scores 0.5. Held-out phrasings are never trained on.",
     "paraphrase, by phrasing (docs/negation.md)": "Each label (and caption) said in every paraphrase phrasing of "
     'docs/negation.md ("a snapshot of a shirt."): right when the paraphrase is closer, through the text encoder, '
-    'to its own plain caption ("a shirt") than to every other label\'s (and caption\'s); guessing scores 1 / their '
-    'number. Held-out phrasings are never trained on.',
+    "to its own plain caption (\"a shirt\") than to every other label's (and caption's); guessing scores 1 / their "
+    "number. Held-out phrasings are never trained on.",
     "2x2 items (Winoground-style)": "Two photos of different labels and their two captions. Text score: each photo "
     "prefers its own caption; image score: each caption prefers its own photo; group: both.",
 }
