@@ -207,7 +207,7 @@ def mean_and_stderr(mean: float, stderr: float) -> str:
     """``0.843 ± 0.012``: three decimals, more when the standard error is smaller than that shows
     (``0.8431 ± 0.0003``, not ``± 0.000``): its first significant digit is always printed."""
     decimals = 3
-    if 0 < stderr < 0.0005 and math.isfinite(stderr):
+    if 1e-9 < stderr < 0.0005 and math.isfinite(stderr):  # below 1e-9: equal values, rounding only
         decimals = min(12, -math.floor(math.log10(stderr)))
     return f"{mean:.{decimals}f} ± {stderr:.{decimals}f}"
 
