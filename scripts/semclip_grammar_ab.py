@@ -1,11 +1,12 @@
 """SemCLIP on the shapes world trained on the fixed caption templates and on the negation grammar's
 training forms, from one base model, both read on the same TEST scenes (docs/model_card.md,
-"SemCLIP on the grammar's forms"): two-sided negation per form family and on the held-out forms,
-paraphrase consistency per paraphrase family and on the held-out forms, and SemCLIP's own triplet
-figures. Prints one JSON object (mean and standard error over the evaluation seeds).
+"SemCLIP on the grammar's phrasings"): two-sided negation per form family and on the held-out
+forms, paraphrase consistency per paraphrase family and on the held-out forms, and SemCLIP's own
+triplet figures. Prints the training progress, then one JSON object (mean and standard error over
+the evaluation seeds). The model card's run:
 
-    PYTHONPATH=. python scripts/semclip_grammar_ab.py --ref default@production --steps 200 --scenes 2000 \
-        --batch-size 64 --seeds 0 1 2
+    PYTHONPATH=. python scripts/semclip_grammar_ab.py --ref default@production --steps 100 --scenes 1000 \
+        --batch-size 32 --seeds 0 --n-negation 100 --n-semclip 200
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--train-seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-negation", type=int, default=200, help="TEST scenes for two-sided negation, per seed")
+    parser.add_argument("--n-semclip", type=int, default=500, help="caption triplets per seed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bundle = ModelBundle.load(ModelStore(args.store), args.ref)
@@ -68,7 +71,7 @@ def main() -> None:
                               preprocess=bundle.preprocess_config, log=lambda _: None)  # fmt: skip
         bundle.text_models[name] = _tower(bundle, state)
     train_cpu = time.process_time() - t0
-    ev = Evaluator(bundle, EvalConfig(seeds=tuple(args.seeds)))
+    ev = Evaluator(bundle, EvalConfig(seeds=tuple(args.seeds), n_negation=args.n_negation, n_semclip=args.n_semclip))
     ev.encoders = [e for e in ("base", "pcclip", "semclip", *variants) if e in bundle.text_models]
     runs = []
     for seed in args.seeds:
