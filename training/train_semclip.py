@@ -1,4 +1,5 @@
-"""SemCLIP on the shapes world: TRAIN scenes with a caption, its paraphrase and its negation,
+"""SemCLIP on the shapes world: TRAIN scenes with a caption, its paraphrase and its negation (in the
+negation grammar's training forms where it has them: ``training.world.semantic``, ``grammar``),
 embedded once by the frozen image tower, and the ablation variants' loss weights; the method itself
 (loss and loop) is ``training.methods.semclip``.
 """
@@ -41,10 +42,11 @@ class SemClipConfig(semclip.Hyper):
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = 100
+    grammar: bool = True  # False: the fixed templates SemCLIP trained on before the grammar
 
 
 def triplet_dataset(cfg: SemClipConfig, model: CLIP, preprocess: PreprocessConfig) -> dict:
-    triplets = triplet_set(Split.TRAIN, cfg.seed + 300, cfg.scenes)
+    triplets = triplet_set(Split.TRAIN, cfg.seed + 300, cfg.scenes, grammar=cfg.grammar)
     images = render_batch([t.scene for t in triplets], model.visual.image_size[0], seed=cfg.seed + 17)
     return {
         "images": encode_images(model, preprocess, images, device=cfg.device),

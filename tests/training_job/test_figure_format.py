@@ -15,6 +15,8 @@ from training.report import metrics_table
         (0.8431, 0.0003, "0.8431 ± 0.0003"),
         (0.5, 0.00004, "0.50000 ± 0.00004"),
         (0.9, 0.0, "0.900 ± 0.000"),
+        # Three equal per-seed values leave a rounding residue, not a spread worth twelve digits.
+        (0.925, 1.1102230246251565e-16, "0.925 ± 0.000"),
     ],
 )
 def test_the_first_significant_digit_of_the_stderr_is_shown(mean: float, stderr: float, shown: str) -> None:

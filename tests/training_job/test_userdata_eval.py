@@ -197,6 +197,16 @@ def test_caption_over_its_negation_is_one_figure_per_text_encoder(data: Path, ro
                  for side in ("present", "absent", "both", "worst")}  # fmt: skip
     assert two_sided <= keys and not [k for k in keys if k.startswith("negation_forms.dcsm")]  # no scorer here
     assert "| negation, held-out phrasings, both sides, cosine, text encoder pcclip | " in result.output
+    # Paraphrase consistency over the grammar's paraphrase forms, per encoder, the finetuned one set
+    # against the base encoder's on the same phrases (as for negation both ways).
+    paraphrase = {f"paraphrase_forms.{enc}.{group}" for enc in ("base", "pcclip")
+                  for group in ("heldout", "heldout.worst", "training", "family.noun")}  # fmt: skip
+    assert paraphrase <= keys
+    for key in ("paraphrase_forms.pcclip.heldout", "negation_forms.pcclip.heldout.both"):
+        replaced = key.replace(".pcclip.", ".base.")
+        assert report["metrics"][f"data.cmp.gain.{key}"] == pytest.approx(
+            report["metrics"][f"data.cmp.{key}"] - report["metrics"][f"data.cmp.{replaced}"])  # fmt: skip
+    assert "paraphrase_forms" in report["datasets"]["cmp"]["details"]
     assert not [k for k in keys if k.startswith("semclip") or k == "negation.base"]  # the version has no SemCLIP
     assert report["datasets"]["cmp"]["components"]["text_encoders"] == ["base", "pcclip"]
     assert "| caption over its negation, cosine, text encoder pcclip | `negation.pcclip` | " in result.output

@@ -4,11 +4,11 @@ A method's command (``clip-train pcclip``, ...) reads two dataclasses: the run's
 model, data, store, device ...: ``RunOptions`` in ``training.commands.userdata``) and the method's
 run configuration (``PCClipRun``, a subclass of the method's ``Hyper``). ``configured_command``
 makes one flag per scalar field of each (``batch_size`` -> ``--batch-size``), so a flag cannot
-drift from the field it sets, and adds ``--config FILE``: a JSON object whose keys are those
-fields (nested ones, such as YUKINO's ``oti`` and ``text``, and tuples, such as SemCLIP's
-``weights``, are set only there). A value is the field's default, else the file's, else a flag
-given on the command line (or its environment variable). Values are checked by pydantic against
-the fields' types, so a wrong key or type is said in one line, never a traceback.
+drift from the field it sets, and adds ``--config FILE``: a JSON object (a ``.yaml`` / ``.yml``
+file: a YAML mapping) whose keys are those fields (nested ones, such as YUKINO's ``oti`` and
+``text``, and tuples, such as SemCLIP's ``weights``, are set only there). A value is the field's
+default, else the file's, else a flag given on the command line (or its environment variable).
+Values are checked by pydantic against the fields' types, so a wrong key or type is said in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import pydantic
 import typer
+import yaml
 
 _SCALARS = (int, float, str, bool, Path)
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="A JSON file of this command's settings (keys: the flags' names with underscores, and the "
-        "method's nested settings); flags given as well override it.",
+        help="A JSON or YAML (.yaml/.yml) file of this command's settings (keys: the flags' names with "
+        "underscores, and the method's nested settings); flags given as well override it.",
     ),
 ]
 
@@ -85,16 +86,29 @@ def flag_fields(cls: type, specs: Mapping[str, FlagSpec]) -> list[tuple[str, Any
     return out
 
 
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
 def read_config(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``."""
+    """The settings in ``path``: a YAML mapping when its name ends in ``.yaml`` / ``.yml``, else a
+    JSON object."""
+    is_yaml = path.suffix.lower() in YAML_SUFFIXES
+    kind = "YAML mapping" if is_yaml else "JSON object"
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+    try:
+        # safe_load: a settings file builds plain values, never Python objects.
+        data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--config {path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"--config {path}: not YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: a JSON object of settings is expected, not {type(data).__name__}")
+        raise ConfigError(f"--config {path}: a {kind} of settings is expected, not {type(data).__name__}")
     return data
 
 

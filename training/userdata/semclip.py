@@ -1,9 +1,13 @@
 """SemCLIP on a user's data (the method: ``training.methods.semclip``).
 
 Every caption of the training split (``caption`` and ``negatives`` records, "a photo of a
-{label}" for labelled images) gets a paraphrase by template and a negation: by rule
-(``toggle_negation``: "with" <-> "without", "a dog" -> "no dog"). Image features are the frozen,
-cached pooled features; the loss is ``clipcore.methods.losses.semclip_loss``.
+{label}" for labelled images) becomes a triplet written by the negation grammar's TRAINING forms
+(``training.generate.grammar_triplets``): the phrase it names in a drawn negation form's
+affirmative and negated captions ("the shirt is here." / "the shirt is not here."; a part named
+with "with" / "without" by an attribute-negation form), and a paraphrase in a training paraphrase
+form ("a picture of a shirt."). The held-out forms stay for the evaluation (docs/negation.md).
+Image features are the frozen, cached pooled features; the loss is
+``clipcore.methods.losses.semclip_loss``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from model_store import Manifest
 from training.distributed import is_main
 from training.encode import Tokenize
-from training.generate.negatives import paraphrase, toggle_negation
+from training.generate.grammar_triplets import caption_triplet
 from training.methods import semclip
 from training.userdata.context import RunContext, captioned_images
 from training.userdata.publishing import data_summary, run_settings, text_variant_file
@@ -24,27 +28,21 @@ from training.userdata.settings import SemClipRun
 
 
 def triplets(ctx: RunContext) -> tuple[list[int], list[str], list[str], list[str]]:
-    """(caption index into ``captioned_images``, original, paraphrase, negation) of every caption that negates."""
+    """(caption index into ``captioned_images``, original, paraphrase, negation) of every caption,
+    the forms drawn from the run's seed."""
     _, captions = captioned_images(ctx.dataset)
     rng = random.Random(ctx.seed)
-    keep, orig, para, neg = [], [], [], []
-    for i, caption in enumerate(captions):
-        negated = toggle_negation(caption)
-        if negated is None or negated == caption:
-            continue
-        keep.append(i)
-        orig.append(caption)
-        para.append(paraphrase(caption, rng))
-        neg.append(negated)
-    if len(keep) < 2:
+    written = [caption_triplet(caption, rng) for caption in captions]
+    if len(written) < 2:
         raise ValueError("SemCLIP needs at least two captions (docs/data.md)")
-    return keep, orig, para, neg
+    return (list(range(len(written))), [t.original for t in written], [t.paraphrase for t in written],
+            [t.negation for t in written])  # fmt: skip
 
 
 def train_user_semclip(ctx: RunContext, cfg: SemClipRun) -> dict[str, torch.Tensor]:
     refs, _ = captioned_images(ctx.dataset)
     keep, orig, para, neg = triplets(ctx)
-    ctx.log(f"semclip: {len(keep)} captions with a generated paraphrase and negation")
+    ctx.log(f"semclip: {len(keep)} captions, each with a paraphrase and a negation in training forms")
     images = torch.from_numpy(ctx.features.of("pooled", [refs[i] for i in keep]))
     batch = min(cfg.batch_size, len(keep))
 

@@ -7,7 +7,12 @@
   the original, a wrong colour, an absent object ("X and Y" when only X is there, "Y without X"),
   and for two objects the colours swapped between them or the relation reversed.
 
-Triplet ``index`` of a split is a pure function of ``(split, seed, index)``, like scenes.
+With ``grammar`` (what SemCLIP trains on, ``training.train_semclip``) a one-object caption and its
+paraphrase are the negation grammar's TRAINING paraphrase forms, and the "not" / "no" negations its
+TRAINING negation forms (``training.generate.negation_grammar``), so the held-out forms stay unread
+by training; without it (what the evaluation's triplets keep, so their figures compare across
+versions) the fixed templates below. Triplet ``index`` of a split is a pure function of
+``(split, seed, index, grammar)``, like scenes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from training.generate.negation_grammar import FormSplit, forms, paraphrase_forms
 from training.world.captions import noun_phrase, with_article
 from training.world.scene import Scene, SceneObject, Split, make_object, sample_scene
 from training.world.vocab import COLOUR_NAMES, INVERSE_RELATION, RELATION_PHRASES
@@ -29,6 +35,9 @@ PARAPHRASE_PAIR = ("a picture where {a} is {rel} {b}.", "{a} is placed {rel} {b}
 # The evaluation's "this is not a photo of a X." prompt is deliberately not among these.
 NOT_FORMS = ("this picture is not of {}.", "not {}", "a photo that does not show {}.")
 NO_FORMS = ("there is no {}.", "a photo with no {}.", "no {} here.")
+# The grammar's training forms by the kind they stand for: "not" (a negated verb, copula or
+# predicate) and "no" (a determiner, "without", "lacking").
+GRAMMAR_KINDS = {"not": ("not", "clause", "copula", "absent"), "no": ("determiner", "without", "lacking")}
 
 SIZE_SYNONYMS = {"large": ("big", "large"), "small": ("little", "small"), "medium": ("medium-sized", "medium")}
 RELATION_SYNONYMS = {
@@ -60,7 +69,14 @@ def _other_colour(taken: set[str], rng: np.random.Generator) -> str:
     return choices[int(rng.integers(len(choices)))]
 
 
-def _negation(scene: Scene, described: str, with_size: bool, rng: np.random.Generator, split: Split) -> tuple[str, str]:
+def _grammar_negation(kind: str, bare: str, rng: np.random.Generator) -> str:
+    options = [f for f in forms(FormSplit.TRAINING) if f.family in GRAMMAR_KINDS[kind]]
+    return options[int(rng.integers(len(options)))].pair(bare)[1]
+
+
+def _negation(
+    scene: Scene, described: str, with_size: bool, rng: np.random.Generator, split: Split, grammar: bool = False
+) -> tuple[str, str]:
     """A caption that is false of ``scene``, and its kind. ``described`` is the noun phrase (with
     article) of the scene's first object as the original names it."""
     pair = len(scene.objects) == 2
@@ -68,6 +84,8 @@ def _negation(scene: Scene, described: str, with_size: bool, rng: np.random.Gene
     kind = kinds[int(rng.integers(len(kinds)))]
     a = scene.objects[0]
     bare = described.split(" ", 1)[1]  # without the article
+    if grammar and kind in GRAMMAR_KINDS:
+        return _grammar_negation(kind, bare, rng), kind
     if kind == "not":
         return NOT_FORMS[int(rng.integers(len(NOT_FORMS)))].format(described), kind
     if kind == "no":
@@ -112,14 +130,25 @@ def _negation(scene: Scene, described: str, with_size: bool, rng: np.random.Gene
     )
 
 
-def caption_triplet(split: Split, seed: int, index: int) -> CaptionTriplet:
-    """Scene ``index`` of ``split`` with an original caption, a paraphrase and a negation."""
+def _grammar_single(phrase: str, synonym: str, rng: np.random.Generator) -> tuple[str, str]:
+    """A one-object caption and its paraphrase in two different training paraphrase forms."""
+    training = paraphrase_forms(FormSplit.TRAINING)
+    first = int(rng.integers(len(training)))
+    second = (first + 1 + int(rng.integers(len(training) - 1))) % len(training)
+    return training[first].render(phrase), training[second].render(synonym)
+
+
+def caption_triplet(split: Split, seed: int, index: int, grammar: bool = False) -> CaptionTriplet:
+    """Scene ``index`` of ``split`` with an original caption, a paraphrase and a negation (with
+    ``grammar``: in the negation grammar's training forms where it has them)."""
     scene = sample_scene(split, seed, index)
     rng = np.random.default_rng([int(split), int(seed), int(index), 91])
     with_size = bool(rng.random() < 0.5)
     a = scene.objects[0]
     pa = with_article(noun_phrase(a, size=with_size))
-    if len(scene.objects) == 1:
+    if len(scene.objects) == 1 and grammar:
+        original, paraphrase = _grammar_single(noun_phrase(a, size=with_size), _phrase(a, with_size, True, rng), rng)
+    elif len(scene.objects) == 1:
         original = ORIGINAL_SINGLE[int(rng.integers(len(ORIGINAL_SINGLE)))].format(pa)
         para_phrase = with_article(_phrase(a, with_size, True, rng))
         paraphrase = PARAPHRASE_SINGLE[int(rng.integers(len(PARAPHRASE_SINGLE)))].format(para_phrase)
@@ -134,12 +163,12 @@ def caption_triplet(split: Split, seed: int, index: int) -> CaptionTriplet:
         words = RELATION_SYNONYMS[rel][int(rng.integers(2))]
         template = PARAPHRASE_PAIR[int(rng.integers(len(PARAPHRASE_PAIR)))]
         paraphrase = template.format(a=with_article(qa), rel=words, b=with_article(qb))
-    negation, kind = _negation(scene, pa, with_size, rng, split)
+    negation, kind = _negation(scene, pa, with_size, rng, split, grammar)
     return CaptionTriplet(scene, original, paraphrase, negation, kind)
 
 
-def triplet_set(split: Split, seed: int, n: int, offset: int = 0) -> list[CaptionTriplet]:
-    return [caption_triplet(split, seed, offset + i) for i in range(n)]
+def triplet_set(split: Split, seed: int, n: int, offset: int = 0, grammar: bool = False) -> list[CaptionTriplet]:
+    return [caption_triplet(split, seed, offset + i, grammar) for i in range(n)]
 
 
 __all__ = ["NEGATION_KINDS", "CaptionTriplet", "caption_triplet", "triplet_set"]

@@ -23,6 +23,14 @@ FAMILY = {
     "caption over its negation, by text encoder": "The hard negatives' negation kind (the same photos, captions "
     "and negations) scored by pooled cosine with each text encoder of the version: right when the caption is "
     "closer to the photo than its negation.",
+    "negation both ways, by phrasing (docs/negation.md)": "Each photo with a label it shows and one it does not, "
+    "each asked in every negation phrasing of docs/negation.md: right when the caption beats its negation for the "
+    "label shown and the negation beats the caption for the other; a scorer that only punishes negation words "
+    "scores 0.5. Held-out phrasings are never trained on.",
+    "paraphrase, by phrasing (docs/negation.md)": "Each label (and caption) said in every paraphrase phrasing of "
+    'docs/negation.md ("a snapshot of a shirt."): right when the paraphrase is closer, through the text encoder, '
+    "to its own plain caption (\"a shirt\") than to every other label's (and caption's); guessing scores 1 / their "
+    "number. Held-out phrasings are never trained on.",
     "2x2 items (Winoground-style)": "Two photos of different labels and their two captions. Text score: each photo "
     "prefers its own caption; image score: each caption prefers its own photo; group: both.",
 }

@@ -56,6 +56,7 @@ FAMILIES = (
     "hard negatives",
     "caption over its negation, by text encoder",
     "negation both ways, by phrasing (docs/negation.md)",
+    "paraphrase, by phrasing (docs/negation.md)",
     "2x2 items (Winoground-style)",
 )
 NEGATION_SIDES = {
@@ -131,6 +132,8 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
                       *_base_encoder(enc, NEGATION_BASE))  # fmt: skip
     if parts[0] == "negation_forms" and len(parts) in (4, 5):
         return _negation_form_figure(key, parts[1], parts[2:])
+    if parts[0] == "paraphrase_forms" and len(parts) in (3, 4):
+        return _paraphrase_form_figure(key, parts[1], parts[2:])
     if parts[0] == "winoground" and len(parts) == 3:
         score, method = parts[1], parts[2]
         how = "YUKINO" if method == "yukino" else method
@@ -148,9 +151,26 @@ def _negation_form_figure(key: str, scorer: str, rest: list[str]) -> Figure:
     where = {"heldout": "held-out phrasings", "training": "training phrasings"}.get(group, f"{rest[1]} phrasings")
     how = "DCSM" if scorer == "dcsm" else f"cosine, text encoder {scorer}"
     rank = _NEGATION_GROUP_RANK.get(group, 3) * 10 + _SIDE_RANK.get(side, 4) + (0 if scorer == "dcsm" else 100)
+    # A finetuned text encoder's figure replaces the base encoder's on the same rows.
+    replaces = (None, "") if scorer == "dcsm" else _base_encoder(scorer, ".".join(["negation_forms", BASE, *rest]))
     return Figure(key, "negation both ways, by phrasing (docs/negation.md)", f"{where}, {side}, {how}",
                   f"negation, {where}, {NEGATION_SIDES.get(side, side)}, {how}", 0.5,
-                  "dcsm" if scorer == "dcsm" else _encoder(scorer), rank)  # fmt: skip
+                  "dcsm" if scorer == "dcsm" else _encoder(scorer), rank, *replaces)  # fmt: skip
+
+
+def _paraphrase_form_figure(key: str, encoder: str, rest: list[str]) -> Figure:
+    """``paraphrase_forms.<encoder>.heldout[.worst]|training`` and ``...family.<family>``: a
+    paraphrase closer to its own caption than to every other (``training.evaluation.methods.paraphrase``;
+    chance is 1 / the number of phrases, which the data decides: none is printed)."""
+    group = rest[0]
+    where = {"heldout": "held-out phrasings", "training": "training phrasings"}.get(group, f"{rest[-1]} phrasings")
+    if rest[-1] == "worst":
+        where = "the worst held-out phrasing"
+    rank = _NEGATION_GROUP_RANK.get(group, 3) * 10 + (1 if rest[-1] == "worst" else 0)
+    replaces = _base_encoder(encoder, ".".join(["paraphrase_forms", BASE, *rest]))
+    return Figure(key, "paraphrase, by phrasing (docs/negation.md)", f"{where}, {encoder}",
+                  f"paraphrase closest to its own caption, {where}, text encoder {encoder}", None,
+                  _encoder(encoder), rank, *replaces)  # fmt: skip
 
 
 def has_component(components: Mapping[str, Any] | None, needs: str | None) -> bool:
@@ -187,7 +207,7 @@ def mean_and_stderr(mean: float, stderr: float) -> str:
     """``0.843 ± 0.012``: three decimals, more when the standard error is smaller than that shows
     (``0.8431 ± 0.0003``, not ``± 0.000``): its first significant digit is always printed."""
     decimals = 3
-    if 0 < stderr < 0.0005 and math.isfinite(stderr):
+    if 1e-9 < stderr < 0.0005 and math.isfinite(stderr):  # below 1e-9: equal values, rounding only
         decimals = min(12, -math.floor(math.log10(stderr)))
     return f"{mean:.{decimals}f} ± {stderr:.{decimals}f}"
 

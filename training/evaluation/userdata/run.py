@@ -21,10 +21,12 @@ from clipcore.models.bundle import BASE_ENCODER, ModelBundle
 from model_store import Manifest
 from model_store.evaluation import bind, provenance
 from training.evaluation.methods.negation import flat_figures
+from training.evaluation.methods.paraphrase import flat_figures as paraphrase_flat
 from training.evaluation.userdata.data import UserEvalConfig, load_eval_set
 from training.evaluation.userdata.dcsm import dense_vs_cosine
 from training.evaluation.userdata.figures import describe, gain_key
 from training.evaluation.userdata.negation import negation_forms
+from training.evaluation.userdata.paraphrase import paraphrase_forms
 from training.evaluation.userdata.pcclip import pair_ranking
 from training.evaluation.userdata.semclip import negation_by_encoder
 from training.evaluation.userdata.yukino import yukino_2x2
@@ -100,6 +102,10 @@ def evaluate_user_data(
         flat.update(flat_figures(two_sided))
         if two_sided:
             details.setdefault("negation_forms", two_sided)  # the first seed's per-form figures
+        paraphrases = paraphrase_forms(es, cfg, seed)
+        flat.update(paraphrase_flat(paraphrases))
+        if paraphrases:
+            details.setdefault("paraphrase_forms", paraphrases)
         flat.update(yukino_2x2(es, cfg, seed))
         flat.update(gains_per_seed(flat))
         runs.append(flat)

@@ -17,6 +17,7 @@ import numpy as np
 from clipcore.models.bundle import ModelBundle
 from model_store.evaluation import bind
 from training.evaluation.methods.negation import flat_figures
+from training.evaluation.methods.paraphrase import flat_figures as paraphrase_flat
 from training.evaluation.world.base import EvalConfig, generator_images, pil_images
 from training.evaluation.world.comparatives import ComparativeEval
 from training.evaluation.world.dcsm import DenseEval
@@ -59,6 +60,9 @@ class Evaluator(
         negation = self.negation_forms(seed)
         flat.update(flat_figures(negation))
         details["negation_forms"] = negation
+        paraphrases = self.paraphrase_forms(seed)
+        flat.update(paraphrase_flat(paraphrases))
+        details["paraphrase_forms"] = paraphrases
         if self.bundle.yukino is not None:
             figures, timing = self.yukino(seed)
             flat.update(figures)

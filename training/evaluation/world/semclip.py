@@ -1,14 +1,19 @@
 """SemCLIP on the shapes world: caption triplets (original, paraphrase, negation) of TEST or HELDOUT
-scenes; the figures are ``training.evaluation.methods.semclip``'s."""
+scenes, and paraphrase consistency over the grammar's paraphrase forms on their objects' phrases;
+the figures are ``training.evaluation.methods.semclip``'s and ``...methods.paraphrase``'s."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
+from training.evaluation.methods.paraphrase import paraphrase_consistency
 from training.evaluation.methods.semclip import prompt_accuracy, triplet_figures
 from training.evaluation.world.base import EvalBase, generator_images
+from training.generate.negation_grammar import PARAPHRASE_FORMS
+from training.world.captions import noun_phrase
 from training.world.scene import Split
 from training.world.semantic import NEGATION_KINDS, triplet_set
 from training.world.vocab import SHAPES
@@ -41,3 +46,11 @@ class SemClipEval(EvalBase):
             figures["photo_minus_not"] = figures["zeroshot_photo"] - figures["zeroshot_not_photo"]
             out[enc] = figures
         return out
+
+    def paraphrase_forms(self, seed: int, split: Split = Split.TEST) -> dict[str, dict[str, float]]:
+        """Per text encoder, paraphrase consistency (``training.evaluation.methods.paraphrase``) on the
+        distinct phrases ("red circle", "large red circle") of ``n_semclip`` scenes' objects."""
+        scenes = [t.scene for t in triplet_set(split, seed, self.cfg.n_semclip)]
+        phrases = sorted({noun_phrase(o, size=size) for s in scenes for o in s.objects for size in (False, True)})
+        return {enc: paraphrase_consistency(phrases, partial(self.texts, encoder=enc), PARAPHRASE_FORMS)
+                for enc in self.encoders}  # fmt: skip
