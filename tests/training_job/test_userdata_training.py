@@ -166,11 +166,13 @@ def test_dcsm_contrasts_a_labelled_image_with_another_label_and_its_own_negation
 def test_dcsm_pairs_every_labelled_image_with_another_label_both_ways_in_training_forms(user_data: Path) -> None:
     """Negation both ways: row 2i shows label L under a training form's affirmative of L, row 2i+1
     shows another label under the same form's negated caption of L (each the other's hard
-    negative); held-out forms never appear."""
+    negative), both composed alike (docs/negation.md: the same filler words, never a label's, an
+    attribute's or a held-out form's word); held-out forms never appear."""
+    from collections import Counter
     from types import SimpleNamespace
 
     from training.datasets.dataset import load_dataset
-    from training.generate.negation_grammar import FormSplit, form_named, parse_negated
+    from training.generate.negation_grammar import FormSplit, form_named, heldout_words
     from training.userdata.context import items_of
     from training.userdata.dcsm import negation_pairs
 
@@ -179,11 +181,16 @@ def test_dcsm_pairs_every_labelled_image_with_another_label_both_ways_in_trainin
     pairs = negation_pairs(SimpleNamespace(dataset=dataset, seed=0))  # type: ignore[arg-type]
     assert len(pairs.forms) == len(items_of(dataset, "label"))  # one item per labelled training photo
     assert len(pairs.images) == len(pairs.captions) == 2 * len(pairs.forms)
+    recomposed = 0
     for i, name in enumerate(pairs.forms):
         form = form_named(name)
         assert form.split == FormSplit.TRAINING
         shown = label_of[pairs.images[2 * i]]
-        assert (pairs.captions[2 * i], pairs.captions[2 * i + 1]) == form.pair(shown)
-        assert parse_negated(pairs.captions[2 * i + 1]) == (name, shown)
+        composed = (pairs.captions[2 * i], pairs.captions[2 * i + 1])
+        added = [Counter(c.replace(".", " ").split()) - Counter(p.replace(".", " ").split())
+                 for c, p in zip(composed, form.pair(shown), strict=True)]  # fmt: skip
+        assert added[0] == added[1] and shown in composed[0] and shown in composed[1]
+        assert not set(added[0]) & (heldout_words() | set(dataset.labels))
+        recomposed += composed != form.pair(shown)
         assert label_of[pairs.images[2 * i + 1]] != shown  # the negated caption is true of this photo
-    assert len(set(pairs.forms)) > 3
+    assert len(set(pairs.forms)) > 3 and recomposed > len(pairs.forms) // 2

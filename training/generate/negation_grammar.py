@@ -20,13 +20,14 @@ Pure: strings in, strings out.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clipcore.methods.dcsm import NEGATION_WORDS
+from clipcore.methods.dcsm import FUNCTIONAL_GROUPS, NEGATION_WORDS
 
 
 class FormSplit(StrEnum):
@@ -184,6 +185,96 @@ def negation_words() -> tuple[str, ...]:
 
 def pick(options: Sequence[NegationForm], rng: random.Random) -> NegationForm:
     return options[rng.randrange(len(options))]
+
+
+def heldout_words() -> frozenset[str]:
+    """Every word of a held-out form's templates (negation, attribute and paraphrase forms): what a
+    composed training caption must never contain, so held-out phrasings stay unseen in training."""
+    templates = [t for f in forms(FormSplit.HELDOUT) for t in (f.affirmative, f.negated)]
+    templates += [t for f in attribute_forms(FormSplit.HELDOUT) for t in (f.affirmative, f.negated)]
+    templates += [f.template for f in paraphrase_forms(FormSplit.HELDOUT)]
+    words = {w for t in templates for w in re.findall(r"[a-z]+", re.sub(r"\{[a-z_]+\}", " ", t.lower()))}
+    return frozenset(words)
+
+
+def filler_words(vocabulary: Iterable[str], exclude: Iterable[str] = (), limit: int = 5000) -> tuple[str, ...]:
+    """Up to ``limit`` alphabetic words of ``vocabulary`` (in its order: a BPE vocabulary lists
+    frequent words first), none of them a held-out form's word, a functional word (a negation cue,
+    "left", "small", ...) or one of ``exclude`` (the data's own content words: a filler must not
+    name something that may be in the image)."""
+    banned = heldout_words() | {w for ws in FUNCTIONAL_GROUPS.values() for w in ws} | {w.lower() for w in exclude}
+    out: list[str] = []
+    for word in vocabulary:
+        if len(word) >= 2 and word.isascii() and word.isalpha() and word.islower() and word not in banned:
+            out.append(word)
+            if len(out) == limit:
+                break
+    return tuple(dict.fromkeys(out))
+
+
+def tokenizer_fillers(exclude: Iterable[str] = ()) -> tuple[str, ...]:
+    """``filler_words`` of the CLIP tokenizer's vocabulary (its whole words, most frequent first)."""
+    return filler_words(_tokenizer_words(), exclude)
+
+
+@functools.cache
+def _tokenizer_words() -> tuple[str, ...]:
+    from clipcore.models.clip_model import tokenizer_for
+
+    return tuple(token[:-4] for token in tokenizer_for(77).encoder if token.endswith("</w>"))
+
+
+# Where a composed caption gets filler words, and how many (drawn with equal chance from the
+# tuple): before the sentence (up to 3, so a cue stands at every position from the first to the
+# fourth word, where "you cannot see X" and "this isn't X" put theirs), right before the object
+# phrase (between a cue and what it negates, as "see" in "you cannot see X") and after it.
+_FILL_COUNTS = {"start": (0, 1, 1, 2, 3), "object": (0, 0, 1, 1, 2), "end": (0, 0, 1, 1, 2)}
+
+
+def composed_pair(
+    form: NegationForm,
+    phrase: str,
+    rng: random.Random,
+    fillers: Sequence[str],
+    p_plain: float = 0.3,
+    p_drop_frame: float = 0.5,
+) -> tuple[str, str]:
+    """``form``'s (affirmative, negated) pair of ``phrase`` recomposed: with probability
+    ``p_drop_frame`` without the frame words both captions open with ("this is not X." -> "not
+    X."), and with the same random filler words put in both captions (``_FILL_COUNTS``); the plain
+    pair with probability ``p_plain``. The cue and the object thereby stand at other positions,
+    among words a scorer never met, so it learns to read them wherever they stand and whatever
+    surrounds them, from the training forms' parts alone (``filler_words`` never gives a held-out
+    form's word)."""
+    if not fillers or rng.random() < p_plain:
+        return form.pair(phrase)
+    affirmative, negated = form.affirmative, form.negated
+    if rng.random() < p_drop_frame:
+        affirmative, negated = _without_shared_frame(affirmative, negated)
+    counts = {slot: rng.choice(options) for slot, options in _FILL_COUNTS.items()}
+    if not any(counts.values()):
+        counts[rng.choice(tuple(_FILL_COUNTS))] = 1
+    words = {slot: " ".join(rng.choice(fillers) for _ in range(n)) for slot, n in counts.items()}
+
+    def fill(template: str) -> str:
+        text = template.rstrip(".")
+        if words["object"]:
+            text = re.sub(r"\{(a|x|the)\}", lambda m: f"{words['object']} {m.group()}", text, count=1)
+        end = "." if template.endswith(".") else ""
+        return f"{words['start']} {text} {words['end']}".strip() + end
+
+    slots = _slots(phrase)
+    return _sentence(fill(affirmative).format(**slots)), _sentence(fill(negated).format(**slots))
+
+
+def _without_shared_frame(affirmative: str, negated: str) -> tuple[str, str]:
+    """Both templates without the words they open with alike (never a slot): "a photo of {a}." /
+    "a photo of not {a}." -> "{a}." / "not {a}."."""
+    a, n = affirmative.split(), negated.split()
+    shared = 0
+    while shared < min(len(a), len(n)) - 1 and a[shared] == n[shared] and "{" not in a[shared]:
+        shared += 1
+    return " ".join(a[shared:]), " ".join(n[shared:])
 
 
 _NEGATED_OBJECT = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
 from training.generate.differences import article
-from training.generate.negation_grammar import FormSplit, forms
+from training.generate.negation_grammar import FormSplit, composed_pair, forms, tokenizer_fillers
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
 from training.methods import dcsm
 from training.methods.checkpoint import Checkpoints
@@ -111,10 +112,13 @@ def negation_pairs(ctx: RunContext) -> NegationPairs:
     rng = random.Random(ctx.seed * 1009 + 11)
     training_forms = forms(FormSplit.TRAINING)
     labels = sorted(by_label)
+    # Filler words never name a label or an attribute: they must not say what is in a photo.
+    label_words = {w for lab in labels for w in re.findall(r"[a-z]+", lab.lower())}
+    fillers = tokenizer_fillers(label_words | attribute_words(ctx.dataset.labels))
     for label, image in labelled:
         other = rng.choice([lab for lab in labels if lab != label])
         form = training_forms[rng.randrange(len(training_forms))]
-        affirmative, negated = form.pair(label)
+        affirmative, negated = composed_pair(form, label, rng, fillers)
         out.images += [image, rng.choice(by_label[other])]
         out.captions += [affirmative, negated]
         out.forms.append(form.name)

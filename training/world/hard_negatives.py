@@ -24,16 +24,18 @@ images contain only held-out combinations (their negative scenes may not).
 
 from __future__ import annotations
 
+import functools
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from training.generate.negation_grammar import FormSplit, forms
+from training.generate.negation_grammar import FormSplit, composed_pair, forms, tokenizer_fillers
 from training.world.captions import CONJ_TEMPLATES, PAIR_TEMPLATES, noun_phrase, with_article
 from training.world.negation import negation_scene
 from training.world.scene import Scene, SceneObject, Split, make_object, place_pair, sample_background
-from training.world.vocab import HELD_OUT_COMBOS, INVERSE_RELATION, RELATION_PHRASES
+from training.world.vocab import COLOUR_NAMES, HELD_OUT_COMBOS, INVERSE_RELATION, RELATION_PHRASES, SHAPES, SIZES
 
 KINDS: tuple[str, ...] = ("binding", "spatial_lr", "spatial_ab", "negation")
 _KIND_IDS = {k: i for i, k in enumerate((*KINDS, "negation_sides"))}
@@ -212,8 +214,15 @@ def negation_sides_sample(split: Split, seed: int, index: int) -> HardNegative:
     training_forms = forms(FormSplit.TRAINING)
     form = training_forms[int(rng.integers(len(training_forms)))]
     sample = negation_scene(split, seed, index)
-    affirmative, negated = form.pair(sample.present)
+    affirmative, negated = composed_pair(form, sample.present, random.Random(int(rng.integers(2**31))),
+                                         _fillers())  # fmt: skip
     return HardNegative("negation_sides", form.name, sample.scene, affirmative, negated, sample.without)
+
+
+@functools.cache
+def _fillers() -> tuple[str, ...]:
+    """Filler words for composed negations: never a word that names something in a scene."""
+    return tokenizer_fillers((*SHAPES, *COLOUR_NAMES, *SIZES, "shape", "shapes", "object", "objects"))
 
 
 def sample_hard_negative(split: Split, seed: int, index: int, kind: str) -> HardNegative:

@@ -4,6 +4,9 @@ what their scenes show."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from clipcore.methods.dcsm import FUNCTIONAL_GROUPS
@@ -11,11 +14,15 @@ from training.generate.negation_grammar import (
     ATTRIBUTE_NEGATION_FORMS,
     NEGATION_FORMS,
     FormSplit,
+    composed_pair,
     families,
     form_named,
     forms,
+    heldout_words,
     paraphrase_forms,
     parse_negated,
+    pick,
+    tokenizer_fillers,
 )
 from training.world.hard_negatives import negation_sides_sample
 from training.world.negation import negation_scene
@@ -78,6 +85,39 @@ def test_world_negation_samples_show_the_present_object_and_not_the_absent_one()
         assert len(shown) == len(without) == len(sample.scene.objects)
         item = negation_sides_sample(Split.TRAIN, 3, index)
         assert form_named(item.detail).split == FormSplit.TRAINING  # held-out forms never train
-        parsed = parse_negated(item.negative)
-        assert parsed is not None and parsed[0] == item.detail
-        assert (item.positive, item.negative) == form_named(item.detail).pair(parsed[1])
+        trained = negation_scene(Split.TRAIN, 3, index)  # the scene the training item shows
+        plain = form_named(item.detail).pair(trained.present)
+        # The form's pair of the present object, recomposed alike on both sides: the same frame
+        # words dropped, the same filler words added (none a held-out form's word or a word that
+        # names something in a scene).
+        added = [_added(c, p) for c, p in zip((item.positive, item.negative), plain, strict=True)]
+        dropped = [_added(p, c) for c, p in zip((item.positive, item.negative), plain, strict=True)]
+        assert added[0] == added[1] and dropped[0] == dropped[1]
+        scene_words = words(trained.scene.objects) | words(trained.without.objects)
+        assert not set(added[0]) & (heldout_words() | scene_words)
+
+
+def _added(composed: str, plain: str) -> Counter[str]:
+    """The words of ``composed`` that ``plain`` does not have (as many times as they are added)."""
+    split = lambda caption: caption.replace("'", " '").replace(".", " ").split()  # noqa: E731
+    return Counter(split(composed)) - Counter(split(plain))
+
+
+def test_composed_pairs_add_the_same_fillers_to_both_captions_and_never_a_held_out_word() -> None:
+    fillers = tokenizer_fillers(["shirt", "collar"])
+    assert len(fillers) == 5000 and "shirt" not in fillers and "left" not in fillers
+    assert not set(fillers) & heldout_words() and not set(fillers) & set(FUNCTIONAL_GROUPS["negation"])
+    assert {"you", "see", "here", "can", "missing", "free"} <= heldout_words()
+    rng, moved = random.Random(5), 0
+    for _ in range(200):
+        form = pick(forms(FormSplit.TRAINING), rng)
+        plain = form.pair("shirt")
+        composed = composed_pair(form, "shirt", rng, fillers)
+        added = [_added(c, p) for c, p in zip(composed, plain, strict=True)]
+        dropped = [_added(p, c) for c, p in zip(composed, plain, strict=True)]
+        assert added[0] == added[1] and set(added[0]) <= set(fillers)
+        assert dropped[0] == dropped[1] and "shirt" in composed[0] and "shirt" in composed[1]
+        moved += composed != plain
+    assert 100 < moved < 180  # about 70 % composed, the rest the plain pair
+    again = [composed_pair(form, "shirt", random.Random(1), fillers) for _ in range(2)]
+    assert again[0] == again[1]  # a pure function of the rng
