@@ -26,6 +26,7 @@ from training.evaluation.userdata.dcsm import dense_vs_cosine
 from training.evaluation.userdata.figures import describe, gain_key
 from training.evaluation.userdata.negation import negation_forms
 from training.evaluation.userdata.pcclip import pair_ranking
+from training.evaluation.userdata.retrieval import retrieval
 from training.evaluation.userdata.semclip import negation_by_encoder
 from training.evaluation.userdata.yukino import yukino_2x2
 from training.evaluation.userdata.zero_shot import ZeroShot
@@ -101,6 +102,7 @@ def evaluate_user_data(
         if two_sided:
             details.setdefault("negation_forms", two_sided)  # the first seed's per-form figures
         flat.update(yukino_2x2(es, cfg, seed))
+        flat.update(retrieval(es, cfg, seed))
         flat.update(gains_per_seed(flat))
         runs.append(flat)
         log(f"{name}: seed {seed}: {len(flat)} figures")
@@ -126,6 +128,7 @@ def evaluate_user_data(
             "n_pairs": cfg.n_pairs,
             "n_captions": cfg.n_captions,
             "n_yukino": cfg.n_yukino,
+            "n_gallery": cfg.n_gallery,
         },  # fmt: skip
         "skipped": skipped_families(bundle, zero_shot, has_captions),
         "details": details,
