@@ -50,7 +50,9 @@ def retrieval_table(metrics: Mapping[str, float]) -> str:
             cells = [_cell(metrics, f"retrieval.{kind}.{ranking}.{at}") for ranking in (first, second)]
             gain = f"gain.retrieval.{kind}.{second}.{at}"
             change = "-" if gain not in metrics else ("+" if metrics[gain] >= 0 else "") + _cell(metrics, gain)
-            chance = _cell(metrics, f"retrieval.{kind}.chance.{at}")
+            # Chance is a property of the gallery and the queries: no standard error worth printing.
+            level = metrics.get(f"retrieval.{kind}.chance.{at}")
+            chance = "-" if level is None else f"{level:.3f}" if level >= 0.01 else f"{level:.2g}"
             lines.append(f"| {kind} | recall@{at[1:]} | {cells[0]} | {cells[1]} | {change} | {chance} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
