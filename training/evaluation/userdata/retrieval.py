@@ -12,7 +12,8 @@ A query's right items are the gallery images whose label satisfies it:
   have none (most of a gallery satisfies it, so chance is high and recall@10 is precision@10);
 * difference: a gallery image of label A with "The first image shows a B, while the second shows
   an A." (first = the wanted image, second = the query: PC-CLIP's label difference text) for a
-  label B drawn for it; the right items are the gallery's images of B.
+  label B drawn for it; the right items are the gallery's images of B (``n_captions`` queries per
+  seed, at most one per gallery image).
 """
 
 from __future__ import annotations
