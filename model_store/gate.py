@@ -56,6 +56,7 @@ BUILTIN_DIRECTIONS: dict[str, Direction] = {
     "*zeroshot_not_photo": "lower",
     # What a uniformly random patch scores: a property of the data, not of the model.
     "*.chance": "ignore",
+    "*.chance.r*": "ignore",  # retrieval's chance: how many gallery items satisfy each query
     "*loss": "lower",
     "*latency*": "lower",
     "*_ms": "lower",

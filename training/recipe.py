@@ -51,6 +51,7 @@ SMOKE_EVAL = EvalConfig(
     n_semclip=40,
     n_yukino=16,
     n_negation=20,
+    n_retrieval=10,
 )
 
 

@@ -37,6 +37,26 @@ def metrics_table(metrics: Mapping[str, float], encoders: list[str]) -> str:
     return "\n".join(lines)
 
 
+def retrieval_table(metrics: Mapping[str, float]) -> str:
+    """Recall@k of each kind of query: the first stage (or baseline), the second stage, what the second
+    adds on the same queries (paired per seed) and chance; empty without retrieval figures."""
+    lines = ["| queries | recall | cosine / sum baseline | DCSM re-rank / PC-CLIP | change | chance |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for kind, (first, second) in (("compositional", ("cosine", "dcsm")), ("negated", ("cosine", "dcsm")),
+                                  ("difference", ("sum", "pcclip"))):  # fmt: skip
+        for at in ("r1", "r10"):
+            if f"retrieval.{kind}.{first}.{at}" not in metrics:
+                continue
+            cells = [_cell(metrics, f"retrieval.{kind}.{ranking}.{at}") for ranking in (first, second)]
+            gain = f"gain.retrieval.{kind}.{second}.{at}"
+            change = "-" if gain not in metrics else ("+" if metrics[gain] >= 0 else "") + _cell(metrics, gain)
+            # Chance is a property of the gallery and the queries: no standard error worth printing.
+            level = metrics.get(f"retrieval.{kind}.chance.{at}")
+            chance = "-" if level is None else f"{level:.3f}" if level >= 0.01 else f"{level:.2g}"
+            lines.append(f"| {kind} | recall@{at[1:]} | {cells[0]} | {cells[1]} | {change} | {chance} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def sweep_table(sweep: list[Mapping[str, object]]) -> str:
     lines = ["| alpha | symmetric | gate | confused (test) | overall (test) |", "|---|---|---|---|---|"]
     for r in sweep:
@@ -75,6 +95,10 @@ def _print_world(report: dict, print_: Callable[..., None]) -> None:
         gains = {GAIN_COLUMN + k[len("gain.dcsm") :]: v for k, v in metrics.items() if k.startswith("gain.dcsm.")}
         print_("\n### Dense scoring (2-way: caption vs its hard negative) and localisation\n")
         print_(metrics_table({**dense, **gains}, ["cosine", "dcsm"] + ([GAIN_COLUMN] if gains else [])), markup=False)
+    retrieval = retrieval_table(metrics)
+    if retrieval:
+        print_("\n### Retrieval over a gallery (recall@k; docs/evaluation.md)\n")
+        print_(retrieval, markup=False)
     details = report.get("details", {})
     first = details.get(str(report["seeds"][0]), {})
     for enc in encoders:

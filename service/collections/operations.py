@@ -3,7 +3,7 @@
 A search has a first stage, an exact kNN in the store (by the text's or the image's embedding,
 within the metadata filters), and at most one second stage over the first stage's ``k``
 candidates: the PC-CLIP difference ``normalize(g(c) - g(query)) . f(difference)``
-(``pair_scores``) or DCSM (``ModelBundle.score_dense``, the scorer /score/dense uses) on the
+(``clipcore.methods.retrieval``) or DCSM (``ModelBundle.score_dense``, the scorer /score/dense uses) on the
 DCSM image features stored with each item.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from clipcore.errors import ClipError, ErrorCode, bad_input
 from clipcore.methods.common import l2_normalize
-from clipcore.methods.pairwise_rank import pair_scores
+from clipcore.methods.retrieval import difference_scores, order_by_scores
 from service.api.dense_operations import require_dcsm
 from service.api.operations import both
 from service.api.schemas import ImageInput
@@ -140,7 +140,7 @@ async def search(
     if not hits:
         return _answer(info, hits, [], "difference", req)
     candidates = np.stack([h.vector for h in hits])
-    scores = pair_scores(candidates, np.broadcast_to(query, candidates.shape), l2_normalize(text.vectors[0]))
+    scores = difference_scores(candidates, query, l2_normalize(text.vectors[0]))
     return _answer(info, hits, [float(s) for s in scores], "difference", req)
 
 
@@ -165,7 +165,7 @@ def _answer(
     info: CollectionInfo, hits: list[StoredHit], scores: Sequence[float], stage: Stage, req: SearchRequest
 ) -> SearchResponse:
     """Hits ordered by ``scores`` (descending; ties keep the first stage's order), paged."""
-    order = sorted(range(len(hits)), key=lambda i: -scores[i])
+    order = order_by_scores(scores).tolist()
     page = order[req.offset : req.offset + req.limit]
     out = []
     for i in page:

@@ -178,6 +178,9 @@ class EvaluateOptions:
     n_zeroshot: Annotated[int, typer.Option(help="With --data: labelled images per seed.")] = 2000
     n_pairs: Annotated[int, typer.Option(help="With --data: image pairs per seed.")] = 1000
     n_captions: Annotated[int, typer.Option(help="With --data: captions per seed (DCSM, SemCLIP).")] = 300
+    n_gallery: Annotated[int, typer.Option(help="With --data: labelled images per seed in the retrieval gallery.")] = (
+        500
+    )
     threads: Annotated[int, typer.Option(help="torch intra-op threads (0: torch's default).")] = 0
     compare: Annotated[
         str | None,
@@ -206,7 +209,7 @@ def evaluate_version(o: EvaluateOptions) -> None:
         if o.split not in ("train", "val", "test", "all"):
             raise typer.BadParameter("--split must be train, val, test or all")
         cfg = UserEvalConfig(seeds=tuple(range(o.seeds)), split=o.split, n_zeroshot=o.n_zeroshot,  # type: ignore[arg-type]
-                             n_pairs=o.n_pairs, n_captions=o.n_captions)  # fmt: skip
+                             n_pairs=o.n_pairs, n_captions=o.n_captions, n_gallery=o.n_gallery)  # fmt: skip
         try:
             report, name = evaluate_on_data(model_store, o.ref, o.data, cfg, name=o.dataset_name, device=o.device,
                                             write=o.write, out=o.out, compare=o.compare, log=console.print)  # fmt: skip

@@ -46,6 +46,7 @@ class UserEvalConfig:
     n_pairs: int = 1000  # image pairs per seed for pair ranking
     n_captions: int = 300  # captions per seed for DCSM / SemCLIP
     n_yukino: int = 200  # 2x2 items per seed
+    n_gallery: int = 500  # labelled images per seed in the retrieval gallery
     templates: tuple[str, ...] | None = None  # zero-shot prompt templates (None: the service's defaults)
     alpha: float = 0.9  # comparative blending weight, the service's default
     symmetric: bool = False

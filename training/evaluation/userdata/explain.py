@@ -31,6 +31,10 @@ FAMILY = {
     'docs/negation.md ("a snapshot of a shirt."): right when the paraphrase is closer, through the text encoder, '
     "to its own plain caption (\"a shirt\") than to every other label's (and caption's); guessing scores 1 / their "
     "number. Held-out phrasings are never trained on.",
+    "retrieval over a gallery (collections search)": "A gallery of held-out photos searched as a collection "
+    "search ranks it (POST /collections/{name}/search): recall@k is the share of the right photos (those that "
+    "satisfy the query) among the first k, out of as many as fit (precision@k where more than k are right); "
+    "chance is what a random order scores on the same queries.",
     "2x2 items (Winoground-style)": "Two photos of different labels and their two captions. Text score: each photo "
     "prefers its own caption; image score: each caption prefers its own photo; group: both.",
 }
@@ -53,6 +57,14 @@ KIND = {
     'hat" -> "a blue coat and a red hat"). Only captions that name two objects with attribute words have one.',
     ("hard negatives", "relation"): 'The negative flips a relation word ("left of" -> "right of").',
     ("hard negatives", "user"): "Your own negatives (negatives records).",
+    ("retrieval over a gallery (collections search)", "compositional"): "Two attributes of one item, without "
+    'its name ("a photo of an item with long sleeves and a pointed collar."): right are the photos whose label '
+    "declares both (labels.json; data without attributes has no such query).",
+    ("retrieval over a gallery (collections search)", "negated"): "Every label in the negated form of every "
+    'phrasing of docs/negation.md ("there is no shirt in this photo."): right are the photos of the other labels.',
+    ("retrieval over a gallery (collections search)", "difference"): 'A gallery photo and "The first image shows '
+    'a coat, while the second shows a shirt." (first: the wanted photo, second: the query): right are the '
+    "gallery's coats; the query photo itself is left out. Both rankings order the 100 photos nearest the query.",
 }
 LABEL_ONLY = {
     ("hard negatives", "swap"): 'This data has labels only (captions "a photo of a {label}." name one object '
@@ -70,6 +82,8 @@ def _kind(f: Figure) -> str:
         return parts[1]
     if f.family == "hard negatives":
         return parts[2]
+    if parts[0] == "retrieval":
+        return parts[1]
     return ""
 
 

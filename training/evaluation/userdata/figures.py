@@ -48,6 +48,9 @@ class Figure:
     # figure no component provides. ``component_gain`` reads the difference (run.py records it per seed).
     replaces: str | None = None
     versus: str = ""
+    # Where chance depends on the sample (retrieval: how many gallery items satisfy each query), the
+    # key of eval.json that holds it, measured with the figure.
+    chance_key: str | None = None
 
 
 FAMILIES = (
@@ -58,7 +61,20 @@ FAMILIES = (
     "negation both ways, by phrasing (docs/negation.md)",
     "paraphrase, by phrasing (docs/negation.md)",
     "2x2 items (Winoground-style)",
+    "retrieval over a gallery (collections search)",
 )
+RETRIEVAL_FAMILY = FAMILIES[-1]
+RETRIEVAL_QUERIES = {
+    "compositional": "compositional text queries",
+    "negated": "negated text queries",
+    "difference": '"like this one, but ..." queries',
+}
+RETRIEVAL_RANKINGS = {
+    "cosine": ("cosine", None, ""),
+    "dcsm": ("cosine top 100 re-ranked by DCSM", "cosine", "cosine"),
+    "sum": ("normalize(g(q) + f(text)) . g(c)", None, ""),
+    "pcclip": ("PC-CLIP, normalize(g(c) - g(q)) . f(text)", "sum", "sum baseline"),
+}
 NEGATION_SIDES = {
     "present": "object in the photo: caption over its negation",
     "absent": "object not in the photo: negation over the caption",
@@ -141,7 +157,22 @@ def describe(key: str, zeroshot: Mapping[str, Any] | None = None) -> Figure:
         return Figure(key, "2x2 items (Winoground-style)", f"{score}, {how}", f"2x2 items, {score} score, {how}",
                       WINOGROUND.get(score), "yukino" if yukino else None, 0,
                       f"winoground.{score}.cosine" if yukino else None, "cosine" if yukino else "")  # fmt: skip
+    if parts[0] == "retrieval" and len(parts) == 4 and parts[2] in RETRIEVAL_RANKINGS:
+        return _retrieval_figure(key, parts[1], parts[2], parts[3])
     return Figure(key, "other", key, key)
+
+
+def _retrieval_figure(key: str, kind: str, ranking: str, at: str) -> Figure:
+    """``retrieval.<kind>.<ranking>.r<k>``: recall@k over a gallery (``training.evaluation.methods.retrieval``)."""
+    how, replaced, versus = RETRIEVAL_RANKINGS[ranking]
+    queries = RETRIEVAL_QUERIES.get(kind, f"{kind} queries")
+    recall = f"recall@{at[1:]}"
+    rank = list(RETRIEVAL_QUERIES).index(kind) * 10 if kind in RETRIEVAL_QUERIES else 30
+    rank += (0 if at == "r1" else 4) + (0 if replaced is None else 1)
+    return Figure(key, RETRIEVAL_FAMILY, f"{kind}, {ranking}, {recall}", f"{queries}, {recall}, {how}", None,
+                  "dcsm" if ranking == "dcsm" else None, rank,
+                  None if replaced is None else f"retrieval.{kind}.{replaced}.{at}", versus,
+                  f"retrieval.{kind}.chance.{at}")  # fmt: skip
 
 
 def _negation_form_figure(key: str, scorer: str, rest: list[str]) -> Figure:
@@ -184,8 +215,9 @@ def has_component(components: Mapping[str, Any] | None, needs: str | None) -> bo
 
 
 def _is_figure(key: str) -> bool:
-    """A row of its own: not a standard error, nor a component's gain (that is in its row's change)."""
-    return not key.endswith(".stderr") and not key.startswith(GAIN_PREFIX)
+    """A row of its own: not a standard error, nor a component's gain (that is in its row's change),
+    nor a retrieval chance level (that is in its rows' chance column)."""
+    return not key.endswith(".stderr") and not key.startswith(GAIN_PREFIX) and ".chance.r" not in key
 
 
 def figures(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str) -> list[Figure]:
@@ -323,7 +355,7 @@ def table_lines(metrics: Mapping[str, float], section: Mapping[str, Any], prefix
     lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for f in figures(metrics, section, prefix):
         cells = [f.name, f"`{f.key}`", *([cell(base, f.key)] if base is not None else []), cell(ours, f.key),
-                 change(f, ours, base, compare["ref"] if compare else ""), chance(f)]  # fmt: skip
+                 change(f, ours, base, compare["ref"] if compare else ""), chance(f, ours)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -340,8 +372,16 @@ def default_encoders(section: Mapping[str, Any], ref: str) -> str:
     return f"{ours} ({ref}), {compare['default_text_encoder']} ({compare['ref']})"
 
 
-def chance(f: Figure) -> str:
-    return "" if f.chance is None else f"{f.chance:.3f}"
+def chance_of(f: Figure, metrics: Mapping[str, float] | None = None) -> float | None:
+    """The figure's chance level: fixed, or read from ``metrics`` (relative keys) where it was measured."""
+    if f.chance_key is not None and metrics is not None and math.isfinite(metrics.get(f.chance_key, math.nan)):
+        return metrics[f.chance_key]
+    return f.chance
+
+
+def chance(f: Figure, metrics: Mapping[str, float] | None = None) -> str:
+    level = chance_of(f, metrics)
+    return "" if level is None else f"{level:.3f}"
 
 
 def summary_lines(report: dict, name: str) -> list[str]:

@@ -27,6 +27,7 @@ from training.evaluation.userdata.figures import (
     Figure,
     cell,
     chance,
+    chance_of,
     change,
     change_note,
     component_gain,
@@ -137,7 +138,7 @@ def _bar(f: Figure, versions: Sequence[Mapping[str, float]], label: str | None =
         for m in versions
     )
     gain = component_gain(versions[-1], f)
-    return Bar(label or f.short, values, f.chance, "" if gain is None else signed(*gain))
+    return Bar(label or f.short, values, chance_of(f, versions[-1]), "" if gain is None else signed(*gain))
 
 
 def family_bars(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str) -> dict[str, list[Bar]]:
@@ -174,7 +175,8 @@ def _table(metrics: Mapping[str, float], section: Mapping[str, Any], prefix: str
         cells = [html.escape(f.name), f"<code>{html.escape(f.key)}</code>"]
         if base is not None:
             cells.append(cell(base, f.key))
-        cells += [cell(ours, f.key), html.escape(change(f, ours, base, compare["ref"] if compare else "")), chance(f)]
+        changed = html.escape(change(f, ours, base, compare["ref"] if compare else ""))
+        cells += [cell(ours, f.key), changed, chance(f, ours)]
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return "<div class='wide'>" + "".join(out) + "</table></div>"
 

@@ -28,6 +28,7 @@ from training.evaluation.userdata.figures import describe, gain_key
 from training.evaluation.userdata.negation import negation_forms
 from training.evaluation.userdata.paraphrase import paraphrase_forms
 from training.evaluation.userdata.pcclip import pair_ranking
+from training.evaluation.userdata.retrieval import retrieval
 from training.evaluation.userdata.semclip import negation_by_encoder
 from training.evaluation.userdata.yukino import yukino_2x2
 from training.evaluation.userdata.zero_shot import ZeroShot
@@ -107,6 +108,7 @@ def evaluate_user_data(
         if paraphrases:
             details.setdefault("paraphrase_forms", paraphrases)
         flat.update(yukino_2x2(es, cfg, seed))
+        flat.update(retrieval(es, cfg, seed))
         flat.update(gains_per_seed(flat))
         runs.append(flat)
         log(f"{name}: seed {seed}: {len(flat)} figures")
@@ -132,6 +134,7 @@ def evaluate_user_data(
             "n_pairs": cfg.n_pairs,
             "n_captions": cfg.n_captions,
             "n_yukino": cfg.n_yukino,
+            "n_gallery": cfg.n_gallery,
         },  # fmt: skip
         "skipped": skipped_families(bundle, zero_shot, has_captions),
         "details": details,

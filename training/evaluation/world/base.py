@@ -27,6 +27,7 @@ class EvalConfig:
     n_yukino: int = 200  # 2x2 items (two images, two captions) for YUKINO
     n_semclip: int = 500  # caption triplets per split (retrieval is among this many images)
     n_negation: int = 200  # scenes for two-sided negation (each asked both sides of every form)
+    n_retrieval: int = 100  # retrieval items per kind of hard negative and per difference attribute
     seed_offset: int = 1000  # evaluation seeds never coincide with training seeds
 
 

@@ -18,12 +18,14 @@ from clipcore.models.bundle import ModelBundle
 from model_store.evaluation import bind
 from training.evaluation.methods.negation import flat_figures
 from training.evaluation.methods.paraphrase import flat_figures as paraphrase_flat
+from training.evaluation.methods.retrieval import retrieval_gains
 from training.evaluation.world.base import EvalConfig, generator_images, pil_images
 from training.evaluation.world.comparatives import ComparativeEval
 from training.evaluation.world.dcsm import DenseEval
 from training.evaluation.world.geometry import GeometryEval
 from training.evaluation.world.negation import NegationEval
 from training.evaluation.world.pcclip import PairRankEval
+from training.evaluation.world.retrieval import RetrievalEval
 from training.evaluation.world.semclip import SemClipEval
 from training.evaluation.world.yukino import YukinoEval
 from training.evaluation.world.zero_shot import ZeroShotEval
@@ -31,7 +33,15 @@ from training.world.scene import Split, sample_scene
 
 
 class Evaluator(
-    ZeroShotEval, PairRankEval, DenseEval, NegationEval, ComparativeEval, SemClipEval, YukinoEval, GeometryEval
+    ZeroShotEval,
+    PairRankEval,
+    DenseEval,
+    NegationEval,
+    ComparativeEval,
+    SemClipEval,
+    YukinoEval,
+    GeometryEval,
+    RetrievalEval,
 ):
     """Every family over one model version."""
 
@@ -63,6 +73,7 @@ class Evaluator(
         paraphrases = self.paraphrase_forms(seed)
         flat.update(paraphrase_flat(paraphrases))
         details["paraphrase_forms"] = paraphrases
+        flat.update(self.retrieval(seed))
         if self.bundle.yukino is not None:
             figures, timing = self.yukino(seed)
             flat.update(figures)
@@ -104,6 +115,7 @@ def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[
     for seed in cfg.seeds:
         flat, det = ev.run_seed(cfg.seed_offset + seed)
         flat.update(dense_gains(flat))
+        flat.update(retrieval_gains(flat))
         runs.append(flat)
         details[str(seed)] = det
         log(f"seed {seed}: {len(flat)} metrics")
@@ -118,6 +130,7 @@ def evaluate(bundle: ModelBundle, cfg: EvalConfig | None = None, log: Callable[[
         "pil": cfg.n_pil,
         "compositional": cfg.n_compositional,
         "comparative": cfg.n_calibration,
+        "retrieval": cfg.n_retrieval,
     }
     # Bound to the weights evaluated (their digests), so a copy of it in another version is no evaluation there.
     report = {"model": bundle.ref, "metrics": metrics, "seeds": list(cfg.seeds), "samples": samples, "details": details}
