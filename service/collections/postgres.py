@@ -100,8 +100,12 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     for attempt in range(3):
         try:
             with conn.transaction():
-                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-                conn.execute(_CATALOGUE)
+                # Created only where missing: a role without the right to create them can use
+                # a database where an administrator did.
+                if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                if conn.execute("SELECT to_regclass('clip_collections')").fetchone() == (None,):
+                    conn.execute(_CATALOGUE)
             break
         except psycopg.errors.UniqueViolation:
             # IF NOT EXISTS is no lock: two connections creating them at once, one loses; the
@@ -221,6 +225,8 @@ class PostgresCollections:
         with self._connection() as conn, conn.transaction():
             # The catalogue row locked first: concurrent adds to one collection keep its count right.
             row = self._row(conn, name, lock=True)
+            if not items:
+                return row.info.count
             added = 0
             with conn.cursor() as cur:
                 # xmax = 0 only on a row this statement inserted (not one it updated).
@@ -320,6 +326,11 @@ class PostgresCollections:
             raise self._unreachable("no connection within the pool's wait") from None
         except psycopg.OperationalError as e:
             raise self._unreachable(_first_line(e)) from None
+        except psycopg.errors.UndefinedTable:
+            # Its tables dropped by another call (or server) between reading the catalogue and using them.
+            raise ClipError(
+                ErrorCode.unknown_collection, "the collection was dropped while this call ran", "name"
+            ) from None
         except psycopg.DataError as e:
             # A value PostgreSQL cannot hold that SQLite can (a NUL character in text or JSONB).
             raise ClipError(

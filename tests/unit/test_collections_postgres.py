@@ -102,6 +102,19 @@ def test_text_postgres_cannot_hold_is_bad_input(pgvector_url: str) -> None:
     store.close()
 
 
+def test_a_collection_dropped_during_a_call_is_unknown_not_a_500(pgvector_url: str) -> None:
+    store = open_collections(pgvector_url)
+    store.create("c", "m", "v1", 4, dense=False)
+    store.upsert("c", [NewItem("a", {}, np.full(4, 0.5, dtype=np.float32), None)])
+    # What another server's drop leaves between this call's catalogue read and its query.
+    with psycopg.connect(parse_url(pgvector_url).conninfo, autocommit=True) as conn:
+        conn.execute("DROP TABLE clip_dense_1, clip_items_1")
+    with pytest.raises(ClipError) as gone:
+        store.search("c", np.full(4, 0.5, dtype=np.float32), 5, {})
+    assert gone.value.code == ErrorCode.unknown_collection
+    store.close()
+
+
 def test_an_unreachable_database_is_not_ready_and_never_shows_the_password(tmp_path: Path) -> None:
     url = f"postgresql://clip:s3cret@/clip?host={tmp_path}&pool_wait_s=0.3"
     store = open_collections(url)  # opening waits for nothing: the server starts without it

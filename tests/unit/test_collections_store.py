@@ -77,6 +77,7 @@ def test_names(open_store: OpenStore) -> None:
         store.upsert("absent", [])
     assert missing.value.code == ErrorCode.unknown_collection
     store.create("b", "m", "v1", 4, dense=False)
+    assert store.upsert("b", []) == 0
     assert [c.name for c in store.list_all()] == ["a", "b"]
     store.drop("a")
     assert [c.name for c in store.list_all()] == ["b"]
