@@ -330,8 +330,10 @@ def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None
             server = pgserver.get_server(folder / "data", cleanup_mode="delete")
             url = server.get_uri()
         port = free_port()
+        # A throughput run: on a busy machine 2 requests of 64 may queue past the default 2 s (a 429).
         env = {**os.environ, "CLIP_COLLECTIONS__URL": url, "CLIP_LRU_ITEMS": "0", "CLIP_LOG_LEVEL": "warning",
-               "CLIP_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}  # fmt: skip
+               "CLIP_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "CLIP_BATCHING__MAX_QUEUE_DELAY_S": "600"}  # fmt: skip
         env.pop("CLIP_REDIS_URL", None)
         cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port),
                "--store", str(root / "models"), "--model", "default@production"]  # fmt: skip
