@@ -12,9 +12,11 @@ from urllib.parse import urlparse, urlunparse
 
 import httpx
 import psycopg
+import pytest
 from pgvector_server import pgvector_server_fixture  # noqa: F401
 
 
+@pytest.mark.slow
 def test_collections_answer_503_until_the_database_is_there_then_work_without_a_restart(
     pgvector_server: str, tiny_store: Path, serve_app: Any, make_image: Any
 ) -> None:

@@ -35,6 +35,7 @@ def index_names(url: str) -> list[str]:
         return [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%hnsw%'")]
 
 
+@pytest.mark.slow
 def test_hnsw_search_finds_nearly_what_exact_search_does_and_fills_k_under_a_filter(pgvector_url: str) -> None:
     rng = np.random.default_rng(0)
     vectors, queries = unit(rng, 3000, 32), unit(rng, 30, 32)
