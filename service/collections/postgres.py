@@ -21,7 +21,6 @@ pool reconnects by itself, and the server starts and scores without it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,7 +147,6 @@ class PostgresCollections:
             name="collections",
         )
         self._pool.open(wait=False)
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ catalogue
     def create(self, name: str, model: str, version: str, dim: int, dense: bool) -> CollectionInfo:
