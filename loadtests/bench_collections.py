@@ -21,6 +21,7 @@ through ``POST /collections/{name}/images`` against ``/embed`` in the same run (
 from __future__ import annotations
 
 import argparse
+import atexit
 import shutil
 import statistics
 import tempfile
@@ -159,6 +160,7 @@ def pgvector(
 
         folder = Path(tempfile.mkdtemp(prefix="bench-pgvector-"))
         folder.chmod(0o755)  # as root, PostgreSQL runs as pgserver's own user
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # after pgserver's own atexit stop
         server = pgserver.get_server(folder / "data", cleanup_mode="delete")
         url, server_pid = server.get_uri(), server.get_pid()
     exact = PostgresCollections(parse_url(url))
