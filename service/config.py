@@ -113,8 +113,11 @@ class CollectionsSettings(BaseModel):
         default="file:collections",
         description="Where collections are kept: `file:///var/lib/clip/collections` (or `file:collections`, "
         "relative to the working directory) is the embedded backend, one SQLite file per collection searched "
-        "with an exact FAISS index, needing no other server; one server process owns the folder. Other "
-        "schemes are refused at start-up.",
+        "with an exact FAISS index, needing no other server; one server process owns the folder. "
+        "`postgresql://user:pass@host:port/db` keeps them in PostgreSQL with pgvector, shared by every server "
+        "that reaches it; its query may add `index=hnsw` (approximate search, with `hnsw_m`, "
+        "`hnsw_ef_construction`, `ef_search`; default `index=exact`) and `pool_wait_s` (how long a call waits "
+        "for a connection before 503 `not_ready`, default 5). Other schemes are refused at start-up.",
     )
     max_items_per_add: int = Field(default=64, ge=1, description="Images per `POST /collections/{name}/images`.")
     max_id_chars: int = Field(default=128, ge=1, description="Characters of an item id.")
@@ -158,9 +161,9 @@ class CollectionsSettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from service.collections.store import collections_path
+        from service.collections.store import check_url
 
-        collections_path(value)  # a file: URL with a folder; any other scheme is refused here
+        check_url(value)  # a file: URL with a folder or a postgresql:// one; any other is refused here
         return value
 
 

@@ -1,9 +1,8 @@
 """What every collection backend offers, and the backend a ``collections.url`` names.
 
-Calls are synchronous (the routes run them in a worker thread) and take and return plain values,
-so a PostgreSQL + pgvector backend can implement the same calls with SQL: a table per
-collection's items (id, metadata as JSONB, the vector, the DCSM tokens), ``ORDER BY vector <#>
-query`` for the kNN and ``metadata ->> key = value`` for the filters.
+Calls are synchronous (the routes run them in a worker thread) and take and return plain values:
+the embedded backend (``embedded.py``: SQLite + FAISS) and the PostgreSQL + pgvector one
+(``postgres.py``: the same calls in SQL) implement them alike.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -24,6 +23,7 @@ Scalar = str | int | float | bool
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 METADATA_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def collections_path(url: str) -> Path:
     parsed = urlparse(url)
     if parsed.scheme != "file":
         raise ValueError(
-            f"collections.url must be a file: URL (file:///var/lib/clip/collections); scheme "
+            f"collections.url must be a file: URL (file:///var/lib/clip/collections) or a postgresql:// one; scheme "
             f"{parsed.scheme or '(none)'!r} is not supported"
         )
     if parsed.netloc not in ("", "localhost"):
@@ -138,8 +138,23 @@ def collections_path(url: str) -> Path:
     return Path(path)
 
 
-def open_collections(url: str, **options: Any) -> CollectionStore:
-    """The backend ``url`` names (checked by the settings at start-up)."""
+def check_url(url: str) -> None:
+    """Refuse at start-up a ``collections.url`` no backend takes (``ValueError``)."""
+    if urlparse(url).scheme in _POSTGRES_SCHEMES:
+        from service.collections.postgres import parse_url
+
+        parse_url(url)
+    else:
+        collections_path(url)
+
+
+def open_collections(url: str) -> CollectionStore:
+    """The backend ``url`` names (checked by the settings at start-up): ``file:`` the embedded
+    store, ``postgresql://`` PostgreSQL with pgvector."""
+    if urlparse(url).scheme in _POSTGRES_SCHEMES:
+        from service.collections.postgres import PostgresCollections, parse_url
+
+        return PostgresCollections(parse_url(url))
     from service.collections.embedded import EmbeddedCollections
 
-    return EmbeddedCollections(collections_path(url), **options)
+    return EmbeddedCollections(collections_path(url))

@@ -1,5 +1,6 @@
 """/collections through a real uvicorn server: the tiny model with a random DCSM scorer (contract,
-scores against the endpoints that compute the same math, bounds and errors), a version change
+scores against the endpoints that compute the same math, bounds and errors) on the embedded and
+the PostgreSQL backends alike, a version change
 (409, never mixed), and the committed default model (DCSM re-ranking of compositional queries)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from dense_model import publish_dense
+from pgvector_server import pgvector_database_fixture, pgvector_server_fixture  # noqa: F401
 
 from clipcore.methods.pairwise_rank import pair_scores
 from service.api.vector_encoding import decode_rows
@@ -36,13 +38,19 @@ def dense_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server(dense_store: Path, tmp_path_factory: pytest.TempPathFactory, serve_app: Any) -> Iterator[Any]:
-    folder = tmp_path_factory.mktemp("collections")
+@pytest.fixture(scope="module", params=["embedded", "postgres"])
+def server(
+    request: pytest.FixtureRequest, dense_store: Path, tmp_path_factory: pytest.TempPathFactory, serve_app: Any
+) -> Iterator[Any]:
+    """The tests that use it run on each backend: the embedded folder and PostgreSQL + pgvector."""
+    if request.param == "embedded":
+        url = f"file://{tmp_path_factory.mktemp('collections')}"
+    else:
+        url = request.getfixturevalue("pgvector_database")
     with serve_app(
         store=str(dense_store),
         model="dense@production",
-        collections={"url": f"file://{folder}", "max_items_per_add": 8, "max_results": 50},
+        collections={"url": url, "max_items_per_add": 8, "max_results": 50},
     ) as running:
         yield running
 

@@ -1,16 +1,27 @@
-"""The embedded collection store on real files: what it answers after a restart (the index and
-the filters rebuilt from SQLite), replacement and removal, exact search, bad names."""
+"""Both collection stores, the embedded one on real files and PostgreSQL + pgvector on a real
+server, through the same calls: what they answer after a restart (the embedded index and filters
+rebuilt from SQLite), replacement and removal, exact search, bad names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
 
 from clipcore.errors import ClipError, ErrorCode
-from service.collections.embedded import EmbeddedCollections
-from service.collections.store import NewItem, collections_path
+from service.collections.store import CollectionStore, NewItem, collections_path, open_collections
+
+OpenStore = Callable[[], CollectionStore]
+
+
+@pytest.fixture(params=["embedded", "postgres"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> OpenStore:
+    """Opens the backend's store (again: a restart) on the same folder or database."""
+    url = f"file://{tmp_path}" if request.param == "embedded" else request.getfixturevalue("pgvector_url")
+    return lambda: open_collections(url)
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
@@ -18,10 +29,10 @@ def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def test_a_reopened_store_answers_as_before_and_keeps_removals(tmp_path: Path) -> None:
+def test_a_reopened_store_answers_as_before_and_keeps_removals(open_store: OpenStore) -> None:
     rng = np.random.default_rng(0)
     vectors = unit(rng, 50)
-    store = EmbeddedCollections(tmp_path)
+    store = open_store()
     store.create("c", "m@production", "v1", 16, dense=True)
     tokens = rng.standard_normal((50, 5, 16)).astype(np.float16)
     store.upsert("c", [NewItem(f"i{i}", {"even": i % 2 == 0, "n": i}, vectors[i], tokens[i]) for i in range(50)])
@@ -31,7 +42,7 @@ def test_a_reopened_store_answers_as_before_and_keeps_removals(tmp_path: Path) -
     before = store.search("c", query, 10, {"even": True})
     store.close()
 
-    reopened = EmbeddedCollections(tmp_path)
+    reopened = open_store()
     assert reopened.info("c").count == 49
     after = reopened.search("c", query, 10, {"even": True})
     assert [(h.id, h.metadata) for h in after] == [(h.id, h.metadata) for h in before]
@@ -45,10 +56,13 @@ def test_a_reopened_store_answers_as_before_and_keeps_removals(tmp_path: Path) -
     np.testing.assert_array_equal(reopened.dense_tokens("c", ["i2"])[0], tokens[3].astype(np.float32))
     assert reopened.search("c", query, 5, {"n": 2.0})[0].id == "i2"  # 2 == 2.0, one JSON number
     assert reopened.search("c", query, 5, {"n": True}) == []  # a number is no boolean
+    assert reopened.search("c", query, 5, {"n": "2"}) == []  # nor a string
+    assert reopened.search("c", query, 5, {"even": True, "n": 4})[0].id == "i4"  # every key must match
+    reopened.close()
 
 
-def test_names_and_urls(tmp_path: Path) -> None:
-    store = EmbeddedCollections(tmp_path)
+def test_names(open_store: OpenStore) -> None:
+    store = open_store()
     with pytest.raises(ClipError) as bad:
         store.create("../x", "m", "v1", 4, dense=False)
     assert bad.value.code == ErrorCode.bad_input
@@ -59,8 +73,32 @@ def test_names_and_urls(tmp_path: Path) -> None:
     with pytest.raises(ClipError) as taken:
         store.create("a", "m", "v1", 4, dense=False)
     assert taken.value.code == ErrorCode.collection_exists
+    with pytest.raises(ClipError) as missing:
+        store.upsert("absent", [])
+    assert missing.value.code == ErrorCode.unknown_collection
+    store.create("b", "m", "v1", 4, dense=False)
+    assert store.upsert("b", []) == 0
+    assert [c.name for c in store.list_all()] == ["a", "b"]
     store.drop("a")
-    assert store.list_all() == [] and not list(tmp_path.iterdir())
+    assert [c.name for c in store.list_all()] == ["b"]
+    store.drop("b")
+    assert store.list_all() == []
+    with pytest.raises(ClipError) as gone:
+        store.drop("a")
+    assert gone.value.code == ErrorCode.unknown_collection
+    store.create("a", "m", "v2", 4, dense=False)  # the name is free again, empty
+    assert (store.info("a").version, store.info("a").count) == ("v2", 0)
+    store.close()
+
+
+def test_a_dropped_embedded_collection_leaves_no_file(tmp_path: Path) -> None:
+    store = open_collections(f"file://{tmp_path}")
+    store.create("a", "m", "v1", 4, dense=False)
+    store.drop("a")
+    assert not list(tmp_path.iterdir())
+
+
+def test_urls() -> None:
     assert collections_path("file:///var/lib/clip") == Path("/var/lib/clip")
     assert collections_path("file:collections") == Path("collections")
     for url in ("postgresql://db/clip", "/var/lib/clip", "file://host/x"):
