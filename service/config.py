@@ -132,7 +132,9 @@ class CollectionsSettings(BaseModel):
         default=None,
         description="Where the bytes of every collection image are kept (one file per distinct image of a "
         "collection, named by its SHA-256), so that a new model version can embed them again; left out, the "
-        "folder of a `file:` `url`.",
+        "folder of a `file:` `url`, or `collection-images` in the working directory with a `postgresql://` one "
+        "(where several servers share the database, point them all at one shared folder: a re-embedding reads "
+        "every image of the collection, whichever server added it).",
     )
     reembed: Literal["manual", "auto"] = Field(
         default="manual",
@@ -154,9 +156,9 @@ class CollectionsSettings(BaseModel):
     def image_path(self) -> Path:
         if self.image_folder is not None:
             return Path(self.image_folder)
-        from service.collections.store import collections_path
+        from service.collections.store import collections_path, is_postgres
 
-        return collections_path(self.url)
+        return Path("collection-images") if is_postgres(self.url) else collections_path(self.url)
 
     @field_validator("url")
     @classmethod

@@ -36,7 +36,15 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from clipcore.errors import ClipError, ErrorCode
-from service.collections.store import CollectionInfo, NewItem, Scalar, StoredHit, check_name, unknown
+from service.collections.store import (
+    CollectionInfo,
+    NewItem,
+    Scalar,
+    StoredHit,
+    StoredImage,
+    check_name,
+    unknown,
+)
 
 IndexKind = Literal["exact", "hnsw"]
 # This backend's own options in the URL's query; every other one goes to libpq (sslmode, ...).
@@ -47,6 +55,13 @@ CREATE TABLE IF NOT EXISTS clip_collections (
     key serial PRIMARY KEY, name text UNIQUE NOT NULL, model text NOT NULL, version text NOT NULL,
     dim integer NOT NULL, dense boolean NOT NULL, count bigint NOT NULL DEFAULT 0,
     created_at text NOT NULL)
+"""
+# A re-embedding's staged copy of a collection (its tables ``clip_items_<key>_staged`` and
+# ``clip_dense_<key>_staged``): the version, width and DCSM flag it is built for.
+_STAGED = """
+CREATE TABLE IF NOT EXISTS clip_staged (
+    key integer PRIMARY KEY REFERENCES clip_collections ON DELETE CASCADE, version text NOT NULL,
+    dim integer NOT NULL, dense boolean NOT NULL)
 """
 
 
@@ -105,6 +120,8 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
                     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 if conn.execute("SELECT to_regclass('clip_collections')").fetchone() == (None,):
                     conn.execute(_CATALOGUE)
+                if conn.execute("SELECT to_regclass('clip_staged')").fetchone() == (None,):
+                    conn.execute(_STAGED)
             break
         except psycopg.errors.UniqueViolation:
             # IF NOT EXISTS is no lock: two connections creating them at once, one loses; the
@@ -121,11 +138,23 @@ class _Row:
 
     @property
     def items(self) -> sql.Identifier:
-        return sql.Identifier(f"clip_items_{self.key}")
+        return _items(self.key)
 
     @property
     def dense(self) -> sql.Identifier:
-        return sql.Identifier(f"clip_dense_{self.key}")
+        return _dense(self.key)
+
+
+def _items(key: int, staged: bool = False) -> sql.Identifier:
+    return sql.Identifier(f"clip_items_{key}{'_staged' if staged else ''}")
+
+
+def _dense(key: int, staged: bool = False) -> sql.Identifier:
+    return sql.Identifier(f"clip_dense_{key}{'_staged' if staged else ''}")
+
+
+def _hnsw(key: int, staged: bool = False) -> sql.Identifier:
+    return sql.Identifier(f"clip_items_{key}{'_staged' if staged else ''}_hnsw")
 
 
 class PostgresCollections:
@@ -161,21 +190,25 @@ class PostgresCollections:
             if found is None:
                 raise ClipError(ErrorCode.collection_exists, f"collection {name!r} exists already", "name")
             row = _Row(found[0], CollectionInfo(name, model, version, dim, dense, 0, created))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (key bigserial PRIMARY KEY, id text UNIQUE NOT NULL, "
-                    "metadata jsonb NOT NULL, vector vector({}) NOT NULL)"
-                ).format(row.items, sql.Literal(dim))
-            )
-            conn.execute(sql.SQL("CREATE INDEX ON {} USING gin (metadata jsonb_path_ops)").format(row.items))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (key bigint PRIMARY KEY REFERENCES {} ON DELETE CASCADE, tokens bytea NOT NULL)"
-                ).format(row.dense, row.items)
-            )
-            if self.options.index == "hnsw":
-                self._create_hnsw(conn, row)
+            self._create_tables(conn, row.key, dim, staged=False)
         return row.info
+
+    def _create_tables(self, conn: psycopg.Connection[Any], key: int, dim: int, staged: bool) -> None:
+        items, dense = _items(key, staged), _dense(key, staged)
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (key bigserial PRIMARY KEY, id text UNIQUE NOT NULL, "
+                "metadata jsonb NOT NULL, vector vector({}) NOT NULL, image text)"
+            ).format(items, sql.Literal(dim))
+        )
+        conn.execute(sql.SQL("CREATE INDEX ON {} USING gin (metadata jsonb_path_ops)").format(items))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (key bigint PRIMARY KEY REFERENCES {} ON DELETE CASCADE, tokens bytea NOT NULL)"
+            ).format(dense, items)
+        )
+        if self.options.index == "hnsw":
+            self._create_hnsw(conn, key, staged)
 
     def build_hnsw(self, name: str) -> None:
         """Add the HNSW index to a filled collection (a bulk load indexes faster after the rows)."""
@@ -184,16 +217,16 @@ class PostgresCollections:
             # The graph is built in memory when it fits; past maintenance_work_mem it is built on
             # disk, many times slower.
             conn.execute("SET LOCAL maintenance_work_mem = '2GB'")
-            self._create_hnsw(conn, row)
+            self._create_hnsw(conn, row.key, staged=False)
 
-    def _create_hnsw(self, conn: psycopg.Connection[Any], row: _Row) -> None:
+    def _create_hnsw(self, conn: psycopg.Connection[Any], key: int, staged: bool) -> None:
         conn.execute(
             sql.SQL(
                 "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (vector vector_ip_ops) "
                 "WITH (m = {}, ef_construction = {})"
             ).format(
-                sql.Identifier(f"clip_items_{row.key}_hnsw"),
-                row.items,
+                _hnsw(key, staged),
+                _items(key, staged),
                 sql.Literal(self.options.hnsw_m),
                 sql.Literal(self.options.hnsw_ef_construction),
             )
@@ -212,6 +245,7 @@ class PostgresCollections:
         with self._connection() as conn, conn.transaction():
             row = self._row(conn, name, lock=True)
             conn.execute(sql.SQL("DROP TABLE {}, {}").format(row.dense, row.items))
+            self._drop_staged(conn, row.key)
             conn.execute("DELETE FROM clip_collections WHERE key = %s", (row.key,))
 
     def close(self) -> None:
@@ -225,36 +259,7 @@ class PostgresCollections:
             row = self._row(conn, name, lock=True)
             if not items:
                 return row.info.count
-            added = 0
-            with conn.cursor() as cur:
-                # xmax = 0 only on a row this statement inserted (not one it updated).
-                cur.executemany(
-                    sql.SQL(
-                        "INSERT INTO {} (id, metadata, vector) VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE "
-                        "SET metadata = EXCLUDED.metadata, vector = EXCLUDED.vector RETURNING key, xmax = 0"
-                    ).format(row.items),
-                    [(item.id, Jsonb(dict(item.metadata)), _vector(item.vector, row.info.dim)) for item in items],
-                    returning=True,
-                )
-                keys = []
-                while True:
-                    key, inserted = cur.fetchone()  # type: ignore[misc]
-                    keys.append(key)
-                    added += bool(inserted)
-                    if not cur.nextset():
-                        break
-                tokens = [
-                    (key, np.ascontiguousarray(item.dense, dtype=np.float16).tobytes())
-                    for key, item in zip(keys, items, strict=True)
-                    if item.dense is not None
-                ]
-                if tokens:
-                    cur.executemany(
-                        sql.SQL(
-                            "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET tokens = EXCLUDED.tokens"
-                        ).format(row.dense),
-                        tokens,
-                    )
+            added = _write_items(conn, row.key, row.info.dim, items, staged=False)
             (count,) = conn.execute(  # type: ignore[misc]
                 "UPDATE clip_collections SET count = count + %s WHERE key = %s RETURNING count", (added, row.key)
             ).fetchone()
@@ -313,6 +318,72 @@ class PostgresCollections:
             }
             return [found[i] for i in ids]
 
+    # ------------------------------------------------------------------ re-embedding
+    def stored_images(self, name: str) -> list[StoredImage]:
+        with self._connection() as conn:
+            row = self._row(conn, name)
+            rows = conn.execute(sql.SQL("SELECT id, metadata, image FROM {} ORDER BY key").format(row.items))
+            return [StoredImage(item_id, metadata, image) for item_id, metadata, image in rows]
+
+    def stage(self, name: str, version: str, dim: int, dense: bool) -> None:
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name, lock=True)
+            self._drop_staged(conn, row.key)
+            self._create_tables(conn, row.key, dim, staged=True)
+            conn.execute("INSERT INTO clip_staged VALUES (%s, %s, %s, %s)", (row.key, version, dim, dense))
+
+    def upsert_staged(self, name: str, items: Sequence[NewItem]) -> int:
+        items = list({item.id: item for item in items}.values())
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name, lock=True)
+            dim = self._staged_dim(conn, name, row.key)
+            if items:
+                _write_items(conn, row.key, dim, items, staged=True)
+            (count,) = conn.execute(  # type: ignore[misc]
+                sql.SQL("SELECT count(*) FROM {}").format(_items(row.key, staged=True))
+            ).fetchone()
+            return int(count)
+
+    def commit_staged(self, name: str) -> CollectionInfo:
+        # One transaction: PostgreSQL's DDL is transactional, and the DROP waits for the searches
+        # that read the old tables, so a search sees the old version's items or the new one's.
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name, lock=True)
+            staged = conn.execute("SELECT version, dim, dense FROM clip_staged WHERE key = %s", (row.key,)).fetchone()
+            if staged is None:
+                raise ClipError(ErrorCode.not_found, f"collection {name!r} has no re-embedded version staged", "name")
+            version, dim, dense = staged
+            conn.execute(sql.SQL("DROP TABLE {}, {}").format(row.dense, row.items))
+            for old, new in ((_items(row.key, True), row.items), (_dense(row.key, True), row.dense)):
+                conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(old, new))
+            conn.execute(sql.SQL("ALTER INDEX IF EXISTS {} RENAME TO {}").format(_hnsw(row.key, True), _hnsw(row.key)))
+            (count,) = conn.execute(  # type: ignore[misc]
+                sql.SQL("SELECT count(*) FROM {}").format(row.items)
+            ).fetchone()
+            conn.execute(
+                "UPDATE clip_collections SET version = %s, dim = %s, dense = %s, count = %s WHERE key = %s",
+                (version, dim, dense, count, row.key),
+            )
+            conn.execute("DELETE FROM clip_staged WHERE key = %s", (row.key,))
+        return self.info(name)
+
+    def discard_staged(self, name: str) -> None:
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name, lock=True)
+            self._drop_staged(conn, row.key)
+
+    @staticmethod
+    def _drop_staged(conn: psycopg.Connection[Any], key: int) -> None:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(_dense(key, True), _items(key, True)))
+        conn.execute("DELETE FROM clip_staged WHERE key = %s", (key,))
+
+    @staticmethod
+    def _staged_dim(conn: psycopg.Connection[Any], name: str, key: int) -> int:
+        found = conn.execute("SELECT dim FROM clip_staged WHERE key = %s", (key,)).fetchone()
+        if found is None:  # discarded or dropped meanwhile
+            raise unknown(name)
+        return int(found[0])
+
     # ------------------------------------------------------------------ internals
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -353,6 +424,42 @@ class PostgresCollections:
         if found is None:
             raise unknown(name)
         return _row_of(found)
+
+
+def _write_items(conn: psycopg.Connection[Any], key: int, dim: int, items: Sequence[NewItem], staged: bool) -> int:
+    """Inserts or replaces ``items`` (ids distinct) with their DCSM tokens; returns how many were new."""
+    added = 0
+    with conn.cursor() as cur:
+        # xmax = 0 only on a row this statement inserted (not one it updated).
+        cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (id, metadata, vector, image) VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                "SET metadata = EXCLUDED.metadata, vector = EXCLUDED.vector, image = EXCLUDED.image "
+                "RETURNING key, xmax = 0"
+            ).format(_items(key, staged)),
+            [(item.id, Jsonb(dict(item.metadata)), _vector(item.vector, dim), item.image) for item in items],
+            returning=True,
+        )
+        keys = []
+        while True:
+            row_key, inserted = cur.fetchone()  # type: ignore[misc]
+            keys.append(row_key)
+            added += bool(inserted)
+            if not cur.nextset():
+                break
+        tokens = [
+            (row_key, np.ascontiguousarray(item.dense, dtype=np.float16).tobytes())
+            for row_key, item in zip(keys, items, strict=True)
+            if item.dense is not None
+        ]
+        if tokens:
+            cur.executemany(
+                sql.SQL(
+                    "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET tokens = EXCLUDED.tokens"
+                ).format(_dense(key, staged)),
+                tokens,
+            )
+    return added
 
 
 _SELECT_ROW = "SELECT key, name, model, version, dim, dense, count, created_at FROM clip_collections"

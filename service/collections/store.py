@@ -138,9 +138,13 @@ def collections_path(url: str) -> Path:
     return Path(path)
 
 
+def is_postgres(url: str) -> bool:
+    return urlparse(url).scheme in _POSTGRES_SCHEMES
+
+
 def check_url(url: str) -> None:
     """Refuse at start-up a ``collections.url`` no backend takes (``ValueError``)."""
-    if urlparse(url).scheme in _POSTGRES_SCHEMES:
+    if is_postgres(url):
         from service.collections.postgres import parse_url
 
         parse_url(url)
@@ -151,7 +155,7 @@ def check_url(url: str) -> None:
 def open_collections(url: str) -> CollectionStore:
     """The backend ``url`` names (checked by the settings at start-up): ``file:`` the embedded
     store, ``postgresql://`` PostgreSQL with pgvector."""
-    if urlparse(url).scheme in _POSTGRES_SCHEMES:
+    if is_postgres(url):
         from service.collections.postgres import PostgresCollections, parse_url
 
         return PostgresCollections(parse_url(url))

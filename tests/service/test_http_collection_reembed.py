@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
 
 from service.api.vector_encoding import decode_rows
 
@@ -31,10 +32,19 @@ def embed(c: httpx.Client, images: list[dict[str, str]]) -> tuple[str, np.ndarra
 
 
 @contextmanager
-def swapped_server(tmp_path: Path, serve_app: Any, publish_model: Any, reembed: str) -> Iterator[Any]:
+def swapped_server(
+    tmp_path: Path, serve_app: Any, publish_model: Any, reembed: str, url: str | None = None
+) -> Iterator[Any]:
+    """``url``: the collections' backend, the embedded folder when left out."""
     store = tmp_path / "store"
     publish_model(store, "tiny", seed=0)
-    settings = {"url": f"file://{tmp_path / 'collections'}", "reembed": reembed, "max_items_per_add": 2}
+    folder = tmp_path / "collections"
+    settings = {
+        "url": url or f"file://{folder}",
+        "image_folder": str(folder),
+        "reembed": reembed,
+        "max_items_per_add": 2,
+    }
     with (
         serve_app(store=str(store), model="tiny@production", watch_interval_s=0.2, collections=settings) as running,
         httpx.Client(base_url=running.url, timeout=60) as c,
@@ -134,11 +144,13 @@ def test_a_hot_swapped_collection_is_reembedded_on_request_and_never_served_mixe
         assert 'clip_collection_jobs_total{kind="reembed",result="done"} 2.0' in metrics
 
 
+@pytest.mark.parametrize("backend", ["embedded", "postgres"])
 def test_with_reembed_auto_the_first_request_after_a_swap_starts_it(
-    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
 ) -> None:
     images = {i: make_image(shape, colour) for i, shape, colour in SCENES}
-    with swapped_server(tmp_path, serve_app, publish_model, "auto") as (c, swap):
+    url = request.getfixturevalue("pgvector_url") if backend == "postgres" else None
+    with swapped_server(tmp_path, serve_app, publish_model, "auto", url) as (c, swap):
         fill(c, images)
         assert c.delete("/collections/c/images/green-triangle").status_code == 200
         v2 = swap()

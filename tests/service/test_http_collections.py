@@ -43,14 +43,12 @@ def server(
     request: pytest.FixtureRequest, dense_store: Path, tmp_path_factory: pytest.TempPathFactory, serve_app: Any
 ) -> Iterator[Any]:
     """The tests that use it run on each backend: the embedded folder and PostgreSQL + pgvector."""
-    if request.param == "embedded":
-        url = f"file://{tmp_path_factory.mktemp('collections')}"
-    else:
-        url = request.getfixturevalue("pgvector_database")
+    folder = tmp_path_factory.mktemp("collections")
+    url = f"file://{folder}" if request.param == "embedded" else request.getfixturevalue("pgvector_database")
     with serve_app(
         store=str(dense_store),
         model="dense@production",
-        collections={"url": url, "max_items_per_add": 8, "max_results": 50},
+        collections={"url": url, "image_folder": str(folder), "max_items_per_add": 8, "max_results": 50},
     ) as running:
         yield running
 

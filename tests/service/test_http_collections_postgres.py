@@ -18,13 +18,15 @@ from pgvector_server import pgvector_server_fixture  # noqa: F401
 
 @pytest.mark.slow
 def test_collections_answer_503_until_the_database_is_there_then_work_without_a_restart(
-    pgvector_server: str, tiny_store: Path, serve_app: Any, make_image: Any
+    pgvector_server: str, tiny_store: Path, serve_app: Any, make_image: Any, tmp_path: Path
 ) -> None:
     # A database that does not exist yet: every connection is refused until it is created.
     name = f"later_{uuid.uuid4().hex[:12]}"
     url = urlunparse(urlparse(pgvector_server)._replace(path=f"/{name}")) + "&pool_wait_s=0.5"
     with (
-        serve_app(store=str(tiny_store), model="tiny@production", collections={"url": url}) as running,
+        serve_app(
+            store=str(tiny_store), model="tiny@production", collections={"url": url, "image_folder": str(tmp_path)}
+        ) as running,
         httpx.Client(base_url=running.url, timeout=60) as c,
     ):
         for r in (c.get("/collections"), c.put("/collections/a", json={})):

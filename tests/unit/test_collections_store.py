@@ -12,6 +12,7 @@ import pytest
 from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
 
 from clipcore.errors import ClipError, ErrorCode
+from service.collections.embedded import EmbeddedCollections
 from service.collections.store import CollectionStore, NewItem, collections_path, open_collections
 
 OpenStore = Callable[[], CollectionStore]
@@ -106,10 +107,11 @@ def test_urls() -> None:
             collections_path(url)
 
 
-def test_a_staged_version_replaces_the_collection_at_once(tmp_path: Path) -> None:
+def test_a_staged_version_replaces_the_collection_at_once(open_store: OpenStore, tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     old, new = unit(rng, 3), unit(rng, 3, dim=8)
-    store = EmbeddedCollections(tmp_path)
+    store = open_store()
+    on_disk = isinstance(store, EmbeddedCollections)
     store.create("c", "m@production", "v1", 16, dense=False)
     store.upsert("c", [NewItem(f"i{i}", {"n": i}, old[i], None, f"{i:064x}") for i in range(3)])
     assert [(s.id, s.metadata, s.image) for s in store.stored_images("c")] == [
@@ -127,12 +129,22 @@ def test_a_staged_version_replaces_the_collection_at_once(tmp_path: Path) -> Non
     (hit,) = store.search("c", new[1], 1, {"n": 1})
     assert hit.id == "i1" and hit.cosine == pytest.approx(1, abs=1e-6)
     store.close()
-    assert EmbeddedCollections(tmp_path).info("c").version == "v2"  # what was committed is on disk
-    # A collection dropped while a version is staged takes the staged copy with it.
-    store = EmbeddedCollections(tmp_path)
+    # What was committed is kept; a collection dropped while a version is staged takes the
+    # staged copy with it.
+    store = open_store()
+    assert store.info("c").version == "v2"
     store.stage("c", "v3", 8, dense=False)
     store.drop("c")
-    assert not list(tmp_path.iterdir())
+    assert store.list_all() == [] and not (on_disk and list(tmp_path.iterdir()))
     with pytest.raises(ClipError) as gone:
         store.upsert_staged("c", [NewItem("i0", {}, new[0], None)])
-    assert gone.value.code == ErrorCode.unknown_collection and not list(tmp_path.iterdir())
+    assert gone.value.code == ErrorCode.unknown_collection and not (on_disk and list(tmp_path.iterdir()))
+    # A staged copy discarded leaves the collection as it was; a commit without one is refused.
+    store.create("d", "m@production", "v1", 16, dense=False)
+    store.upsert("d", [NewItem("i0", {}, old[0], None, f"{0:064x}")])
+    store.stage("d", "v2", 8, dense=False)
+    store.discard_staged("d")
+    with pytest.raises(ClipError):
+        store.commit_staged("d")
+    assert (store.info("d").version, store.info("d").count) == ("v1", 1)
+    store.close()
