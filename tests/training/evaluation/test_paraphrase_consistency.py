@@ -62,4 +62,5 @@ def test_the_user_data_rows_are_named_and_a_finetuned_encoder_is_set_against_the
     assert row.needs == "text_encoder:semclip" and row.replaces == "paraphrase_forms.base.heldout"
     assert describe("paraphrase_forms.base.family.noun").replaces is None
     assert describe("negation_forms.pcclip.heldout.both").replaces == "negation_forms.base.heldout.both"
-    assert describe("negation_forms.dcsm.heldout.both").replaces is None
+    dcsm = describe("negation_forms.dcsm.heldout.both")  # DCSM against cosine on the same photos
+    assert (dcsm.replaces, dcsm.versus) == ("negation_forms.base.heldout.both", "cosine")

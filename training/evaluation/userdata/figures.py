@@ -182,8 +182,10 @@ def _negation_form_figure(key: str, scorer: str, rest: list[str]) -> Figure:
     where = {"heldout": "held-out phrasings", "training": "training phrasings"}.get(group, f"{rest[1]} phrasings")
     how = "DCSM" if scorer == "dcsm" else f"cosine, text encoder {scorer}"
     rank = _NEGATION_GROUP_RANK.get(group, 3) * 10 + _SIDE_RANK.get(side, 4) + (0 if scorer == "dcsm" else 100)
-    # A finetuned text encoder's figure replaces the base encoder's on the same rows.
-    replaces = (None, "") if scorer == "dcsm" else _base_encoder(scorer, ".".join(["negation_forms", BASE, *rest]))
+    # DCSM's figure replaces cosine through the base encoder on the same photos and phrasings, a
+    # finetuned text encoder's the base encoder's.
+    base = ".".join(["negation_forms", BASE, *rest])
+    replaces = (base, "cosine") if scorer == "dcsm" else _base_encoder(scorer, base)
     return Figure(key, "negation both ways, by phrasing (docs/negation.md)", f"{where}, {side}, {how}",
                   f"negation, {where}, {NEGATION_SIDES.get(side, side)}, {how}", 0.5,
                   "dcsm" if scorer == "dcsm" else _encoder(scorer), rank, *replaces)  # fmt: skip
