@@ -106,7 +106,8 @@ def run(command: str, url: str, cwd: Path) -> Any:
         timeout=120,
     )
     body, _, status = proc.stdout.rpartition("\n")
-    assert proc.returncode == 0 and status == "200", (command, proc.stdout[-2000:], proc.stderr[-2000:])
+    created = " -X PUT " in command and status == "201"  # a collection made
+    assert proc.returncode == 0 and (status == "200" or created), (command, proc.stdout[-2000:], proc.stderr[-2000:])
     return json.loads(body)
 
 
@@ -131,6 +132,10 @@ def check(command: str, answer: Any) -> None:
     elif route == "/v1/models":
         assert answer["data"][0]["id"] == "default", answer
         assert answer["data"][0]["answers"] == answer["data"][0]["serving"], answer  # no canary: the primary
+    elif route == "/collections/shop":
+        assert answer["name"] == "shop" and answer["count"] == 0, answer
+    elif route == "/collections/shop/images":
+        assert answer["added"] == ["sku-1", "sku-2"] and answer["count"] == 2, answer
     else:
         raise AssertionError(f"no check for {route}")
 

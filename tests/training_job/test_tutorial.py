@@ -16,6 +16,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from model_store.cli import app as store_app
 from tests.training_job.fake_llm import fake_llm_server
 from training.cli import app
 
-TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial.md"
+REPO = Path(__file__).resolve().parents[2]
+TUTORIAL = REPO / "docs" / "tutorial.md"
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SOURCE.exists(), reason="apt-get install dataset-fashion-mnist")]
 
@@ -99,6 +101,12 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, serve_app: Any, monkeypatc
             elif argv[:3] == [".venv/bin/python", "-m", "service"]:
                 store_dir = option(argv, "--store")
                 server = stack.enter_context(serve_app(store=store_dir, model=option(argv, "--model")))
+            elif argv[:2] == [".venv/bin/python", "scripts/eval_retrieval.py"]:
+                # The retrieval rows alone, on fewer seeds and a smaller gallery than the tutorial's.
+                script = [sys.executable, str(REPO / argv[1]), *argv[2:], "--seeds", "1", "--n-gallery", "60"]
+                done = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=work)
+                assert done.returncode == 0 and "negated" in done.stdout, f"{line}\n{done.stdout}\n{done.stderr}"
+                outputs.append(done.stdout)
             elif argv[0] == "kill":
                 continue  # the stand-in's process: here a thread, stopped with the test
             elif argv[0] == "curl" or re.match(r"^[A-Z_]+=", line):
