@@ -28,11 +28,12 @@ from fastapi.exceptions import ResponseValidationError
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.answering import answering
 from service.api.errors import ClipError, error_response, headers_for
 from service.api.json_body import parse_json
+from service.asgi_body import is_json, read_body, replayed
 from service.runtime.canary import CANARY_KEY_HEADER
 from service.split.wire import PREDECODED
 
@@ -89,14 +90,14 @@ class DirectRoutesMiddleware:
             if scope["type"] == "http" and scope["method"] == "POST" and not scope["query_string"]
             else None
         )
-        if direct is None or PREDECODED.get() is None or not _is_plain_json(scope):
+        if direct is None or PREDECODED.get() is None or not is_json(scope):
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             req = direct.body_model.model_validate(parse_json(body), from_attributes=True)
         except (ValueError, RecursionError):  # pydantic's ValidationError is a ValueError
-            await self.app(scope, _replay(body, receive), send)  # FastAPI says what is wrong
+            await self.app(scope, replayed(body, receive), send)  # FastAPI says what is wrong
             return
         await self._answer(direct, req, scope, receive, send)
 
@@ -136,33 +137,3 @@ class DirectRoutesMiddleware:
         # The shadow's run (``background``) comes after the answer is sent, as FastAPI runs it.
         response = Response(content, route.status_code or 200, media_type="application/json", background=background)
         await response(scope, receive, send)
-
-
-def _is_plain_json(scope: Scope) -> bool:
-    content_type = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
-    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed

@@ -37,10 +37,11 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.routing import compile_path
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import ErrorCode, error_response
 from service.api.schemas import ImageInput
+from service.asgi_body import replayed
 from service.config import Limits
 
 FORM = "multipart/form-data"
@@ -258,16 +259,7 @@ class MultipartFormMiddleware:
             return
         headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-type", b"content-length")]
         scope["headers"] = [*headers, (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:  # the body was read; only a disconnect can follow
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replayed(body, receive), send)
 
     def _route(self, path: str) -> str | None:
         if path in self.fields:

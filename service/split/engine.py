@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from service.asgi_body import read_body, replayed
 from service.split.pixel_ring import SharedPixels
 from service.split.wire import (
     FRONT_END_HEADER,
@@ -92,7 +93,7 @@ class EngineGate:
         if manifest_length is None:
             await self.app(scope, receive, stamped)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             request_json, images = unpack(body, int(manifest_length), self.rings)
         except (MalformedFrame, ValueError) as exc:
@@ -102,32 +103,11 @@ class EngineGate:
             return
         headers = [(k, v) for k, v in scope["headers"] if k not in (_PREDECODED, b"content-length")]
         headers.append((b"content-length", str(len(request_json)).encode()))
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": request_json, "more_body": False}
-            return await receive()  # after the body: a disconnect, when the front-end goes away
-
         token = PREDECODED.set(images)
         try:
-            await self.app({**scope, "headers": headers}, replay, stamped)
+            await self.app({**scope, "headers": headers}, replayed(request_json, receive), stamped)
         finally:
             PREDECODED.reset(token)
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

@@ -25,6 +25,7 @@ import h11
 import httpx
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
+from service.asgi_body import is_json, read_body, stream_body
 from service.config import Settings
 from service.split.channel import EngineChannel, EngineUnavailable
 from service.split.pixel_ring import PixelLease, PixelRing
@@ -119,8 +120,8 @@ class FrontEnd:
         outcome = "as_sent"
         shared: PixelLease | None = None
         if scope["method"] == "POST" and length is not None and length.isdigit():
-            if scope["path"] in IMAGE_ROUTES and int(length) <= self.settings.limits.max_body_bytes and _is_json(scope):
-                body = await _read_body(receive)
+            if scope["path"] in IMAGE_ROUTES and int(length) <= self.settings.limits.max_body_bytes and is_json(scope):
+                body = await read_body(receive)
                 rewritten = await self._predecode(scope["path"], body)
                 if rewritten is not None:
                     content, shared = rewritten.body, rewritten.shared
@@ -130,10 +131,10 @@ class FrontEnd:
                 else:
                     content = body
             else:
-                content = _stream_body(receive)  # the engine reads (or refuses) it as it always has
+                content = stream_body(receive)  # the engine reads (or refuses) it as it always has
                 headers.append((b"content-length", length))
         elif scope["method"] not in ("GET", "HEAD", "OPTIONS", "DELETE"):
-            content = _stream_body(receive)
+            content = stream_body(receive)
         target = scope["raw_path"].decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}"
                                                          if scope["query_string"] else "")  # fmt: skip
         await self._forward(scope, target, headers, content, outcome, send)
@@ -240,28 +241,6 @@ def _release_unsent(decoding: concurrent.futures.Future[Rewritten | None]) -> No
         rewritten = decoding.result()
         if rewritten is not None and rewritten.shared is not None:
             rewritten.shared.release()
-
-
-def _is_json(scope: Scope) -> bool:
-    kind = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
-    return kind.split(b";", 1)[0].strip().lower() == b"application/json"
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    async for chunk in _stream_body(receive):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return  # the client went away
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
 
 
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
