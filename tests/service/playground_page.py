@@ -36,6 +36,22 @@ def page_browser() -> Iterator[Any]:
         yield driver
 
 
+# The pages' fixtures: a module imports the ``*_fixture`` functions (named without the suffix).
+@pytest.fixture(scope="module", name="default_server")
+def default_server_fixture(serve_app: Any) -> Iterator[str]:
+    """The committed default model behind a real uvicorn, one torch thread."""
+    if not (STORE / "default" / "aliases.json").exists():
+        pytest.skip(f"the committed default model is not in {STORE}")
+    with serve_app(store=str(STORE), model="default@production", torch_threads=1) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module", name="browser")
+def browser_fixture() -> Iterator[Any]:
+    with page_browser() as driver:
+        yield driver
+
+
 def wait_for(driver: Any, condition: Any, what: str) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 

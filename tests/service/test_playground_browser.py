@@ -15,20 +15,21 @@ the browser reports no violation for anything of this server's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playground_page import (
+from playground_page import (  # noqa: F401 (the fixtures)
     EXAMPLES,
     PHONE_SCALE,
     STORE,
     WAIT_S,
+    browser_fixture,
     check_heatmap,
     count_requests,
     csp_violations,
+    default_server_fixture,
     drop_file,
     find,
     image_data,
@@ -43,20 +44,6 @@ from playground_page import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def default_server(serve_app: Any) -> Iterator[str]:
-    if not (STORE / "default" / "aliases.json").exists():
-        pytest.skip(f"the committed default model is not in {STORE}")
-    with serve_app(store=str(STORE), model="default@production", torch_threads=1) as running:
-        yield running.url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with page_browser() as driver:
-        yield driver
 
 
 def test_the_page_ranks_a_pair_scores_densely_and_shows_api_errors(

@@ -11,19 +11,20 @@ With ``CLIP_UPDATE_SCREENSHOTS=1`` it writes docs/images/playground_collections.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playground_page import (
+from playground_page import (  # noqa: F401 (the fixtures)
     EXAMPLES,
     STORE,
     WAIT_S,
+    browser_fixture,
     check_heatmap,
     count_requests,
     csp_violations,
+    default_server_fixture,
     find,
     image_data,
     keep_screenshot,
@@ -42,20 +43,6 @@ PICTURES = ["scene.png", "red.png", "blue.png", "big_circle.png", "small_circle.
 # One object per file name: metadata for two of them, the others get none.
 METADATA = {"scene.png": {"kind": "scene", "sale": True}, "red.png": {"kind": "single", "sale": True}}
 QUERY = "a red circle to the left of a blue square"
-
-
-@pytest.fixture(scope="module")
-def default_server(serve_app: Any) -> Iterator[str]:
-    if not (STORE / "default" / "aliases.json").exists():
-        pytest.skip(f"the committed default model is not in {STORE}")
-    with serve_app(store=str(STORE), model="default@production", torch_threads=1) as running:
-        yield running.url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with page_browser() as driver:
-        yield driver
 
 
 def _cards(driver: Any) -> list[dict[str, Any]]:
