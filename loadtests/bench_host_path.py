@@ -350,8 +350,8 @@ def service_process(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m service`` (this checkout) on ``store`` serving ``ref``, configured by environment
     only; (process, url) once ready, stopped when the block ends."""
-    from loadtests.benchmark import wait_ready
-    from loadtests.local_stack import free_port, stop_process
+    from loadtests.benchmark import logged_server
+    from loadtests.local_stack import free_port
 
     port = free_port()
     env = {**os.environ, "CLIP_HOST": "127.0.0.1", "CLIP_PORT": str(port), "CLIP_STORE": str(store),
@@ -363,19 +363,10 @@ def service_process(
     env.setdefault("CLIP_BATCHING__MAX_QUEUE_DELAY_S", "600")
     env.update(extra_env)
     url = f"http://127.0.0.1:{port}"
-    with log.open("ab") as out:
-        # -P: the working directory is not put first on sys.path, so PYTHONPATH (a variant may set it
-        # to another checkout) decides which code serves.
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out)
-        try:
-            try:
-                wait_ready(url, proc, timeout_s=600)
-            except SystemExit as exc:
-                tail = log.read_text(errors="replace")[-3000:]
-                raise SystemExit(f"{exc}; its log ({log}) ends:\n{tail}") from None
-            yield proc, url
-        finally:
-            stop_process(proc)
+    # -P: the working directory is not put first on sys.path, so PYTHONPATH (a variant may set it
+    # to another checkout) decides which code serves.
+    with logged_server([sys.executable, "-P", "-m", "service"], env, log, url, cwd=ROOT) as proc:
+        yield proc, url
 
 
 @contextmanager

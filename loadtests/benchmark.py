@@ -130,6 +130,25 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300, 
 
 
 @contextmanager
+def logged_server(
+    cmd: list[str], env: dict[str, str], log: Path, url: str, probe: str = "/readyz", cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``cmd`` started with its output appended to ``log``, once ``probe`` answers (a failed start
+    exits with the log's end); stopped when the block ends."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=out)
+        try:
+            try:
+                wait_ready(url, proc, timeout_s=600, probe=probe)
+            except SystemExit as exc:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"{exc}; its log ({log}) ends:\n{tail}") from None
+            yield proc
+        finally:
+            stop_process(proc)
+
+
+@contextmanager
 def store_service(
     store: Path,
     ref: str,

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loadtests.benchmark import wait_ready
-from loadtests.local_stack import free_port, stop_process
+from loadtests.benchmark import logged_server
+from loadtests.local_stack import free_port
 
 PYTRITON_PACKAGES = ["nvidia-pytriton==0.7.0"]
 SERVER_SCRIPT = Path(__file__).with_name("pytriton_server.py")
@@ -60,14 +60,5 @@ def pytriton_process(
            str(grpc_port), "--metrics-port", str(metrics_port), "--threads", str(threads),
            "--max-batch-size", str(max_batch_size)]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
-        try:
-            try:
-                wait_ready(url, proc, timeout_s=600, probe=f"/v2/models/{MODEL_NAME}/ready")
-            except SystemExit as exc:
-                tail = log.read_text(errors="replace")[-3000:]
-                raise SystemExit(f"{exc}; its log ({log}) ends:\n{tail}") from None
-            yield proc, url
-        finally:
-            stop_process(proc)
+    with logged_server(cmd, env, log, url, probe=f"/v2/models/{MODEL_NAME}/ready") as proc:
+        yield proc, url
