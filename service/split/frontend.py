@@ -21,13 +21,12 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-import h11
 import httpx
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
 from service.asgi_body import is_json, read_body, stream_body
 from service.config import Settings
-from service.split.channel import EngineChannel, EngineUnavailable
+from service.split.channel import EngineChannel, EngineUnavailable, UnsendableHead
 from service.split.pixel_ring import PixelLease, PixelRing
 from service.split.predecode import IMAGE_ROUTES, Rewritten, rewrite
 from service.split.wire import FRONT_END_HEADER, GENERATION_HEADER, PREDECODED_HEADER, SPECS_PATH
@@ -177,8 +176,8 @@ class FrontEnd:
         if isinstance(content, bytes):
             try:
                 status, answer, body = await self.channel.request(scope["method"], target, headers, content)
-            except h11.LocalProtocolError:
-                pass  # a head h11 will not write (uvicorn read it): relayed by httpx below
+            except UnsendableHead:
+                pass  # a head HTTP's grammar refuses, though uvicorn read it: relayed by httpx below
             except EngineUnavailable:
                 await self._unreachable(send)
                 return
