@@ -36,8 +36,9 @@ from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
 from service.collections.service import Collections
 from service.config import Settings
+from service.fastapi_telemetry import settle_telemetry
 from service.runtime.cache import EmbeddingCache
-from service.runtime.heap import settle
+from service.runtime.heap import collect_young_less_often, settle
 from service.runtime.metrics import ServiceMetrics
 from service.runtime.pipeline import Pipeline
 from service.runtime.served import ServedModels
@@ -75,8 +76,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     user_collections = Collections(settings.collections, services.metrics)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("starting with settings %s", json.dumps(settings.redacted(), sort_keys=True))
+        if settle_telemetry(app):
+            log.debug("no OpenTelemetry provider configured: FastAPI's own telemetry is off")
+        collect_young_less_often()
         if settings.redis_url is not None and not await services.cache.ping():
             log.warning(
                 "redis at the configured redis_url is unreachable; serving with the in-process cache "

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.runtime.heap import settle
+from service.runtime.heap import YOUNG_THRESHOLD, collect_young_less_often, settle
 
 
 @pytest.fixture(autouse=True)
@@ -54,3 +54,13 @@ def test_a_frozen_cycle_waits_for_a_full_settle() -> None:
     assert held[0]() is not None, "an ordinary collection skips frozen objects"
     settle(full=True)
     assert held[0]() is None, "a full settle thaws and collects the cycle"
+
+
+def test_young_collections_come_less_often_and_the_older_ones_as_they_were() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_young_less_often()
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
+        assert YOUNG_THRESHOLD > before[0]
+    finally:
+        gc.set_threshold(*before)
