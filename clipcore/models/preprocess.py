@@ -83,7 +83,8 @@ def fit_square(
     if resize_mode not in RESIZE_MODES:
         raise ValueError(f"unknown resize mode {resize_mode!r}; known: {list(RESIZE_MODES)}")
     resample = INTERPOLATIONS[interpolation]
-    image = image.convert("RGB")
+    if image.mode != "RGB":  # convert() copies even an RGB image: a decoded request's is RGB already
+        image = image.convert("RGB")
     w, h = image.size
     if (w, h) == (size, size):
         return np.asarray(image, dtype=np.uint8)
@@ -105,7 +106,9 @@ def fit_square(
         box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
         return np.asarray(image.resize((size, size), resample, box=box, reducing_gap=3.0), dtype=np.uint8)
     image = image.resize((nw, nh), resample, reducing_gap=3.0)
-    return np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.uint8)
+    if (nw, nh) != (size, size):  # a square picture needs no crop (nor its copy)
+        image = image.crop((left, top, left + size, top + size))
+    return np.asarray(image, dtype=np.uint8)
 
 
 # EXIF orientation -> the transpose that shows the picture as a browser or a phone's gallery does.

@@ -70,6 +70,23 @@ def test_the_region_resize_matches_resize_then_crop() -> None:
     assert np.abs(fast - reference).max() <= 1
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P"])
+@pytest.mark.parametrize("size", [(224, 224), (300, 200), (200, 300), (64, 64)])
+def test_fit_square_is_convert_resize_and_centre_crop(mode: str, size: tuple[int, int]) -> None:
+    """The pixels of open_clip's eval steps taken one by one (an RGB image is not converted, a
+    square one not cropped: the same pixels without the copies)."""
+    rng = np.random.default_rng(1)
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    rgb = image.convert("RGB")
+    scale = 64 / min(size)
+    nw, nh = max(64, round(size[0] * scale)), max(64, round(size[1] * scale))
+    left, top = (nw - 64) // 2, (nh - 64) // 2
+    resized = rgb.resize((nw, nh), Image.Resampling.BICUBIC, reducing_gap=3.0)
+    reference = np.asarray(resized.crop((left, top, left + 64, top + 64)))
+    assert np.array_equal(fit_square(image, 64), reference)
+    assert image.mode == mode
+
+
 @pytest.mark.parametrize("size", [(160_000, 1), (1, 160_000), (1_000_000, 1), (51, 1)])
 def test_decode_refuses_an_extreme_aspect_ratio_from_the_header(size: tuple[int, int]) -> None:
     with pytest.raises(ClipError, match=r"aspect ratio above the limit of 50:1 \(limits.max_aspect_ratio\)") as info:
