@@ -53,16 +53,37 @@ _CLOSE = (b"connection", b"close")
 
 class _LingeringTransport:
     """The socket transport as uvicorn sees it: ``close()`` lingers while the client may still be
-    sending its request body (see the module docstring); everything else is the socket's own."""
+    sending its request body (see the module docstring), and the head of an answer with a
+    ``content-length`` is held until its body's first piece, so head and body leave in one write
+    (one segment, one wake-up of the client, instead of two); everything else is the socket's own."""
 
     def __init__(self, transport: asyncio.Transport, guard: _Guard) -> None:
         self._transport = transport
         self._guard = guard
+        self._held: list[bytes] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
+    def write(self, data: bytes) -> None:
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            self._transport.write(data)
+
+    def hold(self) -> None:
+        """Keep what is written until ``release``."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Write what was held, in one write."""
+        held, self._held = self._held, None
+        if held:
+            self._transport.write(b"".join(held))
+
     def close(self) -> None:
+        self.release()  # an answer cut short still goes out as far as it was written
         self._guard._close()
 
     def is_closing(self) -> bool:
@@ -84,6 +105,7 @@ class _Guard:
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._socket = transport
+        self._writer = _LingeringTransport(transport, self)
         self._lingering = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._head_timer: asyncio.TimerHandle | None = None
@@ -91,7 +113,7 @@ class _Guard:
         self._body_cycle: Any = None
         self._body_last = self._body_deadline = 0.0
         self._next_is_head = False
-        super().connection_made(cast(asyncio.Transport, _LingeringTransport(transport, self)))  # type: ignore[misc]
+        super().connection_made(cast(asyncio.Transport, self._writer))  # type: ignore[misc]
         self._start_head()
 
     # ------------------------------------------------------------------ request heads
@@ -143,6 +165,7 @@ class _Guard:
         """Answer ``answer`` (a whole response) and close at once: nothing more of this request is read."""
         self._head_done()
         self._stop_body_timer()
+        self._writer.release()
         self._socket.write(answer)
         self._socket.close()
 
@@ -151,16 +174,25 @@ class _Guard:
         """Called once a request head is parsed and its cycle exists (before its application runs)."""
         self._head_done()
         cycle = self.cycle
-        send = cycle.send
+        send, writer = cycle.send, self._writer
 
         async def send_closing_early(message: Any) -> None:
-            # An answer that starts before its request body has all arrived ends the connection:
-            # the rest of the body will not be read, so no next request can be found after it.
-            if message["type"] == "http.response.start" and cycle.more_body and not cycle.response_started:
-                headers = list(message.get("headers", []))
-                if not any(name.lower() == b"connection" and b"close" in value.lower() for name, value in headers):
-                    message = {**message, "headers": [*headers, _CLOSE]}
-            await send(message)
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", [])
+                # An answer that starts before its request body has all arrived ends the connection:
+                # the rest of the body will not be read, so no next request can be found after it.
+                if cycle.more_body and not cycle.response_started:
+                    if not any(name.lower() == b"connection" and b"close" in value.lower() for name, value in headers):
+                        message = {**message, "headers": [*headers, _CLOSE]}
+                # A whole body follows (not a stream that may wait for its first piece): one write.
+                if any(name.lower() == b"content-length" for name, _ in headers):
+                    writer.hold()
+                await send(message)
+                return
+            try:
+                await send(message)
+            finally:
+                writer.release()
 
         # uvicorn hands ``cycle.send`` to the application when its task first runs, after this.
         cycle.send = send_closing_early
@@ -222,6 +254,7 @@ class _Guard:
         self.cycle.disconnected = True
         self.cycle.message_event.set()
         self._stop_body_timer()
+        self._writer.release()
         self._socket.write(_TIMEOUT)
         self._close()
 
