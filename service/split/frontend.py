@@ -76,6 +76,7 @@ class FrontEnd:
             ["outcome"],
             registry=self.registry,
         )
+        self._relayed: dict[str, Any] = {}  # each outcome's series, looked up on its first use only
         self.images = Counter(
             "clip_frontend_predecoded_images_total",
             "Images a front-end process decoded to model-input pixels before relaying their request.",
@@ -113,8 +114,7 @@ class FrontEnd:
                 return
 
     async def _relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k, v) for k, v in scope["headers"] if k not in _CLIENT_DROPS]
-        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        headers, length = _client_headers(scope["headers"])
         content: bytes | AsyncIterator[bytes] = b""
         outcome = "as_sent"
         shared: PixelLease | None = None
@@ -182,10 +182,9 @@ class FrontEnd:
                 await self._unreachable(send)
                 return
             else:
-                self.requests.labels(outcome=outcome).inc()
-                self._note_generation(next((v.decode() for k, v in answer if k == _GENERATION), None))
-                length = next((v for k, v in answer if k == b"content-length"), None)
-                answer = [(k, v) for k, v in answer if k not in _ENGINE_DROPS]
+                self._count(outcome)
+                answer, generation, length = _engine_headers(answer)
+                self._note_generation(generation)
                 if scope["method"] == "HEAD" and length is not None:  # the length of the GET's body
                     await send({"type": "http.response.start", "status": status,
                                 "headers": [*answer, (b"content-length", length)]})  # fmt: skip
@@ -202,7 +201,7 @@ class FrontEnd:
         except httpx.TransportError:
             await self._unreachable(send)
             return
-        self.requests.labels(outcome=outcome).inc()
+        self._count(outcome)
         try:
             self._note_generation(response.headers.get(GENERATION_HEADER))
             answer = [(k, v) for k, v in response.headers.raw if k.lower() not in _ENGINE_DROPS]
@@ -219,12 +218,18 @@ class FrontEnd:
         finally:
             await response.aclose()
 
+    def _count(self, outcome: str) -> None:
+        series = self._relayed.get(outcome)
+        if series is None:  # ``labels()`` checks and locks on every call: once per outcome
+            series = self._relayed[outcome] = self.requests.labels(outcome=outcome)
+        series.inc()
+
     def _note_generation(self, generation: str | None) -> None:
         if generation != self.generation:  # the engine's loaded versions changed: re-read their specs
             self.table, self.generation = None, generation
 
     async def _unreachable(self, send: Send) -> None:
-        self.requests.labels(outcome="engine_unreachable").inc()
+        self._count("engine_unreachable")
         await _answer(send, 503, _UNREACHABLE, [(b"content-type", b"application/json"), (b"retry-after", b"1")])
 
     def _own_metrics(self) -> bytes:
@@ -242,8 +247,33 @@ def _release_unsent(decoding: concurrent.futures.Future[Rewritten | None]) -> No
             rewritten.shared.release()
 
 
+def _client_headers(raw: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+    """The client's headers to relay, and its content-length (the first), in one pass."""
+    headers, length = [], None
+    for name, value in raw:
+        if name not in _CLIENT_DROPS:
+            headers.append((name, value))
+        elif name == b"content-length" and length is None:
+            length = value
+    return headers, length
+
+
+def _engine_headers(raw: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], str | None, bytes | None]:
+    """The engine's answer headers to relay (names lower-cased), its generation and its
+    content-length, in one pass."""
+    headers, generation, length = [], None, None
+    for name, value in raw:
+        if name not in _ENGINE_DROPS:
+            headers.append((name, value))
+        elif name == _GENERATION and generation is None:
+            generation = value.decode()
+        elif name == b"content-length" and length is None:
+            length = value
+    return headers, generation, length
+
+
 async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    """``headers`` without a content-length (every caller dropped it with the other hop headers)."""
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
