@@ -30,6 +30,8 @@ from service.split.wire import pack, pixel_bytes, spec_side
 LIST_ROUTES = ("/embed", "/classify", "/rank")
 PAIR_KEYS = ("image_a", "image_b")
 IMAGE_ROUTES = frozenset((*LIST_ROUTES, "/rank-pair", "/score/dense"))
+# json.dumps builds a new encoder for every call with non-default arguments: this one is made once.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def _slots(path: str, doc: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
@@ -104,7 +106,7 @@ def rewrite(
         container[key] = {"sha256": digest}
     size = pixel_bytes(images)
     shared = ring.lease(size) if ring is not None and size >= MIN_SHARED_BYTES else None
-    packed, manifest_length = pack(json.dumps(doc, separators=(",", ":")).encode(), images, shared)
+    packed, manifest_length = pack(_COMPACT_JSON.encode(doc).encode(), images, shared)
     return Rewritten(packed, manifest_length, len(slots), shared)
 
 
