@@ -179,6 +179,9 @@ class _Guard:
         async def send_closing_early(message: Any) -> None:
             if message["type"] == "http.response.start":
                 headers = message.get("headers", [])
+                if not isinstance(headers, list):  # any iterable, read twice below: listed once
+                    headers = list(headers)
+                    message = {**message, "headers": headers}
                 # An answer that starts before its request body has all arrived ends the connection:
                 # the rest of the body will not be read, so no next request can be found after it.
                 if cycle.more_body and not cycle.response_started:

@@ -27,7 +27,7 @@ log = logging.getLogger("service.runtime")
 # collection walks the objects of every request in flight: under load the engine of a split service
 # made about 20 a second, 0.3 ms of CPU each (0.04 ms per answer, 4 % of its CPU, on a 2-core EPYC
 # with the tiny benchmark model). At 10,000 it makes one or two, of a few ms each: a pause well
-# inside a request's own time, and a tenth of the CPU (docs/benchmarks.md, "Front-end cost").
+# inside a request's own time, and a fifth or less of the CPU (docs/benchmarks.md, "Front-end cost").
 YOUNG_THRESHOLD = 10_000
 
 

@@ -46,6 +46,11 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
         await send({"type": "http.response.body", "body": b"hello"})
         return
+    if scope["path"] == "/generated":  # ASGI's headers may be any iterable, read once
+        headers = (pair for pair in [(b"x-one", b"1"), (b"content-length", b"2")])
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     WRITES.append(b"-- the stream's first piece comes now --")
     await send({"type": "http.response.body", "body": b"one", "more_body": True})
@@ -91,3 +96,10 @@ def test_a_streamed_answers_head_goes_before_its_body(port: int) -> None:
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in answer
     assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n") and WRITES[0].endswith(b"\r\n\r\n")
     assert WRITES[1] == b"-- the stream's first piece comes now --"
+
+
+def test_headers_given_as_a_generator_all_arrive(port: int) -> None:
+    WRITES.clear()
+    answer = _get(port, "/generated")
+    assert b"x-one: 1\r\n" in answer and answer.endswith(b"\r\n\r\nok")
+    assert WRITES == [answer]
