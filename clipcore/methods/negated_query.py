@@ -25,7 +25,8 @@ _CUES = (
     "do not show", "don't show", "cannot see", "can't see", "can not see", "is not", "isn't",
     "are not", "aren't", "not", "no",
 )  # fmt: skip
-_CUE = re.compile(r"\b(?:" + "|".join(re.escape(c).replace(r"\ ", r"\s+") for c in _CUES) + r")\b", re.IGNORECASE)
+# Not before a hyphen: "a no-iron shirt" negates nothing.
+_CUE = re.compile(r"\b(?:" + "|".join(re.escape(c).replace(r"\ ", r"\s+") for c in _CUES) + r")\b(?!-)", re.IGNORECASE)
 # "the shirt is missing", "a red circle with a blue square absent": the absent part comes first.
 _PREDICATE = re.compile(
     r"^(?:(?P<shown>.+?)\s+with\s+)?(?P<absent>.+?)\s+(?:(?:is|are)\s+)?"

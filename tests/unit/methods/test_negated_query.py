@@ -39,7 +39,8 @@ def test_every_negation_form_of_the_grammar_names_its_object_absent_and_nothing_
 
 
 @pytest.mark.parametrize(
-    "text", ["a red circle to the left of a blue square", "a photo of a notebook.", "nothing here", "no", "not here"]
+    "text",
+    ["a red circle to the left of a blue square", "a photo of a notebook.", "a no-iron shirt", "nothing here", "no"],
 )
 def test_texts_that_negate_nothing_are_read_as_they_are(text: str) -> None:
     assert split_negation(text) is None
