@@ -3,7 +3,9 @@
 The stages are those of a collection search (``POST /collections/{name}/search``): a first stage
 ranks the gallery by cosine with the query's embedding and keeps the top ``k``; a second stage
 reorders those ``k`` candidates by its own scores (DCSM, or the PC-CLIP difference
-``normalize(g(c) - g(query)) . f(text)``), ties keeping the first stage's order. The evaluation
+``normalize(g(c) - g(query)) . f(text)``), ties keeping the first stage's order. The first stage
+of a DCSM re-rank honours a text's negation (``first_stage_query``): it asks for what the text
+shows and away from what it excludes, and DCSM then reads the whole text. The evaluation
 (``clip-train evaluate``) ranks with the same functions, so its figures describe what the service
 answers.
 
@@ -17,12 +19,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from clipcore.methods.common import as_float_array, check_int, l2_normalize
+from clipcore.methods.negated_query import split_negation
 from clipcore.methods.pairwise_rank import pair_scores
 
 __all__ = [
     "chance_recall_at_k",
     "cosine_top_k",
     "difference_scores",
+    "first_stage_query",
+    "first_stage_texts",
     "order_by_scores",
     "recall_at_k",
     "reranked",
@@ -49,6 +54,33 @@ def cosine_top_k(gallery: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
         raise ValueError(f"query has dimension {q.shape[0]}, expected {rows.shape[1]}")
     check_int(k, "k", low=1)
     return order_by_scores(rows @ q)[:k]
+
+
+def first_stage_texts(text: str) -> list[str]:
+    """The texts whose embeddings make the first-stage query of a dense re-rank of ``text``: the text
+    itself, or for a negated text (``clipcore.methods.negated_query``) its shown part and its absent
+    part ("a red circle", "a blue square" of "a red circle without a blue square"), or its absent
+    part alone ("a shirt" of "this is not a shirt")."""
+    negated = split_negation(text)
+    if negated is None:
+        return [text]
+    return [negated.absent] if negated.shown is None else [negated.shown, negated.absent]
+
+
+def first_stage_query(text: str, embedded: np.ndarray) -> np.ndarray:
+    """The first-stage query of a dense re-rank of ``text`` from the embeddings of
+    ``first_stage_texts(text)`` (``(n, D)``, L2-normalised, in that order): the text's own
+    embedding, or ``normalize(f(shown) - f(absent))`` (``-f(absent)`` with nothing shown) for a
+    negated text, so the candidates handed to the re-rank are near what it asks to see and away
+    from what it excludes; the text's own embedding lands near both."""
+    negated = split_negation(text)
+    e = as_float_array(embedded, "embedded", ndim=2)
+    wanted = 1 if negated is None or negated.shown is None else 2
+    if e.shape[0] != wanted:
+        raise ValueError(f"{e.shape[0]} embeddings for the {wanted} first-stage texts of {text!r}")
+    if negated is None:
+        return e[0]
+    return l2_normalize(-e[0] if negated.shown is None else e[0] - e[1])
 
 
 def reranked(candidates: np.ndarray, scores: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """What the collection endpoints compute: embeddings from the pipeline, math from ``clipcore.methods``.
 
 A search has a first stage, an exact kNN in the store (by the text's or the image's embedding,
-within the metadata filters), and at most one second stage over the first stage's ``k``
+within the metadata filters; for a DCSM re-rank of a negated text, by
+``clipcore.methods.retrieval.first_stage_query``), and at most one second stage over the first stage's ``k``
 candidates: the PC-CLIP difference ``normalize(g(c) - g(query)) . f(difference)``
 (``clipcore.methods.retrieval``) or DCSM (``ModelBundle.score_dense``, the scorer /score/dense uses) on the
 DCSM image features stored with each item.
@@ -16,7 +17,7 @@ import numpy as np
 
 from clipcore.errors import ClipError, ErrorCode, bad_input
 from clipcore.methods.common import l2_normalize
-from clipcore.methods.retrieval import difference_scores, order_by_scores
+from clipcore.methods.retrieval import difference_scores, first_stage_query, first_stage_texts, order_by_scores
 from service.api.dense_operations import require_dcsm
 from service.api.operations import both
 from service.api.schemas import ImageInput
@@ -119,8 +120,13 @@ async def search(
     second_stage = req.rerank is not None or req.difference is not None
     store = collections.store
     if req.text is not None:
-        text = await pipeline.embed_texts(rt, [req.text], req.encoder)
-        query = l2_normalize(text.vectors[0])
+        if req.rerank == "dense":
+            # The candidates of a re-rank are near what a negated text shows and away from what it
+            # excludes (the evaluation's retrieval figures rank the same way).
+            texts = await pipeline.embed_texts(rt, first_stage_texts(req.text), req.encoder)
+            query = first_stage_query(req.text, l2_normalize(texts.vectors))
+        else:
+            query = l2_normalize((await pipeline.embed_texts(rt, [req.text], req.encoder)).vectors[0])
         hits = await collections.call(store.search, info.name, query, req.k if second_stage else wanted, req.filters)
         if req.rerank == "dense" and hits:
             return await _dense_reranked(pipeline, rt, collections, info, req, hits)

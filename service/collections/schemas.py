@@ -168,7 +168,11 @@ class SearchRequest(_Request):
 
 
 class HitScores(BaseModel):
-    cosine: float = Field(description="g(c) . query (the text's or the image's embedding)")
+    cosine: float = Field(
+        description="g(c) . query: the text's or the image's embedding; for a `rerank: \"dense\"` search by a "
+        'negated text, normalize(f(shown) - f(absent)) of its two parts ("a red bag", "a strap" of '
+        '"a red bag without a strap"; -f(absent) when it names nothing shown)'
+    )
     difference: float | None = None
     dense: float | None = None
 

@@ -217,6 +217,34 @@ def test_dense_rerank_scores_as_score_dense_does(client: httpx.Client, shop: str
         assert hit["scores"]["cosine"] == pytest.approx(single["cosine"][0], abs=2e-3)
 
 
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("a red circle without a blue square", ["a red circle", "a blue square"]),
+        ("there is no red square.", ["red square"]),
+    ],
+)
+def test_a_negated_rerank_takes_its_candidates_near_the_shown_part_and_away_from_the_absent_one(
+    client: httpx.Client, shop: str, images: Any, text: str, parts: list[str]
+) -> None:
+    body = ok(client.post(f"/collections/{shop}/search", json={"text": text, "rerank": "dense", "k": 3, "limit": 3}))
+    f = embed(client, texts=parts)
+    query = f[0] - f[1] if len(parts) == 2 else -f[0]
+    query /= np.linalg.norm(query)
+    ids = [i for i, *_ in SCENES]
+    g = embed(client, images=[images[i] for i in ids])
+    nearest = np.argsort(-(g @ query), kind="stable")[:3]
+    assert {h["id"] for h in body["hits"]} == {ids[i] for i in nearest}
+    for hit in body["hits"]:
+        assert hit["stage"] == "dense"
+        assert hit["scores"]["cosine"] == pytest.approx(float(g[ids.index(hit["id"])] @ query), abs=2e-3)
+    plain = ok(client.post(f"/collections/{shop}/search", json={"text": text, "limit": 5}))["hits"]
+    # A search without a re-rank ranks by the whole text's cosine, as plain CLIP search does.
+    whole = embed(client, texts=[text])[0]
+    cosines = [h["scores"]["cosine"] for h in plain]
+    np.testing.assert_allclose(cosines, g[[ids.index(h["id"]) for h in plain]] @ whole, atol=2e-3)
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "code"),

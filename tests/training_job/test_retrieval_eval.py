@@ -79,8 +79,9 @@ def test_eval_json_holds_every_figure_its_stderr_gain_and_chance(evaluated: tupl
             ours, theirs = (metrics[f"data.fm.retrieval.{kind}.{r}.{at}"] for r in (second, first))
             # The mean of the per-seed differences is the difference of the means.
             assert metrics[f"data.fm.gain.retrieval.{kind}.{second}.{at}"] == pytest.approx(ours - theirs)
-    # Negated queries: 9 of 10 labels satisfy each, so a random order fills most of the top 10 with them.
-    assert metrics["data.fm.retrieval.negated.chance.r10"] > 0.8
+    # Negated queries ("a thing with long sleeves, not a coat."): one or two labels of ten satisfy
+    # each, so a random order fills little of the top 10 with them.
+    assert metrics["data.fm.retrieval.negated.chance.r10"] < 0.4
 
 
 def test_the_batched_rerank_scores_each_candidate_as_a_dense_search_does(root: Path) -> None:

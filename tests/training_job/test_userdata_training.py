@@ -163,6 +163,25 @@ def test_dcsm_contrasts_a_labelled_image_with_another_label_and_its_own_negation
         assert any(n.startswith("no ") or " not " in n or " no " in n for n in negatives[1:]), negatives
 
 
+def test_dcsm_reads_the_labels_attributes_only_when_asked(user_data: Path) -> None:
+    """``--attribute-captions``: labelled images whose label declares attributes also get captions
+    of those attributes without the label's name; without it the items are what they were."""
+    from types import SimpleNamespace
+
+    from training.datasets.dataset import load_dataset
+    from training.userdata.dcsm import negative_items
+
+    dataset = load_dataset(user_data / "labelled.jsonl")
+    ctx = SimpleNamespace(dataset=dataset, seed=0)
+    plain = negative_items(ctx)  # type: ignore[arg-type]
+    with_attributes = negative_items(ctx, attribute_captions=True)  # type: ignore[arg-type]
+    assert plain.captions and set(plain.captions) <= set(with_attributes.captions)
+    added = [(c, n) for c, n in zip(with_attributes.captions, with_attributes.negatives, strict=True)
+             if c not in plain.captions]  # fmt: skip
+    assert bool(added) == any(len(attrs) >= 2 for attrs in dataset.labels.values())
+    assert all(negatives and caption not in negatives for caption, negatives in added)
+
+
 def test_dcsm_pairs_every_labelled_image_with_another_label_both_ways_in_training_forms(user_data: Path) -> None:
     """Negation both ways: row 2i shows label L under a training form's affirmative of L, row 2i+1
     shows another label under the same form's negated caption of L (each the other's hard

@@ -89,6 +89,7 @@ FLAGS: dict[str, FlagSpec] = {
     "channels": FlagSpec("Scorer conv channels."),
     "hidden": FlagSpec("Scorer head width."),
     "table_seed": FlagSpec("Seed of the functional-word row table."),
+    "attribute_captions": FlagSpec("Also train on labels' declared attributes without their names (labels.json)."),
     "directions": FlagSpec("Random projection directions of the SemCLIP loss."),
     "normalise": FlagSpec("Normalise the projected features in the SemCLIP loss."),
     "negatives_in_clip": FlagSpec("Use the negations as extra negatives in the CLIP term."),

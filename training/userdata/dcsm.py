@@ -5,7 +5,11 @@ Each training item is an image, its caption and hard negatives of that caption: 
 ``negatives`` records as written; for ``caption`` records, rule-based edits
 (``training.generate.negatives``: swapped attributes, flipped relations, toggled negation); for
 labelled images, "a photo of a {label}" against the same caption with another label and its
-rule-based edits. Labelled images also train negation both ways
+rule-based edits; with ``--attribute-captions``, labelled images whose label declares attributes
+(labels.json) also with their attributes without the label's name
+(``training.generate.attribute_captions``: two attributes against one edited, an attribute with
+another label negated against the own label negated).
+Labelled images also train negation both ways
 (``negation_pairs``): a photo of one label with "there is a shirt." over "there is no shirt." and a
 photo of another label with the negated caption over the affirmative, in a training form of the
 negation grammar (``training.generate.negation_grammar``; the held-out forms are never trained on).
@@ -32,6 +36,7 @@ from clipcore.models.dense import DenseEncoder, dcsm_component, dcsm_files
 from model_store import Manifest
 from training.datasets.records import CaptionRecord, LabelRecord, NegativesRecord
 from training.datasets.source import ImageRef
+from training.generate.attribute_captions import attribute_pair, attribute_without_label
 from training.generate.differences import article
 from training.generate.negation_grammar import FormSplit, composed_pair, forms, tokenizer_fillers
 from training.generate.negatives import attribute_words, functional_groups_for, hard_negatives
@@ -51,11 +56,14 @@ class NegativeItems:
     generated: int  # items whose negatives were generated
 
 
-def negative_items(ctx: RunContext) -> NegativeItems:
+def negative_items(ctx: RunContext, attribute_captions: bool = False) -> NegativeItems:
+    """Every item with a caption and its hard negatives; ``attribute_captions``: labelled images
+    also with their label's declared attributes (``DCSMRun.attribute_captions``)."""
     out = NegativeItems([], [], [], 0)
     words = attribute_words(ctx.dataset.labels)
     labels = sorted(ctx.dataset.labels)
     rng = np.random.default_rng([ctx.seed, 3])
+    attribute_rng = random.Random(ctx.seed * 1013 + 5)
     for item in items_of(ctx.dataset, "negatives"):
         assert isinstance(item.record, NegativesRecord)
         out.images.append(item.images[0])
@@ -81,6 +89,14 @@ def negative_items(ctx: RunContext) -> NegativeItems:
             # saw other labels learns nothing about "no" and may prefer the negated caption.
             out.negatives.append([f"a photo of {article(other)} {other}.", *hard_negatives(caption, words).values()])
             out.generated += 1
+        # The label's declared attributes, without its name: what a search by attributes asks.
+        for make in (attribute_pair, attribute_without_label) if attribute_captions else ():
+            made = make(ctx.dataset.labels, item.record.label, attribute_rng)
+            if made is not None:
+                out.images.append(item.images[0])
+                out.captions.append(made[0])
+                out.negatives.append(made[1])
+                out.generated += 1
     if len(out.images) < 2:
         raise ValueError("DCSM needs at least two items with a caption and a hard negative (docs/data.md)")
     return out
@@ -138,7 +154,7 @@ def _summed(first: dcsm.StepLoss, second: dcsm.StepLoss) -> dcsm.StepLoss:
 
 def train_user_dcsm(ctx: RunContext, cfg: DCSMRun) -> tuple[dict[str, torch.Tensor], dict[str, Any], torch.Tensor]:
     """(scorer state, scorer config, functional-row table)."""
-    data = negative_items(ctx)
+    data = negative_items(ctx, cfg.attribute_captions)
     pairs = negation_pairs(ctx)
     ctx.log(f"dcsm: {len(data.images)} items ({data.generated} with generated hard negatives), "
             f"{len(pairs.forms)} two-sided negation pairs")  # fmt: skip

@@ -40,6 +40,10 @@ class DCSMRun(DCSMHyper):
     channels: int = 32  # scorer conv channels
     hidden: int = 128  # scorer head width
     table_seed: int = 0
+    # Off by default: these items share the steps with the label and negation items, and on the
+    # tutorial's photos (one training seed) "there is no shirt." then ranked shirts above the
+    # other labels more often (pairwise 0.70 -> 0.31); a run that wants attribute search opts in.
+    attribute_captions: bool = False
     checkpoint_every: int = 100
     stop_after: int | None = None
 

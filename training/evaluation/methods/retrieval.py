@@ -2,7 +2,9 @@
 collection search ranks (``clipcore.methods.retrieval``), with chance.
 
 * **Text queries** (``compositional``, ``negated``): cosine alone (the whole gallery by
-  ``f(text) . g(c)``) against cosine's top ``RERANK_K`` re-ranked by DCSM (``rerank: "dense"``).
+  ``f(text) . g(c)``) against a search's ``rerank: "dense"``: the first stage's top ``RERANK_K``
+  (by ``f(text) . g(c)``, or for a negated text by ``normalize(f(shown) - f(absent)) . g(c)``:
+  ``clipcore.methods.retrieval.first_stage_query``) re-ranked by DCSM on the whole text.
 * **Difference queries** ("like this one, but <difference>"): the first stage's top ``RERANK_K``
   by ``g(query) . g(c)`` (the query image left out), ranked by PC-CLIP
   ``normalize(g(c) - g(query)) . f(text)`` or by the usual baseline
@@ -27,6 +29,8 @@ from clipcore.methods.retrieval import (
     chance_recall_at_k,
     cosine_top_k,
     difference_scores,
+    first_stage_query,
+    first_stage_texts,
     order_by_scores,
     recall_at_k,
     reranked,
@@ -114,8 +118,9 @@ def text_retrieval(
     out.update(_chance(f"{prefix}.chance", relevant, len(pooled)))
     if tokens is not None and bundle.dcsm is not None:
         dense = []
-        for text, e in zip(texts, embedded, strict=True):
-            candidates = cosine_top_k(pooled, e, RERANK_K)
+        for text in texts:
+            query = first_stage_query(text, bundle.encode_texts(first_stage_texts(text)))
+            candidates = cosine_top_k(pooled, query, RERANK_K)
             dense.append(reranked(candidates, dense_scores(bundle, tokens, candidates, text)))
         out.update(_recalls(f"{prefix}.dcsm", dense, relevant))
     return out

@@ -1,0 +1,77 @@
+"""Captions of a labelled image by its label's declared attributes (labels.json), without the label's
+name, each with hard negatives that a scorer can only tell apart by reading the attributes.
+
+* attribute pair: "something with long sleeves and a plain front." (a pullover) against the same
+  caption with one value another label declares for that attribute ("... short sleeves and a plain
+  front.", a t-shirt) and against another label's pair;
+* attribute with a negated label: "a thing with long sleeves, not a coat." for a label that declares
+  the value while another does too, against the caption that negates the image's own label.
+
+The retrieval figures of ``clip-train evaluate --data`` ask their compositional and negated
+queries in these frames (``training.evaluation.userdata.retrieval``) on held-out images, as the
+shapes world's queries use its training forms. Pure: strings and a seeded rng in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from training.generate.differences import article
+
+PAIR_FRAMES = ("something with {p} and {q}.", "{p} and {q}", "a thing with {p} and {q}.")
+NEGATED_LABEL_FRAMES = ("a thing with {p}, not {a}.", "{p} without being {a}")
+NEGATING_WORDS = frozenset({"no", "not", "without"})
+Labels = Mapping[str, Mapping[str, str]]
+
+
+def phrase(name: str, value: str) -> str:
+    """``long sleeves``, ``a pointed collar``: a value with its attribute, as the evaluation writes it."""
+    return f"{value} {name}"
+
+
+def attribute_pair(labels: Labels, label: str, rng: random.Random) -> tuple[str, list[str]] | None:
+    """A caption of two of ``label``'s attributes and its hard negatives (None with fewer than two
+    attributes, or when no edit describes another label's item)."""
+    attrs = labels.get(label, {})
+    if len(attrs) < 2:
+        return None
+    first, second = rng.sample(sorted(attrs), 2)
+    frame = PAIR_FRAMES[rng.randrange(len(PAIR_FRAMES))]
+
+    def caption(a: Mapping[str, str]) -> str:
+        return frame.format(p=phrase(first, a[first]), q=phrase(second, a[second]))
+
+    own = caption(attrs)
+    negatives = []
+    for name in (first, second):
+        for other, other_attrs in sorted(labels.items()):
+            value = other_attrs.get(name)
+            if other != label and value is not None and value != attrs[name]:
+                negatives.append(caption({**attrs, name: value}))
+    others = [a for lab, a in sorted(labels.items()) if lab != label and first in a and second in a]
+    negatives += [caption(a) for a in others]
+    negatives = [n for n in dict.fromkeys(negatives) if n != own]
+    return (own, negatives) if negatives else None
+
+
+def attribute_without_label(labels: Labels, label: str, rng: random.Random) -> tuple[str, list[str]] | None:
+    """ "A thing with long sleeves, not a coat." for an image of ``label`` (a pullover), with the
+    caption negating the image's own label as the hard negative (None when no other label
+    declares a value of ``label``'s)."""
+    attrs = labels.get(label, {})
+    options = []
+    for name, value in sorted(attrs.items()):
+        if value.split()[0].lower() in NEGATING_WORDS:
+            continue
+        sharing = [other for other, a in sorted(labels.items()) if other != label and a.get(name) == value]
+        options += [(name, value, other) for other in sharing]
+    if not options:
+        return None
+    name, value, other = options[rng.randrange(len(options))]
+    frame = NEGATED_LABEL_FRAMES[rng.randrange(len(NEGATED_LABEL_FRAMES))]
+
+    def caption(negated: str) -> str:
+        return frame.format(p=phrase(name, value), a=f"{article(negated)} {negated}")
+
+    return caption(other), [caption(label)]
