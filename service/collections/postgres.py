@@ -4,7 +4,8 @@ The same calls as the embedded store, in SQL: a catalogue table (``clip_collecti
 collection, with its item count kept in the same transaction as the adds so ``info`` never
 counts a million rows), and per collection an items table (``clip_items_<key>``: the id, the
 metadata as JSONB under a GIN index, the vector as pgvector ``vector(d)``) and a table of DCSM
-tokens (``clip_dense_<key>``, float16 bytes) that a search never reads. Tables are named by the
+tokens (``clip_dense_<key>``, float16 bytes) that a search never reads. A re-embedding's staged
+copy is listed in ``clip_staged`` and its running job's record kept in ``clip_jobs``. Tables are named by the
 catalogue's key, not the collection name: names may be 64 characters, identifiers only 63.
 
 The kNN is ``ORDER BY vector <#> query`` (pgvector's negative inner product; the vectors are unit

@@ -6,7 +6,9 @@ refused (409 ``version_mismatch``, or with ``collections.reembed: auto`` the re-
 until a re-embedding has embedded every kept image with the new version into a staged copy and
 replaced the collection by it at once. While it runs the collection answers 503 (the old
 version's model is no longer served to embed a query, and the new items are incomplete): a
-search is never answered from a mix of the two.
+search is never answered from a mix of the two. The job's record (target version, progress) is
+kept with the collection after every batch; a server that stopped or was killed mid-job takes it
+up at start-up (``resume_reembeds``), going on from the staged copy.
 """
 
 from __future__ import annotations
