@@ -218,6 +218,12 @@ async def _reembed(
             await _save(collections, name, job, version)  # the progress a restart goes on from
         items = await collections.call(store.stored_images, name)
         _require_kept(name, items)
+        if staged is not None or not restage:
+            # What the staged copy holds, not what this job wrote to it: a copy replaced meanwhile
+            # (another server's job on a shared database) is filled again, never switched to short.
+            holds = await collections.call(store.staged_images, name)
+            done = {_key(item) for item in holds[1]} if holds is not None and holds[0] == version else set()
+            job.done = sum(_key(item) in done for item in items)
     job.check_stopping()
     current = target.entry.current
     if current is None or current.bundle.version != version:
