@@ -310,9 +310,10 @@ class Pipeline:
             rows = await self._submit(batcher, pixels)
             fresh: dict[str, np.ndarray] = {}
             for i, row in zip(chunk, rows, strict=True):
-                for k, value in enumerate(split(row)):
+                values = split(row)  # a kind not asked for (the pooled row of a dense-only call) is dropped
+                for k in range(len(kinds)):
                     if found[k][i] is None:  # a value already cached stays as it is
-                        found[k][i] = fresh[keys[k][i]] = value
+                        found[k][i] = fresh[keys[k][i]] = values[k]
             await self.cache.put_many(fresh)
         index = {d: i for i, d in enumerate(unique)}
         return [
