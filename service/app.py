@@ -96,8 +96,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             resuming.cancel()
-            # Each part closes even if one before it fails.
-            for part in (services.models, services.pipeline, services.cache, user_collections):
+            # Each part closes even if one before it fails. The collections first: their running
+            # jobs stop at their next batch while the models still serve it (a re-embedding
+            # stopped with the server keeps its record and goes on at the next start), never on
+            # a model closed under them.
+            for part in (user_collections, services.models, services.pipeline, services.cache):
                 try:
                     await part.close()
                 except Exception:

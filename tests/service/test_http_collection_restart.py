@@ -110,3 +110,37 @@ def test_a_reembedding_killed_mid_job_is_taken_up_after_the_restart_and_never_se
         embedded_here = metric_value(base, "clip_collection_job_images_total", kind="reembed")
         assert 0 < embedded_here <= IMAGES - KILL_AFTER
         assert v1 != v2
+
+
+def test_a_reembedding_stopped_with_its_server_is_taken_up_by_the_next(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
+    """A graceful stop (a rollout) mid-job: the job stops at its next batch, keeps its record,
+    and the next server goes on with it."""
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    folder = tmp_path / "collections"
+    images = {f"{n}": make_image(shape, colour, x=0.3 + 0.01 * n) for n, (shape, colour) in enumerate(
+        [(s, c) for s in ("circle", "square", "triangle") for c in ("red", "blue", "green")] * 12)}  # fmt: skip
+
+    def settings(batch: int) -> dict[str, Any]:
+        return {"store": str(store), "model": "tiny@production",
+                "collections": {"url": f"file://{folder}", "max_items_per_add": batch}}  # fmt: skip
+
+    with serve_app(**settings(64)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image} for i, image in images.items()]
+        for start in range(0, len(items), 64):
+            assert c.post("/collections/c/images", json={"items": items[start : start + 64]}).status_code == 200
+    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+    with serve_app(**settings(1)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.post("/collections/c/reembed").status_code == 202
+        wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the job's progress")
+    # Left mid-job: the server stopped (its shutdown stops the job at its next batch).
+    with serve_app(**settings(1)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        job = c.get("/collections/c").json()["job"]
+        assert job is not None and (job["kind"], job["model"]) == ("reembed", v2), job
+        assert job["done"] >= KILL_AFTER and job["total"] == len(images), job
+        wait_until(lambda: c.get("/collections/c").json()["job"]["state"] != "running", what="the job's end")
+        info = c.get("/collections/c").json()
+        assert (info["job"]["state"], info["model"], info["count"]) == ("done", v2, len(images)), info
