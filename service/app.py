@@ -7,6 +7,7 @@ the default model is warm) and then watch their aliases for hot swaps. Shutdown 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from service.api.routes.docs import install_docs
 from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
 from service.collections.service import Collections
+from service.collections.versions import resume_reembeds
 from service.config import Settings
 from service.fastapi_telemetry import settle_telemetry
 from service.runtime.cache import EmbeddingCache
@@ -44,6 +46,7 @@ from service.runtime.pipeline import Pipeline
 from service.runtime.served import ServedModels
 
 log = logging.getLogger("service")
+RESUME_WAIT_S = 5.0  # how long start-up waits for the store's list of running jobs before serving
 
 
 def build_services(settings: Settings) -> Services:
@@ -88,11 +91,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         settle()  # what the imports made lives as long as the process: kept out of collections
         await services.models.start()
+        # Re-embeddings a stopped server left running are taken up before it serves (their
+        # collections answer 503 from the first request); a database not reachable yet is
+        # waited for in the background.
+        resuming = asyncio.create_task(resume_reembeds(services, services.pipeline, user_collections))
+        await asyncio.wait([resuming], timeout=RESUME_WAIT_S)
         try:
             yield
         finally:
-            # Each part closes even if one before it fails.
-            for part in (services.models, services.pipeline, services.cache, user_collections):
+            resuming.cancel()
+            # Each part closes even if one before it fails. The collections first: their running
+            # jobs stop at their next batch while the models still serve it (a re-embedding
+            # stopped with the server keeps its record and goes on at the next start), never on
+            # a model closed under them.
+            for part in (user_collections, services.models, services.pipeline, services.cache):
                 try:
                     await part.close()
                 except Exception:

@@ -78,8 +78,20 @@ class ServingTowers:
     torch under autocast, or ONNX Runtime); DCSM's dense features from ``dense`` (ONNX dense
     graphs) or, when it is None, the version's own torch towers; YUKINO's prompts from torch."""
 
-    def __init__(self, bundle: ModelBundle, pooled: PooledTowers, dense: DenseRunner | None = None) -> None:
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        pooled: PooledTowers,
+        dense: DenseRunner | None = None,
+        *,
+        pooled_in_dense_pass: bool = False,
+    ) -> None:
         self.bundle, self.pooled, self.dense = bundle, pooled, dense
+        # Whether the dense pass's pooled output is what ``encode_images`` computes (the same
+        # weights at the same precision: torch fp32, ONNX's graphs), so one pass can give both.
+        # Under autocast, torch int8 or CUDA graphs the pooled tower computes otherwise than the
+        # dense features (which stay torch fp32): two passes keep /embed's values.
+        self.pooled_in_dense_pass = pooled_in_dense_pass
         self.auto: AutoDecision | None = None  # set when ``auto`` picked these towers
 
     def encode_images(self, pixels: np.ndarray) -> np.ndarray:
@@ -95,6 +107,12 @@ class ServingTowers:
     def dense_images(self, pixels: np.ndarray) -> np.ndarray:
         """(N, 1+P, D) normalised class and patch tokens (DCSM)."""
         return self.bundle.encode_dense_images(pixels, self.dense)
+
+    def dense_images_with_pooled(self, pixels: np.ndarray) -> np.ndarray:
+        """(N, 2+P, D): row 0 the pooled embedding (``encode_images``' within float rounding, when
+        ``pooled_in_dense_pass``), then ``dense_images``' class and patch tokens, from one pass."""
+        pooled, tokens = self.bundle.dense_encoder().image_features(pixels, self.dense)
+        return torch.cat([pooled[:, None], tokens], dim=1).numpy()
 
     def dense_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, L, D) normalised per-position text features (DCSM)."""

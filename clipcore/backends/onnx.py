@@ -19,6 +19,7 @@ import torch
 from clipcore.backends.base import BackendError
 from clipcore.backends.cpu import cpu_identity
 from clipcore.backends.onnx_export import (
+    DENSE_POOLED,
     INT8_SCHEME,
     REFUSAL,
     SIDECAR,
@@ -129,12 +130,14 @@ def _precision_key(image_precision: str, int8_scheme: str | None = INT8_SCHEME) 
 
 
 def _exported(export_dir: Path) -> tuple[set[str], str, bool] | None:
-    """Variants, image precision (with its int8 scheme) and whether it has the dense graphs, of an
-    existing export; None when it has no readable sidecar."""
+    """Variants, image precision (with its int8 scheme) and whether it has the dense graphs (of
+    this format: pooled output the tower's), of an existing export; None when it has no readable
+    sidecar."""
     try:
         sidecar = json.loads((export_dir / SIDECAR).read_text())
         precision = _precision_key(str(sidecar.get("image_precision", "fp32")), sidecar.get("int8_scheme"))
-        return set(sidecar.get("variants", {})), precision, bool(sidecar.get("dense"))
+        dense = bool(sidecar.get("dense")) and sidecar.get("dense_pooled") == DENSE_POOLED
+        return set(sidecar.get("variants", {})), precision, dense
     except (OSError, ValueError, AttributeError):
         return None
 

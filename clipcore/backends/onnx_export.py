@@ -57,6 +57,7 @@ REFUSAL = "refused.json"  # written by clipcore.backends.onnx when the gate refu
 # How int8 image graphs are quantised; part of the export key, so a change re-exports.
 INT8_SCHEME = "matmul-s8-per-channel-reduce-range"
 _EXPORTING = threading.Lock()
+DENSE_POOLED = "tower"  # the sidecar's mark of a dense image graph whose pooled output is the tower's
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # what cache keys allow, so also safe as a file name
 
 
@@ -190,6 +191,9 @@ def export_towers(
         "image_precision": image_precision,
         "int8_scheme": INT8_SCHEME if image_precision == "int8" else None,
         "dense": {kind: path.name for kind, path in dense.items()},
+        # The dense image graph's pooled output is the tower's own pooled output (not its class
+        # token), so it serves in place of the image graph's: exports without this are redone.
+        "dense_pooled": DENSE_POOLED if dense else None,
         "image_size": image_size,
         "context_length": context_length,
         "variants": {v: paths[f"text-{v}"].name for v in variants},

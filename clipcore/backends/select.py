@@ -90,7 +90,9 @@ def select_towers(
         )
         graphs = "pooled and dense" if dense else "pooled"
         # /score/dense reads its features from the gated dense graphs too.
-        serving = ServingTowers(bundle, towers, towers if dense else None)
+        # The dense image graph runs the image graph's operators at its precision (int8 too: the
+        # same weights, quantised alike), so its pooled output is the image graph's.
+        serving = ServingTowers(bundle, towers, towers if dense else None, pooled_in_dense_pass=dense)
         return serving, f"onnx {image_precision} ({graphs}; {', '.join(towers.providers)}; export {export_dir})"
     if backend == "torch-graphs":
         if not device.startswith("cuda") or precision != "fp16":
@@ -101,7 +103,7 @@ def select_towers(
         described = f"torch fp16 + CUDA graphs (batches {sizes}; min probe cosine {worst:.6f})"
         return ServingTowers(bundle, graphed), described
     if precision == "fp32":
-        return ServingTowers(bundle, TorchTowers(bundle)), "torch fp32"
+        return ServingTowers(bundle, TorchTowers(bundle), pooled_in_dense_pass=True), "torch fp32"
     if precision == "int8":
         int8 = Int8TorchTowers(bundle)
         worst = require_parity(bundle, int8, label="torch int8")

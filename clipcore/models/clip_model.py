@@ -234,7 +234,8 @@ def text_features(
 
 
 def image_features(model: CLIP, images: torch.Tensor, dense: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Projected pooled image features (B, D) and, if ``dense``, every token's (B, 1 + P, D).
+    """Projected pooled image features (B, D) and, if ``dense``, every token's (B, 1 + P, D),
+    both from one forward pass (the pooled features are ``encode_image``'s either way).
 
     Dense tokens are the class token followed by the patch tokens, through ``ln_post`` and
     the projection. Features are not normalised.
@@ -248,14 +249,16 @@ def image_features(model: CLIP, images: torch.Tensor, dense: bool = False) -> tu
             f"per-patch image features need a CLIP vision transformer; this model is {type(model).__name__} "
             f"with a {type(visual).__name__} image tower",
         )
-    # open_clip's public intermediates of the last block, through ln_post: class token + patches.
+    # open_clip's public intermediates of the last block, through ln_post: class token + patches;
+    # and, from the same pass, the tower's own pooled output (``encode_image``'s, whatever its
+    # pooling), so one forward pass gives both what /embed returns and DCSM's tokens.
     out = visual.forward_intermediates(
-        images, indices=1, normalize_intermediates=True, intermediates_only=True, output_fmt="NLC",
+        images, indices=1, normalize_intermediates=True, intermediates_only=False, output_fmt="NLC",
         output_extra_tokens=True,
     )  # fmt: skip
     x = torch.cat([out["image_intermediates_prefix"][-1], out["image_intermediates"][-1]], dim=1)
     tokens = x @ visual.proj if visual.proj is not None else x
-    return tokens[:, 0], tokens
+    return out["image_features"], tokens
 
 
 @torch.no_grad()

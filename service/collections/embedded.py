@@ -40,6 +40,7 @@ CREATE TABLE items (key INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NU
                     metadata TEXT NOT NULL, vector BLOB NOT NULL, image TEXT);
 CREATE TABLE dense (key INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 """
+_JOB = "job"  # the ``info`` key of a running re-embedding's record
 # A metadata (key, value) as the filters match it: equal only within one JSON type (1 == 1.0,
 # 1 != true != "1").
 _Term = tuple[str, str, Scalar]
@@ -260,7 +261,7 @@ class EmbeddedCollections:
 
     def stage(self, name: str, version: str, dim: int, dense: bool) -> None:
         with self._use(name) as coll:
-            kept = {k: v for k, v in coll.info.items() if k != "dense_tokens"}
+            kept = {k: v for k, v in coll.info.items() if k not in ("dense_tokens", _JOB)}
         with self._lock, self._writing():
             self._new_file(self._staged(name), {**kept, "version": version, "dim": dim, "dense": dense})
 
@@ -307,6 +308,46 @@ class EmbeddedCollections:
 
     def _staged(self, name: str) -> Path:
         return Path(f"{self._path(name)}.staged")
+
+    def staged_images(self, name: str) -> tuple[str, list[StoredImage]] | None:
+        with self._lock:
+            staged = self._staged(name)
+            if not staged.exists():
+                return None
+            db = sqlite3.connect(staged, check_same_thread=False)
+        try:
+            (version,) = db.execute("SELECT value FROM info WHERE key = 'version'").fetchone()
+            rows = db.execute("SELECT id, metadata, image FROM items ORDER BY key").fetchall()
+        finally:
+            db.close()
+        return json.loads(version), [StoredImage(i, json.loads(metadata), image) for i, metadata, image in rows]
+
+    # ------------------------------------------------------------------ jobs
+    def save_job(self, name: str, job: Mapping[str, object] | None) -> None:
+        # In the collection's own file: replacing it by the staged copy (which has none) ends the
+        # job in the same atomic step, and dropping the collection removes it.
+        with self._use(name) as coll, self._writing(), coll.db:
+            if job is None:
+                coll.db.execute("DELETE FROM info WHERE key = ?", (_JOB,))
+            else:
+                coll.db.execute("INSERT OR REPLACE INTO info VALUES (?, ?)", (_JOB, json.dumps(dict(job))))
+
+    def saved_jobs(self) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        if not self.root.is_dir():
+            return out
+        for path in sorted(self.root.glob("*.sqlite")):
+            # Read from the file, not through ``_use``: opening a collection loads its whole index.
+            db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+            try:
+                found = db.execute("SELECT value FROM info WHERE key = ?", (_JOB,)).fetchone()
+            except sqlite3.Error:  # dropped or replaced while listed
+                found = None
+            finally:
+                db.close()
+            if found is not None:
+                out[path.stem] = json.loads(found[0])
+        return out
 
     # ------------------------------------------------------------------ internals
     @staticmethod

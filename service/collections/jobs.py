@@ -1,10 +1,10 @@
 """The background jobs of a collection (a re-embedding, a dataset import) and their progress.
 
-A job runs as a task of the server's event loop; its progress is kept in memory and shown by
-``GET /collections/{name}`` (the last job of the collection, running or finished) and in the
-``clip_collection_job_images_total`` metric. A restart forgets them: a re-embedding not
-committed left the collection on its old version (the staged copy is discarded when the next
-one starts), and an import added the images it had reached.
+A job runs as a task of the server's event loop; its progress is shown by ``GET
+/collections/{name}`` (the last job of the collection, running or finished) and in the
+``clip_collection_job_images_total`` metric. A re-embedding also keeps its record with the
+collection (``service.collections.versions``), so a restarted server takes it up from its staged
+copy; an import is not taken up (the collection holds the images it had reached).
 """
 
 from __future__ import annotations

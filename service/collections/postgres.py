@@ -4,7 +4,8 @@ The same calls as the embedded store, in SQL: a catalogue table (``clip_collecti
 collection, with its item count kept in the same transaction as the adds so ``info`` never
 counts a million rows), and per collection an items table (``clip_items_<key>``: the id, the
 metadata as JSONB under a GIN index, the vector as pgvector ``vector(d)``) and a table of DCSM
-tokens (``clip_dense_<key>``, float16 bytes) that a search never reads. Tables are named by the
+tokens (``clip_dense_<key>``, float16 bytes) that a search never reads. A re-embedding's staged
+copy is listed in ``clip_staged`` and its running job's record kept in ``clip_jobs``. Tables are named by the
 catalogue's key, not the collection name: names may be 64 characters, identifiers only 63.
 
 The kNN is ``ORDER BY vector <#> query`` (pgvector's negative inner product; the vectors are unit
@@ -62,6 +63,13 @@ _STAGED = """
 CREATE TABLE IF NOT EXISTS clip_staged (
     key integer PRIMARY KEY REFERENCES clip_collections ON DELETE CASCADE, version text NOT NULL,
     dim integer NOT NULL, dense boolean NOT NULL)
+"""
+
+# A running re-embedding's record (``save_job``): one row a collection, gone with it, and removed
+# by ``commit_staged`` in the transaction that switches the collection.
+_JOBS = """
+CREATE TABLE IF NOT EXISTS clip_jobs (
+    key integer PRIMARY KEY REFERENCES clip_collections ON DELETE CASCADE, job jsonb NOT NULL)
 """
 
 
@@ -122,6 +130,8 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
                     conn.execute(_CATALOGUE)
                 if conn.execute("SELECT to_regclass('clip_staged')").fetchone() == (None,):
                     conn.execute(_STAGED)
+                if conn.execute("SELECT to_regclass('clip_jobs')").fetchone() == (None,):
+                    conn.execute(_JOBS)
             break
         except psycopg.errors.UniqueViolation:
             # IF NOT EXISTS is no lock: two connections creating them at once, one loses; the
@@ -365,12 +375,41 @@ class PostgresCollections:
                 (version, dim, dense, count, row.key),
             )
             conn.execute("DELETE FROM clip_staged WHERE key = %s", (row.key,))
+            conn.execute("DELETE FROM clip_jobs WHERE key = %s", (row.key,))
         return self.info(name)
 
     def discard_staged(self, name: str) -> None:
         with self._connection() as conn, conn.transaction():
             row = self._row(conn, name, lock=True)
             self._drop_staged(conn, row.key)
+
+    def staged_images(self, name: str) -> tuple[str, list[StoredImage]] | None:
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name)
+            found = conn.execute("SELECT version FROM clip_staged WHERE key = %s", (row.key,)).fetchone()
+            if found is None:
+                return None
+            rows = conn.execute(
+                sql.SQL("SELECT id, metadata, image FROM {} ORDER BY key").format(_items(row.key, True))
+            )
+            return str(found[0]), [StoredImage(item_id, metadata, image) for item_id, metadata, image in rows]
+
+    # ------------------------------------------------------------------ jobs
+    def save_job(self, name: str, job: Mapping[str, object] | None) -> None:
+        with self._connection() as conn, conn.transaction():
+            row = self._row(conn, name)
+            if job is None:
+                conn.execute("DELETE FROM clip_jobs WHERE key = %s", (row.key,))
+            else:
+                conn.execute(
+                    "INSERT INTO clip_jobs VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET job = EXCLUDED.job",
+                    (row.key, Jsonb(dict(job))),
+                )
+
+    def saved_jobs(self) -> dict[str, dict[str, object]]:
+        with self._connection() as conn:
+            rows = conn.execute("SELECT c.name, j.job FROM clip_jobs j JOIN clip_collections c USING (key)")
+            return {name: dict(job) for name, job in rows}
 
     @staticmethod
     def _drop_staged(conn: psycopg.Connection[Any], key: int) -> None:

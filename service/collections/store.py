@@ -103,6 +103,18 @@ class CollectionStore(Protocol):
 
     def discard_staged(self, name: str) -> None: ...
 
+    def staged_images(self, name: str) -> tuple[str, list[StoredImage]] | None:
+        """The staged copy's version and items (``stored_images`` of it), or None if there is none:
+        a re-embedding taken up after a restart goes on from them."""
+
+    # A running re-embedding's record, kept with the collection so that a server that stopped
+    # (or was killed) takes it up again at start-up: ``commit_staged`` and ``drop`` remove it.
+    def save_job(self, name: str, job: Mapping[str, object] | None) -> None:
+        """Keep ``job`` (JSON values) as the collection's running job, or remove it (None)."""
+
+    def saved_jobs(self) -> dict[str, dict[str, object]]:
+        """Every collection's kept job record, by collection name (cheap: no index is loaded)."""
+
     def close(self) -> None: ...
 
 

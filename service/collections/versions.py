@@ -6,15 +6,19 @@ refused (409 ``version_mismatch``, or with ``collections.reembed: auto`` the re-
 until a re-embedding has embedded every kept image with the new version into a staged copy and
 replaced the collection by it at once. While it runs the collection answers 503 (the old
 version's model is no longer served to embed a query, and the new items are incomplete): a
-search is never answered from a mix of the two.
+search is never answered from a mix of the two. The job's record (target version, progress) is
+kept with the collection after every batch; a server that stopped or was killed mid-job takes it
+up at start-up (``resume_reembeds``), going on from the staged copy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import Request
 
@@ -28,6 +32,9 @@ from service.collections.store import CollectionInfo, StoredImage
 from service.runtime.assembly import ModelRuntime
 from service.runtime.pipeline import Pipeline
 from service.runtime.served import Selection
+
+log = logging.getLogger("service.collections")
+RESUME_RETRY_S = 5.0  # between tries to read the running jobs while the store cannot be reached
 
 
 @contextlib.asynccontextmanager
@@ -83,26 +90,109 @@ def start_reembed(services: Services, pipeline: Pipeline, collections: Collectio
     job = Job("reembed", current.ref, total=info.count)
 
     async def work(job: Job) -> None:
-        await _reembed(services, pipeline, collections, info.name, target, job)
+        await _reembed(services, pipeline, collections, info.name, target, job, resumed=False)
 
-    return collections.jobs.start(info.name, job, work)
+    return collections.jobs.start(info.name, job, _keeping_record(collections, info.name, work))
+
+
+async def resume_reembeds(services: Services, pipeline: Pipeline, collections: Collections) -> None:
+    """At start-up: takes up every re-embedding a server left running (stopped, or killed), from
+    the record kept with its collection, going on from its staged copy. Until each has switched
+    its collection, that collection answers 503 like any being re-embedded. A database not
+    reachable yet is waited for."""
+    while True:
+        try:
+            saved = await collections.call(collections.store.saved_jobs)
+            break
+        except ClipError as exc:
+            log.warning("collections: the running jobs cannot be read yet (%s); retrying", exc.message)
+            await asyncio.sleep(RESUME_RETRY_S)
+    for name, record in saved.items():
+        if collections.jobs.running(name) is not None:  # a request started one meanwhile
+            continue
+        try:
+            version = str(record["version"])
+            job = Job("reembed", str(record["model"]), int(record["total"]), int(record["done"]),  # type: ignore[call-overload]
+                      started_at=str(record["started_at"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            log.warning("collection %s: an unreadable job record is dropped: %r", name, record)
+            await collections.call(collections.store.save_job, name, None)
+            continue
+
+        async def work(job: Job, name: str = name, version: str = version) -> None:
+            info = await collections.call(collections.store.info, name)
+            entry = services.models.resolve(info.model).entry
+            while entry.current is None and entry.state == "loading":  # the server's models load at start
+                job.check_stopping()
+                await asyncio.sleep(0.2)
+            current = entry.current
+            if current is not None and current.bundle.version != version:
+                raise ClipError(
+                    ErrorCode.version_mismatch,
+                    f"{info.model} serves {current.ref} now, not {job.model}: the re-embedding is not taken up",
+                )
+            await _reembed(services, pipeline, collections, name, Selection(entry, version), job, resumed=True)
+
+        collections.jobs.start(name, job, _keeping_record(collections, name, work))
+        log.info(
+            "collection %s: re-embedding with %s taken up again (%d/%d images)", name, job.model, job.done, job.total
+        )
+
+
+def _keeping_record(
+    collections: Collections, name: str, work: Callable[[Job], Awaitable[None]]
+) -> Callable[[Job], Awaitable[None]]:
+    """``work`` whose failure removes the collection's job record (the collection stays on its
+    version); a job stopped by the server's shutdown keeps it, to be taken up at the next start."""
+
+    async def run(job: Job) -> None:
+        try:
+            await work(job)
+        except BaseException:
+            if not job.stopping:
+                with contextlib.suppress(ClipError):  # dropped, or the database gone: nothing to remove
+                    await collections.call(collections.store.save_job, name, None)
+            raise
+
+    return run
+
+
+async def _save(collections: Collections, name: str, job: Job, version: str) -> None:
+    record = {"kind": job.kind, "model": job.model, "version": version, "total": job.total, "done": job.done,
+              "started_at": job.started_at}  # fmt: skip
+    await collections.call(collections.store.save_job, name, record)
 
 
 async def _reembed(
-    services: Services, pipeline: Pipeline, collections: Collections, name: str, target: Selection, job: Job
+    services: Services,
+    pipeline: Pipeline,
+    collections: Collections,
+    name: str,
+    target: Selection,
+    job: Job,
+    *,
+    resumed: bool,
 ) -> None:
     store, version = collections.store, target.version
     assert version is not None
     info = await collections.call(store.info, name)
     if info.version == version:
         job.total = job.done = info.count
-        return  # already on it (a second request raced the first)
+        await collections.call(store.save_job, name, None)
+        return  # already on it (a second request raced the first, or the switch came before a restart)
     items = await collections.call(store.stored_images, name)
     job.total = len(items)
     _require_kept(name, items)
     staged: CollectionInfo | None = None
-    batch = collections.settings.max_items_per_add
     done: set[tuple[str, str | None, str]] = set()
+    restage = True
+    if resumed:  # what the staged copy holds already is not embedded again
+        previous = await collections.call(store.staged_images, name)
+        if previous is not None and previous[0] == version and {i.id for i in previous[1]} <= {i.id for i in items}:
+            done, restage = {_key(item) for item in previous[1]}, False
+    job.done = sum(_key(item) in done for item in items)
+    await _save(collections, name, job, version)
+    batch = collections.settings.max_items_per_add
     # An add that held the old version before the job started may land after the listing: the
     # items are listed again until every one is in the staged copy, so none is lost by the switch.
     while todo := [item for item in items if _key(item) not in done]:
@@ -116,7 +206,8 @@ async def _reembed(
             async with services.models.lease(target) as rt:
                 if staged is None:
                     staged = dataclasses.replace(info, version=version, dim=rt.bundle.embed_dim, dense=stores_dense(rt))
-                    await collections.call(store.stage, name, version, staged.dim, staged.dense)
+                    if restage:
+                        await collections.call(store.stage, name, version, staged.dim, staged.dense)
                 fields = [f"reembed.{item.id}" for item in chunk]
                 await add_read_images(
                     pipeline, rt, collections, staged, [(i.id, i.metadata) for i in chunk], raw, fields, staged=True
@@ -124,8 +215,15 @@ async def _reembed(
             done.update(_key(item) for item in chunk)
             job.done += len(chunk)
             services.metrics.collection_job_images(job.kind, len(chunk))
+            await _save(collections, name, job, version)  # the progress a restart goes on from
         items = await collections.call(store.stored_images, name)
         _require_kept(name, items)
+        if staged is not None or not restage:
+            # What the staged copy holds, not what this job wrote to it: a copy replaced meanwhile
+            # (another server's job on a shared database) is filled again, never switched to short.
+            holds = await collections.call(store.staged_images, name)
+            done = {_key(item) for item in holds[1]} if holds is not None and holds[0] == version else set()
+            job.done = sum(_key(item) in done for item in items)
     job.check_stopping()
     current = target.entry.current
     if current is None or current.bundle.version != version:
@@ -134,10 +232,10 @@ async def _reembed(
             ErrorCode.version_mismatch,
             f"{info.model} serves {current.ref if current else 'nothing'} now, not {job.model}: re-embed again",
         )
-    if staged is None:  # an empty collection: nothing to embed, only its version to change
+    if staged is None and restage:  # an empty collection: nothing to embed, only its version to change
         async with services.models.lease(target) as rt:
             await collections.call(store.stage, name, version, rt.bundle.embed_dim, stores_dense(rt))
-    await collections.call(store.commit_staged, name)
+    await collections.call(store.commit_staged, name)  # removes the job record in the same step
     await collections.call(collections.images.keep_only, name, {item.image for item in items if item.image})
 
 

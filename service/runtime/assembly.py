@@ -133,7 +133,7 @@ def build_runtime(
     served-set entry its metrics are labelled with (default: the version's ``name@version``)."""
     b = settings.batching
     recorder = metrics.for_model(model if model is not None else bundle.ref)
-    serving = towers if towers is not None else ServingTowers(bundle, TorchTowers(bundle))
+    serving = towers if towers is not None else ServingTowers(bundle, TorchTowers(bundle), pooled_in_dense_pass=True)
     executor = concurrent.futures.ThreadPoolExecutor(
         max_workers=1,
         thread_name_prefix=f"model-{bundle.name}-{bundle.version}",
@@ -154,8 +154,12 @@ def build_runtime(
     runtime = ModelRuntime(bundle, images, texts, executor, backend=backend, auto=serving.auto, entry=recorder.model)
     if bundle.dcsm is not None:
         # Dense and pooled features are different model calls, so they cannot share a batch;
-        # they still share the one model thread, so they never run at the same time.
-        runtime.dense_image_batcher = batcher(DENSE_IMAGE_BATCHER, _stacked(serving.dense_images), b.max_batch_images)
+        # they still share the one model thread, so they never run at the same time. Where the
+        # dense pass also gives the pooled embedding, its batches return both (row 0 pooled): an
+        # image needed both way (a collection's add, /score/dense) costs one tower pass, not two.
+        dense_images = serving.dense_images_with_pooled if serving.pooled_in_dense_pass else serving.dense_images
+        runtime.dense_image_batcher = batcher(DENSE_IMAGE_BATCHER, _stacked(dense_images), b.max_batch_images)
+        runtime.dense_gives_pooled = serving.pooled_in_dense_pass
         runtime.dense_text_batcher = batcher(DENSE_TEXT_BATCHER, serving.dense_texts, b.max_batch_texts)
     if bundle.yukino is not None:
         runtime.yukino_batcher = batcher(YUKINO_BATCHER, _stacked(serving.yukino_prompts), b.max_batch_images)

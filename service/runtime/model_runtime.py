@@ -38,6 +38,9 @@ class ModelRuntime:
     executor: concurrent.futures.ThreadPoolExecutor
     # Only for versions with a DCSM component; None otherwise.
     dense_image_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
+    # Whether the dense image batcher's rows start with the pooled embedding (2+P rows an image:
+    # one tower pass gives both); else its rows are the class and patch tokens alone.
+    dense_gives_pooled: bool = False
     # Only for versions with a YUKINO component: images -> (2, D) yes / no prompt features.
     yukino_batcher: DynamicBatcher[np.ndarray, np.ndarray] | None = None
     dense_text_batcher: DynamicBatcher[str, np.ndarray] | None = None

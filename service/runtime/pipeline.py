@@ -213,7 +213,7 @@ class Pipeline:
         """Embeddings of request images; ``fields`` are their paths for errors (``images.0``)."""
         with self._reserve(runtime.image_batcher, images) as room:
             read = await self.images.read(images, fields)
-            vectors = await self._encode_images(runtime, read, "image", runtime.image_batcher, room)
+            vectors = (await self._encode_images(runtime, read, ("image",), runtime.image_batcher, room))[0]
         return ImageEmbeddings(vectors, read.ids)
 
     async def dense_images(
@@ -229,19 +229,31 @@ class Pipeline:
         embeddings of request images, each image decoded at most once; ``with_pixels`` also
         returns the model-input pixels of images sent as data or URL (references have none)."""
         assert runtime.dense_image_batcher is not None, "dense_images needs a version with a DCSM component"
+        # One tower pass gives both where the dense batcher returns the pooled row too; else the
+        # pooled embeddings come from the image batcher, a second pass.
+        one_pass = runtime.dense_gives_pooled
         with (
             self._reserve(runtime.dense_image_batcher, images) as dense_room,
-            self._reserve(runtime.image_batcher, images if pooled else []) as pooled_room,
+            self._reserve(runtime.image_batcher, images if pooled and not one_pass else []) as pooled_room,
         ):
             read = await self.images.read(images, fields)
             if with_pixels:
                 await self.images.decode(runtime, read, list(dict.fromkeys(d for d in read.ids if d in read.raw)))
-            vectors = (
-                await self._encode_images(runtime, read, "image", runtime.image_batcher, pooled_room)
-                if pooled
-                else None
-            )
-            tokens = await self._encode_images(runtime, read, "dense", runtime.dense_image_batcher, dense_room)
+            vectors: np.ndarray | None = None
+            if one_pass:
+                kinds = ("dense", "image") if pooled else ("dense",)
+                found = await self._encode_images(
+                    runtime, read, kinds, runtime.dense_image_batcher, dense_room, _pooled_first
+                )
+                tokens, vectors = found[0], found[1] if pooled else None
+            else:
+                if pooled:
+                    vectors = (
+                        await self._encode_images(runtime, read, ("image",), runtime.image_batcher, pooled_room)
+                    )[0]
+                tokens = (
+                    await self._encode_images(runtime, read, ("dense",), runtime.dense_image_batcher, dense_room)
+                )[0]
         pixels = [read.decoded.get(d) for d in read.ids] if with_pixels else []
         return DenseImages(tokens, vectors, read.ids, pixels)
 
@@ -252,7 +264,7 @@ class Pipeline:
         assert runtime.yukino_batcher is not None, "yukino_prompts needs a version with a YUKINO component"
         with self._reserve(runtime.yukino_batcher, images) as room:
             read = await self.images.read(images, fields)
-            vectors = await self._encode_images(runtime, read, "yukino", runtime.yukino_batcher, room)
+            vectors = (await self._encode_images(runtime, read, ("yukino",), runtime.yukino_batcher, room))[0]
         return ImageEmbeddings(vectors, read.ids)
 
     def _reserve(self, batcher: DynamicBatcher[Any, np.ndarray], images: Sequence[ImageRef]) -> Reservation:
@@ -269,17 +281,22 @@ class Pipeline:
         self,
         runtime: ModelRuntime,
         read: ReadImages,
-        kind: str,
+        kinds: Sequence[str],
         batcher: DynamicBatcher[Any, np.ndarray],
         room: Reservation,
-    ) -> np.ndarray:
+        split: Callable[[np.ndarray], Sequence[np.ndarray]] = lambda row: (row,),
+    ) -> list[np.ndarray]:
+        """Per cache kind in ``kinds``, the (N, ...) features of the images in ``read``: cached
+        ones looked up, the others encoded by ``batcher``, whose result for an image ``split``
+        cuts into one value per kind (an image missing any kind is encoded for all of them)."""
         unique = list(dict.fromkeys(read.ids))
-        keys = [embedding_key(runtime.ref, kind, IMAGE_VARIANT, d) for d in unique]
-        found = await self.cache.get_many(keys)
-        missing = [i for i, value in enumerate(found) if value is None]
+        keys = [[embedding_key(runtime.ref, kind, IMAGE_VARIANT, d) for d in unique] for kind in kinds]
+        flat = await self.cache.get_many([key for per_kind in keys for key in per_kind])
+        found = [flat[k * len(unique) : (k + 1) * len(unique)] for k in range(len(kinds))]
+        missing = [i for i in range(len(unique)) if any(per_kind[i] is None for per_kind in found)]
         for i in missing:
             if unique[i] not in read.raw:
-                what = "dense features" if kind == "dense" else "embedding"
+                what = "dense features" if "dense" in kinds else "embedding"
                 raise ClipError(
                     ErrorCode.unknown_image,
                     f"no {what} of image {unique[i]} for {runtime.ref}; send its data instead",
@@ -290,12 +307,19 @@ class Pipeline:
             chunk = missing[start : start + step]
             pixels = await self.images.decode(runtime, read, [unique[i] for i in chunk])
             room.release()  # the submit takes the room it held (no await in between)
-            vectors = await self._submit(batcher, pixels)
-            await self.cache.put_many({keys[i]: v for i, v in zip(chunk, vectors, strict=True)})
-            for i, v in zip(chunk, vectors, strict=True):
-                found[i] = v
+            rows = await self._submit(batcher, pixels)
+            fresh: dict[str, np.ndarray] = {}
+            for i, row in zip(chunk, rows, strict=True):
+                values = split(row)  # a kind not asked for (the pooled row of a dense-only call) is dropped
+                for k in range(len(kinds)):
+                    if found[k][i] is None:  # a value already cached stays as it is
+                        found[k][i] = fresh[keys[k][i]] = values[k]
+            await self.cache.put_many(fresh)
         index = {d: i for i, d in enumerate(unique)}
-        return np.stack([found[index[d]] for d in read.ids]).astype(np.float32, copy=False)  # type: ignore[misc]
+        return [
+            np.stack([per_kind[index[d]] for d in read.ids]).astype(np.float32, copy=False)  # type: ignore[misc]
+            for per_kind in found
+        ]
 
     async def offload(self, fn: Callable[[], T]) -> T:
         """CPU work that is not model work (drawing a heatmap) in the decode pool."""
@@ -368,6 +392,11 @@ class Pipeline:
         assert isinstance(exc, DeadlineExceeded), exc
         budget = self.settings.batching.request_timeout_s
         return ClipError(ErrorCode.timeout, f"request did not finish within {budget:g}s")
+
+
+def _pooled_first(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A dense batch row that starts with the pooled embedding: (class + patch tokens, pooled)."""
+    return row[1:], row[0]
 
 
 def _seconds(value: float) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from dense_model import publish_dense
 from pgvector_server import pgvector_database_fixture, pgvector_server_fixture  # noqa: F401
+from PIL import Image
 
 from clipcore.methods.pairwise_rank import pair_scores
 from service.api.vector_encoding import decode_rows
@@ -141,6 +142,40 @@ def test_adding_an_id_again_replaces_it_and_removal_is_by_id(client: httpx.Clien
     error(client.delete("/collections/tmp-2/images/x"), 404, "not_found")
     assert ok(client.post("/collections/tmp-2/search", json={"image": images["blue-square"]}))["hits"] == []
     ok(client.delete("/collections/tmp-2"))
+
+
+def test_an_add_runs_one_tower_pass_and_stores_what_two_passes_give(
+    server: Any, client: httpx.Client, make_image: Any
+) -> None:
+    """The pooled embedding and the DCSM tokens of an added image come from one dense batch: the
+    pooled image batcher runs nothing, and the stored values are the two towers' own."""
+    added = {f"p{i}": make_image(shape, "yellow", x=0.4) for i, shape in enumerate(("circle", "square"))}
+    batches = {b: batch_count(server.url, b) for b in ("image", "dense-image")}
+    assert client.put("/collections/one-pass", json={}).status_code == 201
+    items = [{"id": i, "image": image} for i, image in added.items()]
+    ok(client.post("/collections/one-pass/images", json={"items": items}))
+    assert batch_count(server.url, "image") == batches["image"]
+    assert batch_count(server.url, "dense-image") > batches["dense-image"]
+    bundle = server.services.models.resolve("dense").entry.current.bundle
+    decoded = [Image.open(io.BytesIO(base64.b64decode(i["data"]))).convert("RGB") for i in added.values()]
+    pixels = np.stack([bundle.preprocess(image) for image in decoded])
+    store = server.app.state.collections.store
+    stored = {h.id: h.vector for h in store.search("one-pass", bundle.encode_images(pixels)[0], 10, {})}
+    np.testing.assert_allclose([stored[i] for i in added], bundle.encode_images(pixels), atol=1e-3)
+    np.testing.assert_allclose(
+        store.dense_tokens("one-pass", list(added)), bundle.encode_dense_images(pixels), atol=1e-3
+    )
+    ok(client.delete("/collections/one-pass"))
+
+
+def batch_count(url: str, batcher: str) -> float:
+    """Batches the server's ``batcher`` has run (``clip_batch_size`` observations)."""
+    text = httpx.get(f"{url}/metrics").text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("clip_batch_size_count{") and f'batcher="{batcher}"' in line
+    )
 
 
 # ----------------------------------------------------------------------------- search

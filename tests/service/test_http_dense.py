@@ -255,6 +255,19 @@ def test_heatmap_png(client: httpx.Client, bundle: Any, image: Any) -> None:
     assert empty.status_code == 400 and empty.json()["error"]["field"] == "text"
 
 
+def test_a_heatmap_computes_the_tokens_alone_on_a_cold_server(cold_server: Any, bundle: Any, image: Any) -> None:
+    """No cache: the dense batch computes the image's tokens (with the pooled row the one-pass
+    batch also returns, which a heatmap does not keep), and the picture is the CLI's."""
+    from clipcore.heatmap import render_heatmap_png
+
+    img = image("square", "blue", x=0.7)
+    with httpx.Client(base_url=cold_server.url, timeout=60) as c:
+        r = c.post("/score/dense/heatmap", json={"image": img, "text": LEFT})
+    assert r.status_code == 200, r.text
+    picture = Image.open(io.BytesIO(base64.b64decode(img["data"])))
+    assert render_heatmap_png(bundle, picture, LEFT) == r.content
+
+
 @pytest.mark.parametrize("text", ["a red circle\nto the left of\ta blue square", "🙂 " * 300, "x" * 1900])
 def test_heatmap_of_any_text_is_a_png(client: httpx.Client, image: Any, text: str) -> None:
     r = client.post("/score/dense/heatmap", json={"image": image("circle", "red", x=0.3), "text": text})

@@ -148,3 +148,38 @@ def test_a_staged_version_replaces_the_collection_at_once(open_store: OpenStore,
         store.commit_staged("d")
     assert (store.info("d").version, store.info("d").count) == ("v1", 1)
     store.close()
+
+
+def test_a_running_jobs_record_and_its_staged_copy_outlive_the_store_and_end_with_the_switch(
+    open_store: OpenStore,
+) -> None:
+    rng = np.random.default_rng(2)
+    old, new = unit(rng, 3), unit(rng, 3, dim=8)
+    store = open_store()
+    for name in ("c", "d"):
+        store.create(name, "m@production", "v1", 16, dense=False)
+        store.upsert(name, [NewItem(f"i{i}", {"n": i}, old[i], None, f"{i:064x}") for i in range(3)])
+    assert store.saved_jobs() == {} and store.staged_images("c") is None
+    record = {"kind": "reembed", "model": "m@v2", "version": "v2", "total": 3, "done": 0, "started_at": "t"}
+    store.save_job("c", record)
+    store.stage("c", "v2", 8, dense=False)
+    store.upsert_staged("c", [NewItem("i0", {"n": 0}, new[0], None, f"{0:064x}")])
+    store.save_job("c", {**record, "done": 1})  # progress replaces the record
+    store.save_job("d", record)
+    store.save_job("d", None)  # a failed job's record is removed
+    store.close()
+    # A restart: the record and the staged copy are there, the collection still on its version.
+    store = open_store()
+    assert store.saved_jobs() == {"c": {**record, "done": 1}}
+    staged = store.staged_images("c")
+    assert staged is not None and staged[0] == "v2"
+    assert [(s.id, s.metadata, s.image) for s in staged[1]] == [("i0", {"n": 0}, f"{0:064x}")]
+    assert store.info("c").version == "v1"
+    store.upsert_staged("c", [NewItem(f"i{i}", {"n": i}, new[i], None, f"{i:064x}") for i in (1, 2)])
+    # The switch ends the job: the collection's new version carries no record.
+    assert store.commit_staged("c").version == "v2"
+    assert store.saved_jobs() == {} and store.staged_images("c") is None
+    store.save_job("d", record)
+    store.drop("d")  # a dropped collection takes its record with it
+    assert store.saved_jobs() == {}
+    store.close()

@@ -1,0 +1,146 @@
+"""A re-embedding survives its server: a real ``python -m service`` killed with SIGKILL mid-job and
+started again takes the job up by itself from the record kept with the collection, goes on from
+its staged copy (the images embedded before the kill are not embedded again), shows its progress
+in ``GET /collections/{name}``, and the collection answers 503 + Retry-After until it has
+switched, never from the old version nor a mix; on the embedded store and on PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
+from polling import wait_ready, wait_until
+
+from loadtests.local_stack import free_port, metric_value, stop_process
+
+pytestmark = pytest.mark.slow  # three server processes a backend
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = 45  # enough batches of one image that a kill lands mid-job
+KILL_AFTER = 6  # images re-embedded before the kill
+
+
+@contextmanager
+def server(
+    store: Path, collections_url: str, images: Path, batch: int
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``python -m service`` on ``tiny@production`` with its collections at ``collections_url``;
+    stopped (SIGTERM) at the end unless the test killed it."""
+    port = free_port()
+    env = {**os.environ, "CLIP_COLLECTIONS__URL": collections_url, "CLIP_COLLECTIONS__IMAGE_FOLDER": str(images),
+           "CLIP_COLLECTIONS__MAX_ITEMS_PER_ADD": str(batch), "CLIP_LOG_LEVEL": "warning",
+           "CLIP_TORCH_THREADS": "1"}  # fmt: skip
+    env.pop("CLIP_REDIS_URL", None)
+    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
+           "--model", "tiny@production"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=120)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+
+
+def pictures(make_image: Any) -> dict[str, dict[str, str]]:
+    out = {}
+    for shape in ("circle", "square", "triangle"):
+        for colour in ("red", "blue", "green"):
+            for step in range(IMAGES // 9):
+                out[f"{shape}-{colour}-{step}"] = make_image(shape, colour, x=0.3 + 0.04 * step)
+    assert len(out) == IMAGES
+    return out
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"])
+def test_a_reembedding_killed_mid_job_is_taken_up_after_the_restart_and_never_served_mixed(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, publish_model: Any, make_image: Any
+) -> None:
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    url = request.getfixturevalue("pgvector_url") if backend == "postgres" else f"file://{tmp_path / 'collections'}"
+    images = pictures(make_image)
+    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image, "metadata": {"i": n}} for n, (i, image) in enumerate(images.items())]
+        for start in range(0, IMAGES, 64):
+            assert c.post("/collections/c/images", json={"items": items[start : start + 64]}).status_code == 200
+        v1 = c.get("/collections/c").json()["model"]
+    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"  # the next server serves it: the collection is on v1
+
+    # Batches of one image, so the job is many small steps.
+    with server(store, url, tmp_path / "images", batch=1) as (proc, base), httpx.Client(base_url=base, timeout=60) as c:
+        started = c.post("/collections/c/reembed")
+        assert started.status_code == 202, started.text
+        wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the job's progress")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    with server(store, url, tmp_path / "images", batch=1) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
+        # Every batch records its progress: the job goes on from at least what was shown before the kill.
+        job = c.get("/collections/c").json()["job"]
+        assert job is not None and (job["kind"], job["model"]) == ("reembed", v2), job
+        assert job["state"] in ("running", "done") and job["done"] >= KILL_AFTER and job["total"] == IMAGES, job
+        answers = set()
+        while (info := c.get("/collections/c").json())["job"]["state"] == "running":
+            r = c.post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3})
+            if r.status_code == 503:
+                assert r.json()["error"]["code"] == "not_ready" and r.headers["retry-after"], r.text
+            answers.add((r.status_code, r.json().get("model")))
+        assert info["job"]["state"] == "done" and info["job"]["error"] is None, info
+        assert (info["model"], info["count"], info["job"]["done"]) == (v2, IMAGES, IMAGES)
+        # 503 until the switch, v2's answers after it (a search may land just after): never v1's
+        # answer, nor a version_mismatch.
+        assert answers <= {(503, None), (200, v2)}, answers
+        assert (503, None) in answers or job["state"] == "done", answers
+        hits = c.post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3}).json()
+        assert hits["model"] == v2 and hits["hits"][0]["id"] == "circle-red-0", hits
+        assert hits["hits"][0]["scores"]["cosine"] == pytest.approx(1, abs=3e-3)  # stored by v2: the query's own
+        # Taken up from the staged copy: this server embedded only what the killed one had not.
+        embedded_here = metric_value(base, "clip_collection_job_images_total", kind="reembed")
+        assert 0 < embedded_here <= IMAGES - KILL_AFTER
+        assert v1 != v2
+
+
+def test_a_reembedding_stopped_with_its_server_is_taken_up_by_the_next(
+    tmp_path: Path, serve_app: Any, publish_model: Any, make_image: Any
+) -> None:
+    """A graceful stop (a rollout) mid-job: the job stops at its next batch, keeps its record,
+    and the next server goes on with it."""
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    folder = tmp_path / "collections"
+    images = {f"{n}": make_image(shape, colour, x=0.3 + 0.01 * n) for n, (shape, colour) in enumerate(
+        [(s, c) for s in ("circle", "square", "triangle") for c in ("red", "blue", "green")] * 12)}  # fmt: skip
+
+    def settings(batch: int) -> dict[str, Any]:
+        return {"store": str(store), "model": "tiny@production",
+                "collections": {"url": f"file://{folder}", "max_items_per_add": batch}}  # fmt: skip
+
+    with serve_app(**settings(64)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image} for i, image in images.items()]
+        for start in range(0, len(items), 64):
+            assert c.post("/collections/c/images", json={"items": items[start : start + 64]}).status_code == 200
+    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+    with serve_app(**settings(1)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        assert c.post("/collections/c/reembed").status_code == 202
+        wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the job's progress")
+    # Left mid-job: the server stopped (its shutdown stops the job at its next batch).
+    with serve_app(**settings(1)) as running, httpx.Client(base_url=running.url, timeout=60) as c:
+        job = c.get("/collections/c").json()["job"]
+        assert job is not None and (job["kind"], job["model"]) == ("reembed", v2), job
+        assert job["done"] >= KILL_AFTER and job["total"] == len(images), job
+        wait_until(lambda: c.get("/collections/c").json()["job"]["state"] != "running", what="the job's end")
+        info = c.get("/collections/c").json()
+        assert (info["job"]["state"], info["model"], info["count"]) == ("done", v2, len(images)), info
