@@ -147,7 +147,7 @@ def test_bench_collections_searches_real_embeddings_with_recall_per_query_kind(t
     # The report's rows: a name padded to its column, then the figures, recall@10 and its query count last.
     table_rows = re.findall(r"^((?:embedded|faiss)\S*(?: \S+)*) {2,}(\d.* \(\d+\))$", out, re.M)
     rows = {name: figures.split() for name, figures in table_rows}
-    assert rows["embedded"][-2:] == ["1.0000", "(10)"]
+    assert rows["embedded"][-3:] == ["1.0000", "1.0000", "(10)"]  # filtered (shard = 3) and plain
     hnsw = "faiss hnsw m=32 efc=40 ef_search=64"
     assert rows[hnsw][-1] == "(100)" and float(rows[hnsw][-2]) >= 0.9  # 500 vectors: efSearch 64 finds nearly all
     assert set(rows) == {"embedded", "faiss hnsw m=32 efc=40 ef_search=8", hnsw, "faiss ivf lists=89 nprobe=2"}
