@@ -265,9 +265,9 @@ def faiss_ann(vectors: np.ndarray, kind: str, args: argparse.Namespace) -> list[
 
     def searcher(setting: int, selector: Any) -> Search:
         if kind == "faiss-hnsw":
-            params: Any = faiss.SearchParametersHNSW(efSearch=setting, sel=selector)
+            params: Any = faiss.SearchParametersHNSW(efSearch=setting, sel=selector)  # type: ignore[attr-defined]
         else:
-            params = faiss.SearchParametersIVF(nprobe=setting, sel=selector)
+            params = faiss.SearchParametersIVF(nprobe=setting, sel=selector)  # type: ignore[call-arg]
 
         def search(q: np.ndarray) -> list[_Hit]:
             _, ids = index.search(q[None], 10, params=params)
