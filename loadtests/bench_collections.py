@@ -536,7 +536,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64, help="vectors per add (one request's images)")
     parser.add_argument("--queries", type=int, default=200, help="top-10 queries each backend answers, interleaved")
     parser.add_argument(
-        "--recall-queries", type=int, default=1000, help="further queries for an approximate backend's recall@10"
+        "--recall-queries",
+        type=int,
+        default=1000,
+        help="further random queries for an approximate backend's recall@10 (--vectors: every query is used)",
     )
     parser.add_argument(
         "--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector, faiss-hnsw, faiss-ivf"
