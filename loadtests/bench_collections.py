@@ -200,13 +200,17 @@ def pgvector(
     )
 
     def build() -> list[Backend]:
+        sep = "&" if "?" in url else "?"
+        # Built by a store opened with ``hnsw``'s options: the exact one's would build pgvector's defaults.
+        builder = PostgresCollections(parse_url(f"{url}{sep}index=hnsw&{hnsw}"))
         server_cpu = _server_cpu_s(server_pid)
-        built, _ = timed(lambda: exact.build_hnsw("bench"))
+        built, _ = timed(lambda: builder.build_hnsw("bench"))
         server_cpu = _server_cpu_s(server_pid) - server_cpu
         print(f"HNSW index ({hnsw}) built in {built:.1f} s wall, {server_cpu:.1f} s server CPU", flush=True)
         with psycopg.connect(conninfo) as conn:
             (index,) = conn.execute("SELECT pg_relation_size('clip_items_1_hnsw')").fetchone()  # type: ignore[misc]
-        sep = "&" if "?" in url else "?"
+            (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'clip_items_1_hnsw'").fetchone()  # type: ignore[misc]
+        print(f"HNSW index options as PostgreSQL holds them: {options}", flush=True)
         out = []
         for ef in ef_searches:
             store = PostgresCollections(parse_url(f"{url}{sep}index=hnsw&{hnsw}&ef_search={ef}"))
