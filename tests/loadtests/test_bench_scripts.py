@@ -131,6 +131,33 @@ def test_soak_samples_the_servers_rss_under_unique_traffic(tiny_store: Path, tmp
     assert "slope over the second half" in proc.stdout
 
 
+@pytest.mark.slow
+def test_bench_collections_searches_real_embeddings_with_recall_per_query_kind(tmp_path: Path) -> None:
+    # Real photos and scenes through the committed default model, padded with noisy copies; the
+    # exact store must find numpy's true top 10 (the ids line up), the approximate indexes report
+    # recall per query kind, and a second run reuses the file instead of embedding again.
+    vectors = tmp_path / "real.npz"
+    args = ["--vectors", str(vectors), "--backends", "embedded,faiss-hnsw,faiss-ivf", "--queries", "10",
+            "--faiss-ef-search", "8,64", "--ivf-probe", "2"]  # fmt: skip
+    out = run_script("bench_collections.py", *args, "--fashion", "200", "--shapes", "100", "--held-out", "20",
+                     "--threads", "1", "--grow", "500")  # fmt: skip
+    assert "embedded with default@production" in out
+    assert "300 real vectors (200 photos, 100 scenes), grown to 500 with noisy copies" in out
+    assert "queries: 40 held-out images, 60 captions" in out  # 20 scene captions + 10 labels x 4 templates
+    # The report's rows: a name padded to its column, then the figures, recall@10 and its query count last.
+    table_rows = re.findall(r"^((?:embedded|faiss)\S*(?: \S+)*) {2,}(\d.* \(\d+\))$", out, re.M)
+    rows = {name: figures.split() for name, figures in table_rows}
+    assert rows["embedded"][-3:] == ["1.0000", "1.0000", "(10)"]  # filtered (shard = 3) and plain
+    hnsw = "faiss hnsw m=32 efc=40 ef_search=64"
+    assert rows[hnsw][-1] == "(100)" and float(rows[hnsw][-2]) >= 0.9  # 500 vectors: efSearch 64 finds nearly all
+    assert set(rows) == {"embedded", "faiss hnsw m=32 efc=40 ef_search=8", hnsw, "faiss ivf lists=89 nprobe=2"}
+    kinds = re.search(rf"^{hnsw} +recall@10 by query: (\w+) [\d.]+ \((\d+)\), (\w+) [\d.]+ \((\d+)\)$", out, re.M)
+    assert kinds is not None, out
+    assert {kinds[1]: kinds[2], kinds[3]: kinds[4]} == {"image": "40", "text": "60"}
+    again = run_script("bench_collections.py", *args)
+    assert "embedded with" not in again and "300 real vectors (200 photos, 100 scenes); queries" in again
+
+
 def test_the_peer_model_folder_gets_open_clips_exact_vocabulary() -> None:
     import json
 
