@@ -34,6 +34,19 @@ from training.world.scene import Split
 Log = Callable[[str], None]
 
 
+# v6's 18,000 items in ``DEFAULT_MIX``'s proportions (binding, spatial, "X without Y" negation) plus
+# 4,500 two-sided items of the negation grammar's training forms (``negation_sides``, composed
+# captions): without the latter a scorer only learns that the caption with a negation word loses
+# on the image it was drawn from, and reads held-out phrasings of "no X" both ways at 0.59
+# (docs/negation.md, "The shapes world").
+WORLD_ITEMS = 18000
+NEGATION_SIDES_ITEMS = 4500
+WORLD_MIX: dict[str, float] = {
+    **{kind: share * WORLD_ITEMS / (WORLD_ITEMS + NEGATION_SIDES_ITEMS) for kind, share in DEFAULT_MIX.items()},
+    "negation_sides": NEGATION_SIDES_ITEMS / (WORLD_ITEMS + NEGATION_SIDES_ITEMS),
+}
+
+
 @dataclass
 class DCSMTrainConfig(dcsm.Hyper):
     """DCSM on the shapes world: ``dcsm.Hyper`` and the items the world renders; the schedule's
@@ -41,7 +54,7 @@ class DCSMTrainConfig(dcsm.Hyper):
 
     steps: int = 0
     warmup_steps: int = 50
-    samples: int = 18000  # training items; each gives two images and two captions
+    samples: int = WORLD_ITEMS + NEGATION_SIDES_ITEMS  # training items; each gives two images and two captions
     epochs: int = 12
     batch_size: int = 256  # items per step (2x anchors)
     val_samples: int = 400  # TEST items scored after every epoch
@@ -57,7 +70,7 @@ class DCSMTrainConfig(dcsm.Hyper):
     functional_groups: dict[str, list[str]] = field(
         default_factory=lambda: {g: list(w) for g, w in FUNCTIONAL_GROUPS.items()}
     )
-    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    mix: dict[str, float] = field(default_factory=lambda: dict(WORLD_MIX))
 
 
 def build_cache(

@@ -132,3 +132,15 @@ def test_set_follows_the_mix_and_interleaves_kinds() -> None:
     assert {it.kind for it in got[:8]} == set(mix)  # any prefix holds every kind
     with pytest.raises(ValueError):
         sample_hard_negative(Split.TRAIN, 0, 0, "colourful")
+
+
+def test_world_dcsm_trains_two_sided_negation_beside_v6s_items() -> None:
+    # The recipe's items per kind: v6's 18,000 in their proportions plus 4,500 two-sided negations
+    # of the grammar's training forms (docs/negation.md, "The shapes world").
+    from training.train_dcsm import DCSMTrainConfig
+
+    cfg = DCSMTrainConfig()
+    total = sum(cfg.mix.values())
+    items = {kind: round(cfg.samples * share / total) for kind, share in cfg.mix.items()}
+    assert items == {"binding": 7200, "spatial_lr": 3600, "spatial_ab": 3600, "negation": 3600, "negation_sides": 4500}
+    assert set(cfg.mix) == {*KINDS, "negation_sides"}
