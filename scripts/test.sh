@@ -3,8 +3,8 @@
 # run the static checks and the whole suite.
 # Usage: scripts/test.sh [--fast] [pytest arguments]
 #   --fast  the everyday subset: the same installs and static checks, then every test not marked
-#           `slow` (pytest -m "not slow"): about 2 minutes on 2 shared cores instead of a quarter
-#           of an hour (README says what it keeps and when to mark a test slow).
+#           `slow` (pytest -m "not slow"): a few minutes instead of a quarter of an hour (README
+#           says what it keeps and when to mark a test slow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
@@ -44,5 +44,9 @@ PATHS=(clipcore service training model_store loadtests tests clients scripts dep
 .venv/bin/ruff format --check "${PATHS[@]}"
 .venv/bin/mypy
 .venv/bin/lint-imports
-# The 25 slowest tests close the report: where the suite's time goes, on every run.
-exec .venv/bin/python -m pytest -q --durations=25 "${select[@]}" "$@"
+# Two worker processes (pytest-xdist), each taking whole test modules (--dist loadfile), so that a
+# module's server, store or trained model is built once: most tests wait on a server, a subprocess
+# or a socket for part of their time, and the other worker uses that core meanwhile. `-n 0` as an
+# argument runs the suite in this one process. The 25 slowest tests close the report: where the
+# suite's time goes, on every run.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25 "${select[@]}" "$@"

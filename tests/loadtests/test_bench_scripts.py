@@ -60,7 +60,9 @@ def test_bench_backends_reports_parity_and_throughput(tiny_store: Path) -> None:
                       r"([\d.]+) images/s", out)  # fmt: skip
     assert bound, out
     gflop, peak, most = (float(g) for g in bound.groups())
-    assert gflop > 0 and peak > 0 and most == pytest.approx(peak / gflop, rel=0.01)
+    # The peak is printed to the GFLOP/s (up to 0.5 off): on a busy machine, whose peak is a dozen
+    # GFLOP/s, that rounding alone is a few per cent of the bound.
+    assert gflop > 0 and peak > 0 and most == pytest.approx(peak / gflop, rel=0.01 + 0.5 / peak)
     shares = re.findall(r"^  (torch fp32|onnx) batch (\d+): [\d.]+ images/s = (\d+)% of the fp32 bound", out, re.M)
     assert sorted((b, bs) for b, bs, _ in shares) == [
         ("onnx", "1"),
