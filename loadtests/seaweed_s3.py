@@ -42,10 +42,21 @@ def weed_binary() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("weed")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free 127.0.0.1 ports: every socket stays bound until all are chosen (one at a
+    time, the kernel may hand the same port out twice, and SeaweedFS then dies on its own clash)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class PortTaken(RuntimeError):
+    """The server died at start because one of its ports was taken meanwhile."""
 
 
 class SeaweedS3:
@@ -56,7 +67,7 @@ class SeaweedS3:
         self.workdir = workdir
         self.access_key = "test-" + secrets.token_hex(6)
         self.secret_key = secrets.token_hex(16)
-        self.ports = {flag: _free_port() for flag in PORT_FLAGS}
+        self.ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
         self.proc: subprocess.Popen[bytes] | None = None
         # One bucket for every test (each bucket is a SeaweedFS collection with its own volumes);
         # tests get private prefixes in it.
@@ -84,6 +95,19 @@ class SeaweedS3:
         }
 
     def start(self, timeout_s: float = 90.0) -> SeaweedS3:
+        """Start the server; a first start that lost a port to another process (another test
+        worker may bind one between our choice and the server's) is tried again on fresh ports. A
+        restart keeps its ports: the data and the clients refer to them."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout_s)
+            except PortTaken:
+                if self.created or attempt == 2:
+                    raise
+                self.ports = dict(zip(PORT_FLAGS, _free_ports(len(PORT_FLAGS)), strict=True))
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout_s: float) -> SeaweedS3:
         config = self.workdir / "s3.json"
         identity = {
             "name": "tests",
@@ -135,6 +159,8 @@ class SeaweedS3:
                 time.sleep(0.25)
         self.stop()
         tail = (self.workdir / "weed.log").read_text(errors="replace")[-2000:]
+        if "address already in use" in tail:
+            raise PortTaken(tail)
         raise RuntimeError(f"SeaweedFS S3 did not start within {timeout_s}s:\n{tail}")
 
     def client(self) -> Any:
