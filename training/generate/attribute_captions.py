@@ -30,6 +30,17 @@ def phrase(name: str, value: str) -> str:
     return f"{value} {name}"
 
 
+def shared_values(labels: Labels) -> dict[tuple[str, str], list[str]]:
+    """Each (attribute, value) that two or more labels declare, with those labels in sorted order;
+    a value that is a negation itself ("no collar") is left out: one negation per caption."""
+    declaring: dict[tuple[str, str], list[str]] = {}
+    for label, attrs in sorted(labels.items()):
+        for name, value in attrs.items():
+            if value.split()[0].lower() not in NEGATING_WORDS:
+                declaring.setdefault((name, value), []).append(label)
+    return {key: having for key, having in sorted(declaring.items()) if len(having) >= 2}
+
+
 def attribute_pair(labels: Labels, label: str, rng: random.Random) -> tuple[str, list[str]] | None:
     """A caption of two of ``label``'s attributes and its hard negatives (None with fewer than two
     attributes, or when no edit describes another label's item)."""
@@ -59,13 +70,13 @@ def attribute_without_label(labels: Labels, label: str, rng: random.Random) -> t
     """ "A thing with long sleeves, not a coat." for an image of ``label`` (a pullover), with the
     caption negating the image's own label as the hard negative (None when no other label
     declares a value of ``label``'s)."""
-    attrs = labels.get(label, {})
-    options = []
-    for name, value in sorted(attrs.items()):
-        if value.split()[0].lower() in NEGATING_WORDS:
-            continue
-        sharing = [other for other, a in sorted(labels.items()) if other != label and a.get(name) == value]
-        options += [(name, value, other) for other in sharing]
+    options = [
+        (name, value, other)
+        for (name, value), having in shared_values(labels).items()
+        if label in having
+        for other in having
+        if other != label
+    ]
     if not options:
         return None
     name, value, other = options[rng.randrange(len(options))]

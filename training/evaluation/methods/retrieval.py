@@ -117,9 +117,13 @@ def text_retrieval(
     out = _recalls(f"{prefix}.cosine", cosine, relevant)
     out.update(_chance(f"{prefix}.chance", relevant, len(pooled)))
     if tokens is not None and bundle.dcsm is not None:
+        # Every query's first-stage texts in one encode (a text, or a negated one's two parts).
+        groups = [first_stage_texts(text) for text in texts]
+        stage = bundle.encode_texts([part for group in groups for part in group])
+        bounds = np.cumsum([len(group) for group in groups])[:-1]
         dense = []
-        for text in texts:
-            query = first_stage_query(text, bundle.encode_texts(first_stage_texts(text)))
+        for text, parts in zip(texts, np.split(stage, bounds), strict=True):
+            query = first_stage_query(text, parts)
             candidates = cosine_top_k(pooled, query, RERANK_K)
             dense.append(reranked(candidates, dense_scores(bundle, tokens, candidates, text)))
         out.update(_recalls(f"{prefix}.dcsm", dense, relevant))

@@ -33,7 +33,7 @@ from training.evaluation.methods.retrieval import (
     text_retrieval,
 )
 from training.evaluation.userdata.data import EvalSet, UserEvalConfig, sample
-from training.generate.attribute_captions import NEGATED_LABEL_FRAMES, NEGATING_WORDS, PAIR_FRAMES, phrase
+from training.generate.attribute_captions import NEGATED_LABEL_FRAMES, PAIR_FRAMES, phrase, shared_values
 from training.generate.differences import article, label_difference
 
 
@@ -58,15 +58,8 @@ def negated_queries(labels: dict[str, dict[str, str]], gallery_labels: list[str]
     distractor the attribute brings); a value that is a negation itself ("no collar") is left out,
     one negation per query."""
     rows: dict[str, set[str]] = {}
-    declaring: dict[tuple[str, str], list[str]] = {}
-    for label, attrs in sorted(labels.items()):
-        for name, value in attrs.items():
-            if value.split()[0].lower() not in NEGATING_WORDS:
-                declaring.setdefault((name, value), []).append(label)
     for frame in NEGATED_LABEL_FRAMES:
-        for (name, value), having in sorted(declaring.items()):
-            if len(having) < 2:
-                continue
+        for (name, value), having in shared_values(labels).items():
             for label in having:
                 rows[frame.format(p=phrase(name, value), a=f"{article(label)} {label}")] = set(having) - {label}
     relevant = np.array([[g in right for g in gallery_labels] for right in rows.values()], dtype=bool)
