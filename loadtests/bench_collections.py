@@ -370,20 +370,20 @@ def report(backends: Sequence[Backend], n: int) -> None:
         )
 
 
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")  # Debian's dataset-fashion-mnist
-
-
 def fashion_pngs(n: int) -> list[str]:
-    """The first ``n`` Fashion-MNIST test photos (28x28 grey) as base64 PNGs: real images."""
+    """The first ``n`` Fashion-MNIST test photos (28x28 grey, Debian's dataset-fashion-mnist) as
+    base64 PNGs: real images."""
     import base64
-    import gzip
     import io
 
     from PIL import Image
 
-    raw = np.frombuffer(gzip.decompress(FASHION_MNIST.read_bytes())[16:], dtype=np.uint8).reshape(-1, 28, 28)
+    from training.datasets.fashion_mnist import DEFAULT_SOURCE, read_idx
+
+    test = DEFAULT_SOURCE / "t10k-images-idx3-ubyte.gz"
+    raw = read_idx(test)
     if n > len(raw):
-        raise SystemExit(f"{FASHION_MNIST} holds {len(raw)} images, not {n}")
+        raise SystemExit(f"{test} holds {len(raw)} images, not {n}")
     out = []
     for pixels in raw[:n]:
         buf = io.BytesIO()
