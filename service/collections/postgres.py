@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+from urllib.parse import parse_qsl, quote, urlencode, urlparse, urlunparse
 
 import numpy as np
 import psycopg
@@ -90,7 +90,9 @@ def parse_url(url: str) -> PostgresOptions:
         raise ValueError(f"not a postgresql:// URL: scheme {parsed.scheme!r}")
     query = parse_qsl(parsed.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in _OPTIONS}
-    rest = urlunparse(parsed._replace(query=urlencode([(k, v) for k, v in query if k not in _OPTIONS])))
+    # quote, not urlencode's default quote_plus: libpq reads no '+' as a space (``options=-c%20x%3Dy``).
+    libpq = urlencode([(k, v) for k, v in query if k not in _OPTIONS], quote_via=quote)
+    rest = urlunparse(parsed._replace(query=libpq))
     try:
         psycopg.conninfo.conninfo_to_dict(rest)
     except psycopg.ProgrammingError as e:

@@ -149,3 +149,16 @@ def test_good_urls_keep_libpq_options_and_drop_the_stores_own() -> None:
     assert (options.index, options.ef_search, options.hnsw_m) == ("hnsw", 200, 16)
     assert options.conninfo == "postgres://u:p@db.example:5433/clip?sslmode=require"
     assert CollectionsSettings(url="postgresql://u:p@db/clip").url == "postgresql://u:p@db/clip"
+
+
+def test_server_settings_in_the_urls_options_reach_every_connection(pgvector_url: str) -> None:
+    # libpq's own ``options`` (a server setting for the session): its space must stay a space on
+    # its way through the store's URL parsing, not become a '+' that the server refuses.
+    store = open_collections(f"{pgvector_url}&options=-c%20synchronous_commit%3Doff&index=exact")
+    assert isinstance(store, PostgresCollections)
+    store.create("c", "m@production", "v1", 4, dense=False)
+    store.upsert("c", [NewItem("a", {}, np.array([1, 0, 0, 0], np.float32), None)])
+    with store._connection() as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    assert store.info("c").count == 1
+    store.close()
