@@ -206,6 +206,9 @@ class PostgresCollections:
         return row.info
 
     def _create_tables(self, conn: psycopg.Connection[Any], key: int, dim: int, staged: bool) -> None:
+        """A collection's tables; the live ones with the HNSW index of ``index=hnsw``, a staged copy
+        without: it is filled whole before anything searches it, so ``commit_staged`` builds its
+        index once over all its rows, many times cheaper than keeping it up row by row."""
         items, dense = _items(key, staged), _dense(key, staged)
         conn.execute(
             sql.SQL(
@@ -219,7 +222,7 @@ class PostgresCollections:
                 "CREATE TABLE {} (key bigint PRIMARY KEY REFERENCES {} ON DELETE CASCADE, tokens bytea NOT NULL)"
             ).format(dense, items)
         )
-        if self.options.index == "hnsw":
+        if self.options.index == "hnsw" and not staged:
             self._create_hnsw(conn, key, staged)
 
     def build_hnsw(self, name: str) -> None:
@@ -365,6 +368,12 @@ class PostgresCollections:
             if staged is None:
                 raise ClipError(ErrorCode.not_found, f"collection {name!r} has no re-embedded version staged", "name")
             version, dim, dense = staged
+            indexed = conn.execute("SELECT to_regclass(%s)", (f"clip_items_{row.key}_hnsw",)).fetchone() != (None,)
+            if self.options.index == "hnsw" or indexed:
+                # The staged copy's index, built before the old tables go: the collection is never
+                # searched without the index it had.
+                conn.execute("SET LOCAL maintenance_work_mem = '2GB'")
+                self._create_hnsw(conn, row.key, staged=True)
             conn.execute(sql.SQL("DROP TABLE {}, {}").format(row.dense, row.items))
             for old, new in ((_items(row.key, True), row.items), (_dense(row.key, True), row.dense)):
                 conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(old, new))

@@ -162,3 +162,30 @@ def test_server_settings_in_the_urls_options_reach_every_connection(pgvector_url
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
     assert store.info("c").count == 1
     store.close()
+
+
+@pytest.mark.parametrize("configured", ["index=hnsw", "index=exact"])
+def test_a_reembedded_collection_keeps_its_hnsw_index_built_once_over_the_staged_copy(
+    pgvector_url: str, configured: str
+) -> None:
+    # index=hnsw, and an index=exact store's collection that build_hnsw indexed: the staged copy
+    # is filled without an index (nothing searches it), and the switch builds it before the old
+    # tables go.
+    rng = np.random.default_rng(4)
+    old, new = unit(rng, 300, 16), unit(rng, 300, 8)
+    store = open_collections(f"{pgvector_url}&{configured}")
+    assert isinstance(store, PostgresCollections)
+    fill(store, old)
+    if configured == "index=exact":
+        store.build_hnsw("c")
+    store.stage("c", "v2", 8, dense=False)
+    store.upsert_staged("c", [NewItem(f"i{i}", {"group": i % 50}, v, None) for i, v in enumerate(new)])
+    assert len(index_names(pgvector_url)) == 1  # the live collection's only
+    info = store.commit_staged("c")
+    assert (info.version, info.dim, info.count) == ("v2", 8, 300)
+    (definition,) = index_names(pgvector_url)
+    assert "clip_items_1_hnsw ON public.clip_items_1 USING hnsw" in definition
+    hnsw = open_collections(f"{pgvector_url}&index=hnsw")
+    assert [h.id for h in hnsw.search("c", new[42], 1, {})] == ["i42"]
+    store.close()
+    hnsw.close()
