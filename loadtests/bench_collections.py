@@ -399,7 +399,8 @@ def add_images_against_embed(
     same images in the same run, alternating chunks of 640 so both see the same load; a fresh
     ``python -m service`` on the default model per backend, its embedding cache off (a second
     pass over an image would otherwise not embed it). Requests of 64 images (both endpoints'
-    default bound), 2 at a time. Prints images/s and server CPU per image of each, add/embed, and
+    default bound), 2 at a time. Prints images/s and server CPU per image of each (and, on a
+    PostgreSQL this run started, the database's CPU per image of the adds), add/embed, and
     the store's own upsert rate for items of the same shape (the server stopped, in this process).
     ``baseline``: another checkout of the service (the code before a change), served beside this
     one on the same backend, every chunk run on both in turn (A/B in the same run)."""
@@ -420,6 +421,7 @@ def add_images_against_embed(
     for backend in backends:
         folder = Path(tempfile.mkdtemp(prefix="bench-add-"))
         server = None
+        db_pid = None  # the PostgreSQL server this run started: its CPU is counted beside the service's
         if backend == "embedded":
             url = f"file://{folder}"
         elif pg_url is not None:
@@ -429,12 +431,13 @@ def add_images_against_embed(
 
             folder.chmod(0o755)  # as root, PostgreSQL runs as pgserver's own user
             server = pgserver.get_server(folder / "data", cleanup_mode="delete")
-            url = server.get_uri()
+            url, db_pid = server.get_uri(), server.get_pid()
         procs: dict[str, subprocess.Popen[bytes]] = {}
         clients: dict[str, httpx.Client] = {}
         # Each server its own collection (one database may hold both) and its own image folder.
         names = {label: "bench" if label == "this" else f"bench-{label}" for label in roots}
-        spent = {(label, kind): [0.0, 0.0] for label in roots for kind in ("embed", "add")}  # wall s, server CPU s
+        # wall s, the service's CPU s, PostgreSQL's CPU s (its backends, writers and checkpointer)
+        spent = {(label, kind): [0.0, 0.0, 0.0] for label in roots for kind in ("embed", "add")}
         try:
             for label, code in roots.items():
                 port = free_port()
@@ -459,7 +462,7 @@ def add_images_against_embed(
                     for label in roots:
                         for kind in ("embed", "add"):
                             pid = procs[label].pid
-                            cpu, wall = tree_cpu_s(pid), time.perf_counter()
+                            cpu, db, wall = tree_cpu_s(pid), _server_cpu_s(db_pid), time.perf_counter()
                             requests = [_request(kind, images, start, names[label]) for start in starts]
                             list(
                                 pool.map(
@@ -469,6 +472,7 @@ def add_images_against_embed(
                             )
                             spent[(label, kind)][0] += time.perf_counter() - wall
                             spent[(label, kind)][1] += tree_cpu_s(pid) - cpu
+                            spent[(label, kind)][2] += _server_cpu_s(db_pid) - db
             for label in roots:
                 count = clients[label].get(f"/collections/{names[label]}").json()["count"]
                 assert count == n, (label, count)
@@ -486,10 +490,13 @@ def add_images_against_embed(
         for label in roots:
             rate = {kind: n / spent[(label, kind)][0] for kind in ("embed", "add")}
             cpu_ms = {kind: spent[(label, kind)][1] * 1000 / n for kind in ("embed", "add")}
+            db_ms = spent[(label, "add")][2] * 1000 / n
             print(
                 f"{backend:9} {label:8} /embed {rate['embed']:7.1f} images/s ({cpu_ms['embed']:.2f} server CPU "
-                f"ms/image); add {rate['add']:7.1f} images/s ({cpu_ms['add']:.2f} server CPU ms/image); "
-                f"add/embed {rate['add'] / rate['embed']:.3f}, CPU add/embed {cpu_ms['add'] / cpu_ms['embed']:.3f}",
+                f"ms/image); add {rate['add']:7.1f} images/s ({cpu_ms['add']:.2f} server CPU ms/image"
+                + (f", PostgreSQL {db_ms:.3f} CPU ms/image" if db_pid is not None else "")
+                + f"); add/embed {rate['add'] / rate['embed']:.3f}, "
+                f"CPU add/embed {cpu_ms['add'] / cpu_ms['embed']:.3f}",
                 flush=True,
             )
         print(f"{backend:9} the store alone {index_rate:.0f} items/s", flush=True)
