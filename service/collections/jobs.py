@@ -41,8 +41,9 @@ class Job:
     started_at: str = ""
     finished_at: str | None = None
     stopping: bool = False  # set by ``JobBoard.cancel``: the job ends before its next batch
-    # False while another server holds the job's lease (this one waits, showing its progress).
-    runs_here: bool = True
+    # Whether this server holds the job's lease and runs it; false until it does, and while another
+    # server sharing the store runs it (this one waits, showing that server's recorded progress).
+    runs_here: bool = False
     lease: JobLease | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -58,8 +58,7 @@ async def run_leased(
             finally:
                 job.lease = None
                 await collections.call(lease.release)
-        elif job.runs_here:
-            job.runs_here = False
+        elif not taken_over:
             log.info("collection %s: another server runs its job; this one waits for it to end", name)
         taken_over = True
         await _follow(collections, name, job)

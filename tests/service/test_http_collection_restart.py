@@ -2,16 +2,19 @@
 started again takes the job up by itself from the record kept with the collection, goes on from
 its staged copy (the images embedded before the kill are not embedded again), shows its progress
 in ``GET /collections/{name}``, and the collection answers 503 + Retry-After until it has
-switched, never from the old version nor a mix; on the embedded store and on PostgreSQL."""
+switched, never from the old version nor a mix; on the embedded store and on PostgreSQL. Two
+replicas on one PostgreSQL run a job once: one holds its lease, the other takes it up if it dies."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +34,15 @@ KILL_AFTER = 6  # images re-embedded before the kill
 
 @contextmanager
 def server(
-    store: Path, collections_url: str, images: Path, batch: int
+    store: Path, collections_url: str, images: Path, batch: int, import_root: Path | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``python -m service`` on ``tiny@production`` with its collections at ``collections_url``;
-    stopped (SIGTERM) at the end unless the test killed it."""
+    """``python -m service`` on ``tiny@production`` with its collections at ``collections_url``
+    (importing from ``import_root``); stopped (SIGTERM) at the end unless the test killed it."""
     port = free_port()
     env = {**os.environ, "CLIP_COLLECTIONS__URL": collections_url, "CLIP_COLLECTIONS__IMAGE_FOLDER": str(images),
            "CLIP_COLLECTIONS__MAX_ITEMS_PER_ADD": str(batch), "CLIP_LOG_LEVEL": "warning",
-           "CLIP_TORCH_THREADS": "1"}  # fmt: skip
+           "CLIP_TORCH_THREADS": "1",
+           "CLIP_COLLECTIONS__IMPORT_ROOTS": json.dumps([str(import_root)] if import_root else [])}  # fmt: skip
     env.pop("CLIP_REDIS_URL", None)
     cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
            "--model", "tiny@production"]  # fmt: skip
@@ -60,6 +64,10 @@ def pictures(make_image: Any) -> dict[str, dict[str, str]]:
                 out[f"{shape}-{colour}-{step}"] = make_image(shape, colour, x=0.3 + 0.04 * step)
     assert len(out) == IMAGES
     return out
+
+
+def collections_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return request.getfixturevalue("pgvector_url") if backend == "postgres" else f"file://{tmp_path / 'collections'}"
 
 
 @pytest.mark.parametrize("backend", ["embedded", "postgres"])
@@ -144,3 +152,104 @@ def test_a_reembedding_stopped_with_its_server_is_taken_up_by_the_next(
         wait_until(lambda: c.get("/collections/c").json()["job"]["state"] != "running", what="the job's end")
         info = c.get("/collections/c").json()
         assert (info["job"]["state"], info["model"], info["count"]) == ("done", v2, len(images)), info
+
+
+def test_two_replicas_on_one_database_run_a_reembedding_once_and_the_survivor_of_a_kill_finishes_it(
+    request: pytest.FixtureRequest, tmp_path: Path, publish_model: Any, make_image: Any
+) -> None:
+    """Two servers on one PostgreSQL both asked to re-embed: one holds the job's lease and embeds,
+    the other waits (503 for the collection, the holder's progress in its status); the holder
+    SIGKILLed, PostgreSQL frees its lease and the other finishes the job from the staged copy."""
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    url = request.getfixturevalue("pgvector_url")
+    images = pictures(make_image)
+    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image} for i, image in images.items()]
+        assert c.post("/collections/c/images", json={"items": items}).status_code == 200
+    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+
+    with ExitStack() as stack:
+        replicas = [stack.enter_context(server(store, url, tmp_path / "images", batch=1)) for _ in range(2)]
+        clients = [stack.enter_context(httpx.Client(base_url=base, timeout=60)) for _, base in replicas]
+        for c in clients:
+            started = c.post("/collections/c/reembed")
+            assert started.status_code == 202 and started.json()["job"]["model"] == v2, started.text
+
+        def jobs() -> list[dict[str, Any]]:
+            return [c.get("/collections/c").json()["job"] for c in clients]
+
+        def holder_past_kill_point() -> bool:
+            held = [job for job in jobs() if job["runs_here"]]
+            return len(held) == 1 and held[0]["done"] >= KILL_AFTER
+
+        wait_until(holder_past_kill_point, what="one replica's job past the kill point")
+        owner = next(n for n, job in enumerate(jobs()) if job["runs_here"])
+        other, (owner_proc, owner_url) = 1 - owner, replicas[owner]
+        # Exactly one embedded: the waiting replica embedded nothing, and answers 503 meanwhile.
+        assert metric_value(replicas[other][1], "clip_collection_job_images_total", kind="reembed") == 0
+        r = clients[other].post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3})
+        assert r.status_code == 503 and r.headers["retry-after"], r.text
+        waiting = clients[other].get("/collections/c").json()["job"]
+        assert (waiting["state"], waiting["runs_here"], waiting["total"]) == ("running", False, IMAGES), waiting
+        embedded_by_owner = metric_value(owner_url, "clip_collection_job_images_total", kind="reembed")
+        owner_proc.send_signal(signal.SIGKILL)
+        owner_proc.wait(timeout=30)
+
+        c = clients[other]
+        answers = set()
+        while (info := c.get("/collections/c").json())["job"]["state"] == "running":
+            r = c.post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3})
+            answers.add((r.status_code, r.json().get("model")))
+        assert (info["job"]["state"], info["job"]["runs_here"], info["model"], info["count"]) == (
+            "done", True, v2, IMAGES), info  # fmt: skip
+        assert answers <= {(503, None), (200, v2)}, answers
+        # Taken up from the staged copy: at most what the killed replica had not embedded.
+        embedded_here = metric_value(replicas[other][1], "clip_collection_job_images_total", kind="reembed")
+        assert 0 < embedded_here <= IMAGES - embedded_by_owner, (embedded_here, embedded_by_owner)
+        hits = c.post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3}).json()
+        assert hits["model"] == v2 and hits["hits"][0]["id"] == "circle-red-0", hits
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"])
+def test_an_import_killed_mid_job_is_taken_up_after_the_restart_and_adds_no_image_twice(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, publish_model: Any, make_image: Any
+) -> None:
+    """A folder import SIGKILLed mid-job: the restarted server takes the job up from its record,
+    embeds only the images the killed one had not added, and ends with every image once."""
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    url = collections_url(backend, request, tmp_path)
+    images = pictures(make_image)
+    dataset = tmp_path / "datasets" / "catalogue"
+    dataset.mkdir(parents=True)
+    for item_id, image in images.items():
+        (dataset / f"{item_id}.png").write_bytes(base64.b64decode(image["data"]))
+    kept, root = tmp_path / "images", tmp_path / "datasets"
+
+    with server(store, url, kept, batch=1, import_root=root) as (proc, base), httpx.Client(base_url=base) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        started = c.post("/collections/c/imports", json={"path": str(dataset)})
+        assert started.status_code == 202, started.text
+        wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the import's progress")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    with server(store, url, kept, batch=1, import_root=root) as (_, base), httpx.Client(base_url=base) as c:
+        job = c.get("/collections/c").json()["job"]
+        assert job is not None and job["kind"] == "import" and job["total"] == IMAGES, job
+        assert job["done"] >= KILL_AFTER - 1, job  # the record is written after each batch
+        wait_until(lambda: c.get("/collections/c").json()["job"]["state"] != "running", what="the import's end")
+        info = c.get("/collections/c").json()
+        assert (info["job"]["state"], info["job"]["done"], info["count"]) == ("done", IMAGES, IMAGES), info
+        embedded_here = metric_value(base, "clip_collection_job_images_total", kind="import")
+        assert 0 < embedded_here <= IMAGES - KILL_AFTER, embedded_here
+        for item_id in ("circle-red-0", "triangle-green-4"):
+            body = {"image": images[item_id], "limit": 1}
+            (hit,) = c.post("/collections/c/search", json=body).json()["hits"]
+            assert hit["id"] == f"{item_id}.png" and hit["scores"]["cosine"] == pytest.approx(1, abs=3e-3)
+    # Nothing recorded any more: the next start takes up no job.
+    with server(store, url, kept, batch=1, import_root=root) as (_, base), httpx.Client(base_url=base) as c:
+        assert c.get("/collections/c").json()["job"] is None
+        assert c.get("/collections/c").json()["count"] == IMAGES
