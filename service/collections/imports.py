@@ -134,7 +134,7 @@ def start_import(
 ) -> Job:
     """Adds ``items`` (``list_dataset`` of ``source``) to the collection in the background."""
     job = Job("import", model_ref(info), total=len(items))
-    return _started(services, pipeline, collections, info.name, info.version, source, items, job, resumed=False)
+    return _started(services, pipeline, collections, info.name, info.version, source, items, job)
 
 
 def resume_import(
@@ -155,7 +155,7 @@ def resume_import(
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"an unreadable import record: {record!r}") from exc
     # Listed again by the job (file-system work, never the event loop's), once it holds the lease.
-    job = _started(services, pipeline, collections, name, version, source, None, job, resumed=True, check=check)
+    job = _started(services, pipeline, collections, name, version, source, None, job, check=check)
     log.info("collection %s: import of %s taken up again (%d/%d images)", name, source, job.done, job.total)
     return job
 
@@ -169,11 +169,9 @@ def _started(
     source: str,
     items: list[DatasetItem] | None,
     job: Job,
-    *,
-    resumed: bool,
     check: ItemCheck | None = None,
 ) -> Job:
-    async def run(job: Job, resumed: bool) -> None:
+    async def run(job: Job) -> None:
         nonlocal items
         if items is None:
             assert check is not None
@@ -182,7 +180,7 @@ def _started(
         await _import(services, pipeline, collections, name, version, source, items, job)
 
     async def work(job: Job) -> None:
-        await run_leased(collections, name, job, run, resumed=resumed)
+        await run_leased(collections, name, job, run)
 
     return collections.jobs.start(name, job, work)
 

@@ -30,20 +30,18 @@ class LeaseLost(Exception):
     """The job's lease went (its database session ended): another server may run the job now."""
 
 
-async def run_leased(
-    collections: Collections, name: str, job: Job, run: Callable[[Job, bool], Awaitable[None]], *, resumed: bool
-) -> None:
-    """``run(job, resumed)`` once this server holds the collection's job lease, waiting for it
-    meanwhile; ``resumed`` is true too for a job another server had started before this one
-    took it up (it goes on from that server's record). A failure removes the job's record."""
-    taken_over = False
+async def run_leased(collections: Collections, name: str, job: Job, run: Callable[[Job], Awaitable[None]]) -> None:
+    """``run(job)`` once this server holds the collection's job lease, waiting for it meanwhile
+    (``run`` goes on from what another server's run of the job left). A failure removes the job's
+    record."""
+    waited = False
     while True:
         job.check_stopping()
         lease = await _claim(collections, name)
         if lease is not None:
             job.lease, job.runs_here = lease, True
             try:
-                await run(job, resumed or taken_over)
+                await run(job)
                 return
             except LeaseLost:
                 job.runs_here = False
@@ -58,9 +56,9 @@ async def run_leased(
             finally:
                 job.lease = None
                 await collections.call(lease.release)
-        elif not taken_over:
+        elif not waited:
             log.info("collection %s: another server runs its job; this one waits for it to end", name)
-        taken_over = True
+        waited = True
         await _follow(collections, name, job)
         await asyncio.sleep(LEASE_POLL_S)
 

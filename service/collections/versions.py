@@ -45,7 +45,12 @@ async def bound_runtime(
     """The runtime of the version the collection holds, held for the request; 503 while it is
     re-embedded, and once its model serves another version 409 ``version_mismatch`` (or, with
     ``collections.reembed: auto``, a re-embedding starts and the answer is 503): never mixed."""
-    selection = check_version(services, pipeline, collections, info)
+    try:
+        selection = check_version(services, pipeline, collections, info)
+    except ClipError as exc:
+        if exc.code is ErrorCode.version_mismatch:
+            await _join_recorded_reembed(services, pipeline, collections, info)
+        raise
     # No await between the check above and the hold: a swap cannot come in between.
     async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
         yield runtime
@@ -77,6 +82,28 @@ def check_version(services: Services, pipeline: Pipeline, collections: Collectio
     return selection
 
 
+async def _join_recorded_reembed(
+    services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo
+) -> None:
+    """A collection another server re-embeds (to the version this one serves: its record says so)
+    answers 503 here too, as on that server, not 409: this server follows the job (and takes it
+    up if that server dies)."""
+    record = (await collections.call(collections.store.saved_jobs)).get(info.name)
+    current = services.models.resolve(info.model).entry.current
+    if record is None or record.get("kind", "reembed") != "reembed" or current is None:
+        return
+    if record.get("version") != current.bundle.version or collections.jobs.running(info.name) is not None:
+        return
+    job = start_reembed(services, pipeline, collections, info)
+    raise ClipError(
+        ErrorCode.not_ready,
+        f"collection {info.name!r} is being re-embedded with {job.model} (by another server sharing its database); "
+        "it answers again once that completes (GET /collections/{name} shows the progress)",
+        "name",
+        retry_after=2,
+    )
+
+
 def start_reembed(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Job:
     """Starts re-embedding ``info``'s collection with the version its model serves now (the
     running re-embedding if one runs); for a collection already on that version the job ends at once."""
@@ -90,11 +117,11 @@ def start_reembed(services: Services, pipeline: Pipeline, collections: Collectio
     target = Selection(selection.entry, current.bundle.version)
     job = Job("reembed", current.ref, total=info.count)
 
-    async def run(job: Job, resumed: bool) -> None:
-        await _reembed(services, pipeline, collections, info.name, target, job, resumed=resumed)
+    async def run(job: Job) -> None:
+        await _reembed(services, pipeline, collections, info.name, target, job)
 
     async def work(job: Job) -> None:
-        await run_leased(collections, info.name, job, run, resumed=False)
+        await run_leased(collections, info.name, job, run)
 
     return collections.jobs.start(info.name, job, work)
 
@@ -110,7 +137,7 @@ def resume_reembed(
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"an unreadable re-embedding record: {record!r}") from exc
 
-    async def run(job: Job, resumed: bool) -> None:
+    async def run(job: Job) -> None:
         info = await collections.call(collections.store.info, name)
         entry = services.models.resolve(info.model).entry
         while entry.current is None and entry.state == "loading":  # the server's models load at start
@@ -122,10 +149,10 @@ def resume_reembed(
                 ErrorCode.version_mismatch,
                 f"{info.model} serves {current.ref} now, not {job.model}: the re-embedding is not taken up",
             )
-        await _reembed(services, pipeline, collections, name, Selection(entry, version), job, resumed=True)
+        await _reembed(services, pipeline, collections, name, Selection(entry, version), job)
 
     async def work(job: Job) -> None:
-        await run_leased(collections, name, job, run, resumed=True)
+        await run_leased(collections, name, job, run)
 
     collections.jobs.start(name, job, work)
     log.info("collection %s: re-embedding with %s taken up again (%d/%d images)", name, job.model, job.done, job.total)
@@ -145,8 +172,6 @@ async def _reembed(
     name: str,
     target: Selection,
     job: Job,
-    *,
-    resumed: bool,
 ) -> None:
     store, version = collections.store, target.version
     assert version is not None
@@ -161,10 +186,12 @@ async def _reembed(
     staged: CollectionInfo | None = None
     done: set[tuple[str, str | None, str]] = set()
     restage = True
-    if resumed:  # what the staged copy holds already is not embedded again
-        previous = await collections.call(store.staged_images, name)
-        if previous is not None and previous[0] == version and {i.id for i in previous[1]} <= {i.id for i in items}:
-            done, restage = {_key(item) for item in previous[1]}, False
+    # What a staged copy for this version holds already (a job taken up after a restart, or from a
+    # server that died) is not embedded again: an item staged with the same bytes and metadata is
+    # what this job would write.
+    previous = await collections.call(store.staged_images, name)
+    if previous is not None and previous[0] == version and {i.id for i in previous[1]} <= {i.id for i in items}:
+        done, restage = {_key(item) for item in previous[1]}, False
     job.done = sum(_key(item) in done for item in items)
     await _save(collections, name, job, version)
     batch = collections.settings.max_items_per_add

@@ -157,9 +157,9 @@ def test_a_reembedding_stopped_with_its_server_is_taken_up_by_the_next(
 def test_two_replicas_on_one_database_run_a_reembedding_once_and_the_survivor_of_a_kill_finishes_it(
     request: pytest.FixtureRequest, tmp_path: Path, publish_model: Any, make_image: Any
 ) -> None:
-    """Two servers on one PostgreSQL both asked to re-embed: one holds the job's lease and embeds,
-    the other waits (503 for the collection, the holder's progress in its status); the holder
-    SIGKILLed, PostgreSQL frees its lease and the other finishes the job from the staged copy."""
+    """Two servers on one PostgreSQL, one asked to re-embed: it holds the job's lease and embeds,
+    the other follows the job (503 for the collection, the holder's progress in its status); the
+    holder SIGKILLed, PostgreSQL frees its lease and the other finishes the job from the staged copy."""
     store = tmp_path / "store"
     publish_model(store, "tiny", seed=0)
     url = request.getfixturevalue("pgvector_url")
@@ -173,9 +173,15 @@ def test_two_replicas_on_one_database_run_a_reembedding_once_and_the_survivor_of
     with ExitStack() as stack:
         replicas = [stack.enter_context(server(store, url, tmp_path / "images", batch=1)) for _ in range(2)]
         clients = [stack.enter_context(httpx.Client(base_url=base, timeout=60)) for _, base in replicas]
-        for c in clients:
-            started = c.post("/collections/c/reembed")
-            assert started.status_code == 202 and started.json()["job"]["model"] == v2, started.text
+        started = clients[0].post("/collections/c/reembed")
+        assert started.status_code == 202 and started.json()["job"]["model"] == v2, started.text
+        wait_until(lambda: clients[0].get("/collections/c").json()["job"]["done"] >= 1, what="the job's first batch")
+        # The other replica, never asked to re-embed, answers 503 (not 409) and follows the job;
+        # asked to re-embed too, it answers with that job.
+        joined = clients[1].post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3})
+        assert joined.status_code == 503 and "another server" in joined.json()["error"]["message"], joined.text
+        again = clients[1].post("/collections/c/reembed")
+        assert again.status_code == 202 and again.json()["job"]["model"] == v2, again.text
 
         def jobs() -> list[dict[str, Any]]:
             return [c.get("/collections/c").json()["job"] for c in clients]
