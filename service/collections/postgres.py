@@ -55,7 +55,7 @@ _OPTIONS = ("index", "hnsw_m", "hnsw_ef_construction", "ef_search", "pool_wait_s
 
 # The first key of the session-level advisory lock that leases a collection's job (the second is
 # the collection's key): "clip" in ASCII, so other users of the database's advisory locks can tell.
-_LEASE_SPACE = 0x636C6970
+LEASE_SPACE = 0x636C6970
 
 _CATALOGUE = """
 CREATE TABLE IF NOT EXISTS clip_collections (
@@ -430,7 +430,7 @@ class PostgresCollections:
         except psycopg.OperationalError as e:
             raise self._unreachable(_first_line(e)) from None
         try:
-            (held,) = session.execute("SELECT pg_try_advisory_lock(%s, %s)", (_LEASE_SPACE, key)).fetchone()  # type: ignore[misc]
+            (held,) = session.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_SPACE, key)).fetchone()  # type: ignore[misc]
         except psycopg.Error as e:
             session.close()
             raise self._unreachable(_first_line(e)) from None

@@ -13,17 +13,21 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
 from polling import wait_ready, wait_until
 
 from loadtests.local_stack import free_port, metric_value, stop_process
+from service.collections.leases import LEASE_POLL_S
+from service.collections.postgres import LEASE_SPACE
 
 pytestmark = pytest.mark.slow  # three server processes a backend
 
@@ -38,22 +42,34 @@ def server(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``python -m service`` on ``tiny@production`` with its collections at ``collections_url``
     (importing from ``import_root``); stopped (SIGTERM) at the end unless the test killed it."""
-    port = free_port()
+    with servers(1, store, collections_url, images, batch, import_root) as (started,):
+        yield started
+
+
+@contextmanager
+def servers(
+    count: int, store: Path, collections_url: str, images: Path, batch: int, import_root: Path | None = None
+) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    """``count`` such servers, all started before any is waited for (replicas starting together)."""
     env = {**os.environ, "CLIP_COLLECTIONS__URL": collections_url, "CLIP_COLLECTIONS__IMAGE_FOLDER": str(images),
            "CLIP_COLLECTIONS__MAX_ITEMS_PER_ADD": str(batch), "CLIP_LOG_LEVEL": "warning",
            "CLIP_TORCH_THREADS": "1",
            "CLIP_COLLECTIONS__IMPORT_ROOTS": json.dumps([str(import_root)] if import_root else [])}  # fmt: skip
     env.pop("CLIP_REDIS_URL", None)
-    cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-           "--model", "tiny@production"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
+    started: list[tuple[subprocess.Popen[bytes], str]] = []
     try:
-        wait_ready(url, timeout=120)
-        yield proc, url
+        for _ in range(count):
+            port = free_port()
+            cmd = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(port), "--store",
+                   str(store), "--model", "tiny@production"]  # fmt: skip
+            started.append((subprocess.Popen(cmd, cwd=REPO, env=env), f"http://127.0.0.1:{port}"))
+        for _, url in started:
+            wait_ready(url, timeout=120)
+        yield started
     finally:
-        if proc.poll() is None:
-            stop_process(proc)
+        for proc, _ in started:
+            if proc.poll() is None:
+                stop_process(proc)
 
 
 def pictures(make_image: Any) -> dict[str, dict[str, str]]:
@@ -259,3 +275,55 @@ def test_an_import_killed_mid_job_is_taken_up_after_the_restart_and_adds_no_imag
     with server(store, url, kept, batch=1, import_root=root) as (_, base), httpx.Client(base_url=base) as c:
         assert c.get("/collections/c").json()["job"] is None
         assert c.get("/collections/c").json()["count"] == IMAGES
+
+
+def test_replicas_started_together_while_a_reembedding_is_recorded_run_it_once(
+    request: pytest.FixtureRequest, tmp_path: Path, publish_model: Any, make_image: Any
+) -> None:
+    """A re-embedding left by a killed server, two replicas started together on its database
+    while the job's lease is held (as by a server not yet known dead): both take the recorded job
+    up and wait, embedding nothing, answering 503; once the lease is free one runs it, and
+    together they embed only what the killed server left."""
+    store = tmp_path / "store"
+    publish_model(store, "tiny", seed=0)
+    url = request.getfixturevalue("pgvector_url")
+    images = pictures(make_image)
+    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image} for i, image in images.items()]
+        assert c.post("/collections/c/images", json={"items": items}).status_code == 200
+    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+    with server(store, url, tmp_path / "images", batch=1) as (proc, base), httpx.Client(base_url=base, timeout=60) as c:
+        assert c.post("/collections/c/reembed").status_code == 202
+        wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the job's progress")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    holder = psycopg.connect(url, autocommit=True)  # the lease as a server would hold it
+    (key,) = holder.execute("SELECT key FROM clip_collections WHERE name = 'c'").fetchone()  # type: ignore[misc]
+    assert holder.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_SPACE, key)).fetchone() == (True,)
+    with servers(2, store, url, tmp_path / "images", batch=1) as replicas:
+        clients = [httpx.Client(base_url=base, timeout=60) for _, base in replicas]
+        try:
+            for c in clients:  # both took the recorded job up, and wait for its lease
+                job = c.get("/collections/c").json()["job"]
+                assert (job["kind"], job["model"], job["state"], job["runs_here"]) == ("reembed", v2, "running", False)
+                r = c.post("/collections/c/search", json={"image": images["circle-red-0"], "limit": 3})
+                assert r.status_code == 503, r.text
+            time.sleep(2 * LEASE_POLL_S)  # both tried the lease again meanwhile
+            assert [metric_value(base, "clip_collection_job_images_total", kind="reembed") for _, base in replicas] == [
+                0, 0]  # fmt: skip
+            holder.close()  # its session ends: the lease is free
+            wait_until(
+                lambda: all(c.get("/collections/c").json()["job"]["state"] != "running" for c in clients),
+                what="the job's end on both replicas",
+            )
+            infos = [c.get("/collections/c").json() for c in clients]
+            assert {(i["model"], i["count"], i["job"]["state"]) for i in infos} == {(v2, IMAGES, "done")}, infos
+            embedded = [metric_value(base, "clip_collection_job_images_total", kind="reembed") for _, base in replicas]
+            # One ran it: the other embedded nothing, and the two only what the killed one left.
+            assert min(embedded) == 0 and 0 < max(embedded) <= IMAGES - KILL_AFTER, embedded
+        finally:
+            holder.close()
+            for c in clients:
+                c.close()
