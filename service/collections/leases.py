@@ -5,9 +5,9 @@ Before a job (a re-embedding, an import) embeds anything, it claims the collecti
 releases by itself when the holder dies). A server that cannot claim it keeps the job waiting:
 its status shows the progress the holder records (``runs_here`` false) and, for a re-embedding,
 the collection answers 503 as on the holder. Each wait tries the lease again, so when the holder
-dies another server takes the job up from its record, and embeds at most what the holder had not
-recorded yet. The holder checks its lease before every batch and, once it is lost, stops writing
-and waits like the others.
+dies another server takes the job up where it stood (a re-embedding from its staged copy, an
+import past the images already added). The holder checks its lease before every batch and, once
+it is lost, stops writing and waits like the others.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ async def run_leased(collections: Collections, name: str, job: Job, run: Callabl
     waited = False
     while True:
         job.check_stopping()
-        lease = await _claim(collections, name)
+        lease = await _claim(collections, name, quiet=waited)
         if lease is not None:
             job.lease, job.runs_here = lease, True
             try:
@@ -69,13 +69,16 @@ async def keep_lease(collections: Collections, job: Job) -> None:
         raise LeaseLost
 
 
-async def _claim(collections: Collections, name: str) -> JobLease | None:
+async def _claim(collections: Collections, name: str, *, quiet: bool) -> JobLease | None:
+    """The lease, or None while another server holds it or the database cannot be reached (logged
+    once a wait, not every try)."""
     try:
         return await collections.call(collections.store.claim_job, name)
     except ClipError as exc:
         if exc.code is not ErrorCode.not_ready:  # the collection dropped: the job ends
             raise
-        log.warning("collection %s: its job lease cannot be claimed yet (%s)", name, exc.message)
+        level = logging.DEBUG if quiet else logging.WARNING
+        log.log(level, "collection %s: its job lease cannot be claimed yet (%s)", name, exc.message)
         return None
 
 
