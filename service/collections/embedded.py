@@ -350,6 +350,11 @@ class EmbeddedCollections:
                 out[path.stem] = json.loads(found[0])
         return out
 
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        with self._use(name) as coll:
+            found = coll.db.execute("SELECT value FROM info WHERE key = ?", (_JOB,)).fetchone()
+        return None if found is None else dict(json.loads(found[0]))
+
     def claim_job(self, name: str) -> JobLease | None:
         # One server process owns the folder, and runs one job a collection (``JobBoard``): the
         # lease is always its own.

@@ -85,7 +85,7 @@ async def _claim(collections: Collections, name: str, *, quiet: bool) -> JobLeas
 async def _follow(collections: Collections, name: str, job: Job) -> None:
     """The holder's recorded progress, shown by this server's status of the job."""
     try:
-        record = (await collections.call(collections.store.saved_jobs)).get(name)
+        record = await collections.call(collections.store.saved_job, name)
     except ClipError:
         return
     if record is not None and record.get("kind", "reembed") == job.kind:

@@ -417,6 +417,13 @@ class PostgresCollections:
             rows = conn.execute("SELECT c.name, j.job FROM clip_jobs j JOIN clip_collections c USING (key)")
             return {name: dict(job) for name, job in rows}
 
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        with self._connection() as conn:
+            found = conn.execute(
+                "SELECT j.job FROM clip_jobs j JOIN clip_collections c USING (key) WHERE c.name = %s", (name,)
+            ).fetchone()
+            return None if found is None else dict(found[0])
+
     def claim_job(self, name: str) -> JobLease | None:
         with self._connection() as conn:
             key = self._row(conn, name).key

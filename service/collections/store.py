@@ -126,6 +126,9 @@ class CollectionStore(Protocol):
     def saved_jobs(self) -> dict[str, dict[str, object]]:
         """Every collection's kept job record, by collection name (cheap: no index is loaded)."""
 
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        """The collection's kept job record, if it has one."""
+
     def claim_job(self, name: str) -> JobLease | None:
         """The lease to run the collection's job, or None while another server holds it. A server
         that dies loses it by itself (its database session ends): another takes the job up."""

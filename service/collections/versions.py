@@ -88,7 +88,7 @@ async def _join_recorded_reembed(
     """A collection another server re-embeds (to the version this one serves: its record says so)
     answers 503 here too, as on that server, not 409: this server follows the job (and takes it
     up if that server dies)."""
-    record = (await collections.call(collections.store.saved_jobs)).get(info.name)
+    record = await collections.call(collections.store.saved_job, info.name)
     current = services.models.resolve(info.model).entry.current
     if record is None or record.get("kind", "reembed") != "reembed" or current is None:
         return

@@ -172,6 +172,7 @@ def test_a_running_jobs_record_and_its_staged_copy_outlive_the_store_and_end_wit
     # A restart: the record and the staged copy are there, the collection still on its version.
     store = open_store()
     assert store.saved_jobs() == {"c": {**record, "done": 1}}
+    assert store.saved_job("c") == {**record, "done": 1} and store.saved_job("d") is None
     staged = store.staged_images("c")
     assert staged is not None and staged[0] == "v2"
     assert [(s.id, s.metadata, s.image) for s in staged[1]] == [("i0", {"n": 0}, f"{0:064x}")]
