@@ -35,8 +35,8 @@ from service.api.routes import classify, collections, dense, embed, health, mode
 from service.api.routes.docs import install_docs
 from service.api.routes.playground import install_playground
 from service.auth import ApiKeyAuth
+from service.collections.resume import resume_jobs
 from service.collections.service import Collections
-from service.collections.versions import resume_reembeds
 from service.config import Settings
 from service.fastapi_telemetry import settle_telemetry
 from service.runtime.cache import EmbeddingCache
@@ -91,10 +91,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         settle()  # what the imports made lives as long as the process: kept out of collections
         await services.models.start()
-        # Re-embeddings a stopped server left running are taken up before it serves (their
-        # collections answer 503 from the first request); a database not reachable yet is
+        # Jobs a stopped server left running are taken up before it serves (a collection being
+        # re-embedded answers 503 from the first request); a database not reachable yet is
         # waited for in the background.
-        resuming = asyncio.create_task(resume_reembeds(services, services.pipeline, user_collections))
+        import_check = collections.item_check(user_collections.settings)
+        resuming = asyncio.create_task(resume_jobs(services, services.pipeline, user_collections, import_check))
         await asyncio.wait([resuming], timeout=RESUME_WAIT_S)
         try:
             yield

@@ -26,6 +26,7 @@ import numpy as np
 from clipcore.errors import ClipError, ErrorCode
 from service.collections.store import (
     CollectionInfo,
+    JobLease,
     NewItem,
     Scalar,
     StoredHit,
@@ -40,7 +41,7 @@ CREATE TABLE items (key INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NU
                     metadata TEXT NOT NULL, vector BLOB NOT NULL, image TEXT);
 CREATE TABLE dense (key INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 """
-_JOB = "job"  # the ``info`` key of a running re-embedding's record
+_JOB = "job"  # the ``info`` key of a running job's record (a re-embedding, an import)
 # A metadata (key, value) as the filters match it: equal only within one JSON type (1 == 1.0,
 # 1 != true != "1").
 _Term = tuple[str, str, Scalar]
@@ -349,6 +350,18 @@ class EmbeddedCollections:
                 out[path.stem] = json.loads(found[0])
         return out
 
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        with self._use(name) as coll:
+            found = coll.db.execute("SELECT value FROM info WHERE key = ?", (_JOB,)).fetchone()
+        return None if found is None else dict(json.loads(found[0]))
+
+    def claim_job(self, name: str) -> JobLease | None:
+        # One server process owns the folder, and runs one job a collection (``JobBoard``): the
+        # lease is always its own.
+        if not self._path(name).exists():
+            raise unknown(name)
+        return _OwnFolder()
+
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _matching(coll: _Open, where: Mapping[str, Scalar]) -> set[int]:
@@ -405,6 +418,16 @@ class EmbeddedCollections:
         if keys:
             index.add_with_ids(np.stack(vectors), np.asarray(keys, dtype=np.int64))
         return coll
+
+
+class _OwnFolder:
+    """The lease of a job on the embedded store: held as long as the process lives."""
+
+    def holds(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
 
 
 def _insert(db: sqlite3.Connection, info: dict[str, object], item: NewItem, vector: np.ndarray) -> int:

@@ -2,9 +2,10 @@
 
 A job runs as a task of the server's event loop; its progress is shown by ``GET
 /collections/{name}`` (the last job of the collection, running or finished) and in the
-``clip_collection_job_images_total`` metric. A re-embedding also keeps its record with the
-collection (``service.collections.versions``), so a restarted server takes it up from its staged
-copy; an import is not taken up (the collection holds the images it had reached).
+``clip_collection_job_images_total`` metric. Each keeps its record with the collection after
+every batch, so a restarted server takes it up (``service.collections.versions``: a re-embedding
+from its staged copy; ``service.collections.imports``: an import past the images already added),
+and one server at a time runs it (``service.collections.leases``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 from clipcore.errors import ClipError, ErrorCode
+from service.collections.store import JobLease
 
 log = logging.getLogger("service.collections")
 
@@ -39,6 +41,10 @@ class Job:
     started_at: str = ""
     finished_at: str | None = None
     stopping: bool = False  # set by ``JobBoard.cancel``: the job ends before its next batch
+    # Whether this server holds the job's lease and runs it; false until it does, and while another
+    # server sharing the store runs it (this one waits, showing that server's recorded progress).
+    runs_here: bool = False
+    lease: JobLease | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.started_at = self.started_at or now()

@@ -5,7 +5,8 @@ collection, with its item count kept in the same transaction as the adds so ``in
 counts a million rows), and per collection an items table (``clip_items_<key>``: the id, the
 metadata as JSONB under a GIN index, the vector as pgvector ``vector(d)``) and a table of DCSM
 tokens (``clip_dense_<key>``, float16 bytes) that a search never reads. A re-embedding's staged
-copy is listed in ``clip_staged`` and its running job's record kept in ``clip_jobs``. Tables are named by the
+copy is listed in ``clip_staged`` and its running job's record kept in ``clip_jobs``; the server
+that runs a collection's job holds a session-level advisory lock on it (``claim_job``). Tables are named by the
 catalogue's key, not the collection name: names may be 64 characters, identifiers only 63.
 
 The kNN is ``ORDER BY vector <#> query`` (pgvector's negative inner product; the vectors are unit
@@ -39,6 +40,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from clipcore.errors import ClipError, ErrorCode
 from service.collections.store import (
     CollectionInfo,
+    JobLease,
     NewItem,
     Scalar,
     StoredHit,
@@ -50,6 +52,10 @@ from service.collections.store import (
 IndexKind = Literal["exact", "hnsw"]
 # This backend's own options in the URL's query; every other one goes to libpq (sslmode, ...).
 _OPTIONS = ("index", "hnsw_m", "hnsw_ef_construction", "ef_search", "pool_wait_s")
+
+# The first key of the session-level advisory lock that leases a collection's job (the second is
+# the collection's key): "clip" in ASCII, so other users of the database's advisory locks can tell.
+LEASE_SPACE = 0x636C6970
 
 _CATALOGUE = """
 CREATE TABLE IF NOT EXISTS clip_collections (
@@ -65,8 +71,8 @@ CREATE TABLE IF NOT EXISTS clip_staged (
     dim integer NOT NULL, dense boolean NOT NULL)
 """
 
-# A running re-embedding's record (``save_job``): one row a collection, gone with it, and removed
-# by ``commit_staged`` in the transaction that switches the collection.
+# A running job's record (``save_job``): one row a collection, gone with it, and removed by
+# ``commit_staged`` in the transaction that switches the collection.
 _JOBS = """
 CREATE TABLE IF NOT EXISTS clip_jobs (
     key integer PRIMARY KEY REFERENCES clip_collections ON DELETE CASCADE, job jsonb NOT NULL)
@@ -422,6 +428,35 @@ class PostgresCollections:
             rows = conn.execute("SELECT c.name, j.job FROM clip_jobs j JOIN clip_collections c USING (key)")
             return {name: dict(job) for name, job in rows}
 
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        with self._connection() as conn:
+            found = conn.execute(
+                "SELECT j.job FROM clip_jobs j JOIN clip_collections c USING (key) WHERE c.name = %s", (name,)
+            ).fetchone()
+            return None if found is None else dict(found[0])
+
+    def claim_job(self, name: str) -> JobLease | None:
+        with self._connection() as conn:
+            key = self._row(conn, name).key
+        # A connection of its own, outside the pool, for as long as the job runs: the advisory lock
+        # is the session's, so PostgreSQL itself releases it when the server holding it dies
+        # (its connection closes) or is cut off; a pooled connection would be handed on.
+        try:
+            session = psycopg.connect(
+                self.options.conninfo, autocommit=True, connect_timeout=max(1, round(self.options.pool_wait_s))
+            )
+        except psycopg.OperationalError as e:
+            raise self._unreachable(_first_line(e)) from None
+        try:
+            (held,) = session.execute("SELECT pg_try_advisory_lock(%s, %s)", (LEASE_SPACE, key)).fetchone()  # type: ignore[misc]
+        except psycopg.Error as e:
+            session.close()
+            raise self._unreachable(_first_line(e)) from None
+        if not held:
+            session.close()
+            return None
+        return _AdvisoryLease(session)
+
     @staticmethod
     def _drop_staged(conn: psycopg.Connection[Any], key: int) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(_dense(key, True), _items(key, True)))
@@ -474,6 +509,24 @@ class PostgresCollections:
         if found is None:
             raise unknown(name)
         return _row_of(found)
+
+
+class _AdvisoryLease:
+    """A collection's job lease: a session-level advisory lock, held by its own connection."""
+
+    def __init__(self, session: psycopg.Connection[Any]) -> None:
+        self._session = session
+
+    def holds(self) -> bool:
+        # A session that still answers still holds its lock (only an unlock or its end frees it).
+        try:
+            self._session.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    def release(self) -> None:
+        self._session.close()  # the session's end releases its advisory locks
 
 
 def _write_items(conn: psycopg.Connection[Any], key: int, dim: int, items: Sequence[NewItem], staged: bool) -> int:

@@ -34,6 +34,11 @@ class JobInfo(BaseModel):
     done: int = Field(description="images embedded so far")
     total: int = Field(description="images the job embeds")
     error: str | None = Field(default=None, description="why it failed")
+    runs_here: bool = Field(
+        description="whether this server runs the job (holds its lease); false until it starts, and while "
+        "another server sharing the collections database runs it: this one shows that server's recorded "
+        "progress and takes the job up if that server dies"
+    )
     started_at: str
     finished_at: str | None = None
 

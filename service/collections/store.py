@@ -53,6 +53,16 @@ class StoredImage:
     image: str | None  # sha256 of its bytes; None for an item added before images were kept
 
 
+class JobLease(Protocol):
+    """This server's right to run a collection's job (``CollectionStore.claim_job``): one holder at
+    a time, among every server sharing the store."""
+
+    def holds(self) -> bool:
+        """Whether it is still held (checked before each batch: a lease lost, the job stops)."""
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class StoredHit:
     id: str
@@ -107,13 +117,21 @@ class CollectionStore(Protocol):
         """The staged copy's version and items (``stored_images`` of it), or None if there is none:
         a re-embedding taken up after a restart goes on from them."""
 
-    # A running re-embedding's record, kept with the collection so that a server that stopped
-    # (or was killed) takes it up again at start-up: ``commit_staged`` and ``drop`` remove it.
+    # A running job's record (a re-embedding, an import), kept with the collection so that a
+    # server that stopped (or was killed) takes it up again at start-up: ``commit_staged`` and
+    # ``drop`` remove it.
     def save_job(self, name: str, job: Mapping[str, object] | None) -> None:
         """Keep ``job`` (JSON values) as the collection's running job, or remove it (None)."""
 
     def saved_jobs(self) -> dict[str, dict[str, object]]:
         """Every collection's kept job record, by collection name (cheap: no index is loaded)."""
+
+    def saved_job(self, name: str) -> dict[str, object] | None:
+        """The collection's kept job record, if it has one."""
+
+    def claim_job(self, name: str) -> JobLease | None:
+        """The lease to run the collection's job, or None while another server holds it. A server
+        that dies loses it by itself (its database session ends): another takes the job up."""
 
     def close(self) -> None: ...
 

@@ -8,7 +8,8 @@ replaced the collection by it at once. While it runs the collection answers 503 
 version's model is no longer served to embed a query, and the new items are incomplete): a
 search is never answered from a mix of the two. The job's record (target version, progress) is
 kept with the collection after every batch; a server that stopped or was killed mid-job takes it
-up at start-up (``resume_reembeds``), going on from the staged copy.
+up at start-up (``resume_reembed``), going on from the staged copy. One server at a time runs it
+(``service.collections.leases``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from fastapi import Request
 
@@ -26,6 +27,7 @@ from clipcore.errors import ClipError, ErrorCode
 from service.api.answering import use_model
 from service.api.deps import Services
 from service.collections.jobs import Job
+from service.collections.leases import keep_lease, run_leased
 from service.collections.operations import add_read_images, stores_dense
 from service.collections.service import Collections, model_ref
 from service.collections.store import CollectionInfo, StoredImage
@@ -34,7 +36,6 @@ from service.runtime.pipeline import Pipeline
 from service.runtime.served import Selection
 
 log = logging.getLogger("service.collections")
-RESUME_RETRY_S = 5.0  # between tries to read the running jobs while the store cannot be reached
 
 
 @contextlib.asynccontextmanager
@@ -44,7 +45,12 @@ async def bound_runtime(
     """The runtime of the version the collection holds, held for the request; 503 while it is
     re-embedded, and once its model serves another version 409 ``version_mismatch`` (or, with
     ``collections.reembed: auto``, a re-embedding starts and the answer is 503): never mixed."""
-    selection = check_version(services, pipeline, collections, info)
+    try:
+        selection = check_version(services, pipeline, collections, info)
+    except ClipError as exc:
+        if exc.code is ErrorCode.version_mismatch:
+            await _join_recorded_reembed(services, pipeline, collections, info)
+        raise
     # No await between the check above and the hold: a swap cannot come in between.
     async with use_model(request, services, Selection(selection.entry, info.version)) as runtime:
         yield runtime
@@ -76,6 +82,28 @@ def check_version(services: Services, pipeline: Pipeline, collections: Collectio
     return selection
 
 
+async def _join_recorded_reembed(
+    services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo
+) -> None:
+    """A collection another server re-embeds (to the version this one serves: its record says so)
+    answers 503 here too, as on that server, not 409: this server follows the job (and takes it
+    up if that server dies)."""
+    record = await collections.call(collections.store.saved_job, info.name)
+    current = services.models.resolve(info.model).entry.current
+    if record is None or record.get("kind", "reembed") != "reembed" or current is None:
+        return
+    if record.get("version") != current.bundle.version or collections.jobs.running(info.name) is not None:
+        return
+    job = start_reembed(services, pipeline, collections, info)
+    raise ClipError(
+        ErrorCode.not_ready,
+        f"collection {info.name!r} is being re-embedded with {job.model} (by another server sharing its database); "
+        "it answers again once that completes (GET /collections/{name} shows the progress)",
+        "name",
+        retry_after=2,
+    )
+
+
 def start_reembed(services: Services, pipeline: Pipeline, collections: Collections, info: CollectionInfo) -> Job:
     """Starts re-embedding ``info``'s collection with the version its model serves now (the
     running re-embedding if one runs); for a collection already on that version the job ends at once."""
@@ -89,72 +117,46 @@ def start_reembed(services: Services, pipeline: Pipeline, collections: Collectio
     target = Selection(selection.entry, current.bundle.version)
     job = Job("reembed", current.ref, total=info.count)
 
+    async def run(job: Job) -> None:
+        await _reembed(services, pipeline, collections, info.name, target, job)
+
     async def work(job: Job) -> None:
-        await _reembed(services, pipeline, collections, info.name, target, job, resumed=False)
+        await run_leased(collections, info.name, job, run)
 
-    return collections.jobs.start(info.name, job, _keeping_record(collections, info.name, work))
-
-
-async def resume_reembeds(services: Services, pipeline: Pipeline, collections: Collections) -> None:
-    """At start-up: takes up every re-embedding a server left running (stopped, or killed), from
-    the record kept with its collection, going on from its staged copy. Until each has switched
-    its collection, that collection answers 503 like any being re-embedded. A database not
-    reachable yet is waited for."""
-    while True:
-        try:
-            saved = await collections.call(collections.store.saved_jobs)
-            break
-        except ClipError as exc:
-            log.warning("collections: the running jobs cannot be read yet (%s); retrying", exc.message)
-            await asyncio.sleep(RESUME_RETRY_S)
-    for name, record in saved.items():
-        if collections.jobs.running(name) is not None:  # a request started one meanwhile
-            continue
-        try:
-            version = str(record["version"])
-            job = Job("reembed", str(record["model"]), int(record["total"]), int(record["done"]),  # type: ignore[call-overload]
-                      started_at=str(record["started_at"]))  # fmt: skip
-        except (KeyError, TypeError, ValueError):
-            log.warning("collection %s: an unreadable job record is dropped: %r", name, record)
-            await collections.call(collections.store.save_job, name, None)
-            continue
-
-        async def work(job: Job, name: str = name, version: str = version) -> None:
-            info = await collections.call(collections.store.info, name)
-            entry = services.models.resolve(info.model).entry
-            while entry.current is None and entry.state == "loading":  # the server's models load at start
-                job.check_stopping()
-                await asyncio.sleep(0.2)
-            current = entry.current
-            if current is not None and current.bundle.version != version:
-                raise ClipError(
-                    ErrorCode.version_mismatch,
-                    f"{info.model} serves {current.ref} now, not {job.model}: the re-embedding is not taken up",
-                )
-            await _reembed(services, pipeline, collections, name, Selection(entry, version), job, resumed=True)
-
-        collections.jobs.start(name, job, _keeping_record(collections, name, work))
-        log.info(
-            "collection %s: re-embedding with %s taken up again (%d/%d images)", name, job.model, job.done, job.total
-        )
+    return collections.jobs.start(info.name, job, work)
 
 
-def _keeping_record(
-    collections: Collections, name: str, work: Callable[[Job], Awaitable[None]]
-) -> Callable[[Job], Awaitable[None]]:
-    """``work`` whose failure removes the collection's job record (the collection stays on its
-    version); a job stopped by the server's shutdown keeps it, to be taken up at the next start."""
+def resume_reembed(
+    services: Services, pipeline: Pipeline, collections: Collections, name: str, record: Mapping[str, object]
+) -> Job:
+    """Takes up the re-embedding ``record`` describes (``ValueError`` for a record not readable)."""
+    try:
+        version = str(record["version"])
+        job = Job("reembed", str(record["model"]), int(record["total"]), int(record["done"]),  # type: ignore[call-overload]
+                  started_at=str(record["started_at"]))  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"an unreadable re-embedding record: {record!r}") from exc
 
     async def run(job: Job) -> None:
-        try:
-            await work(job)
-        except BaseException:
-            if not job.stopping:
-                with contextlib.suppress(ClipError):  # dropped, or the database gone: nothing to remove
-                    await collections.call(collections.store.save_job, name, None)
-            raise
+        info = await collections.call(collections.store.info, name)
+        entry = services.models.resolve(info.model).entry
+        while entry.current is None and entry.state == "loading":  # the server's models load at start
+            job.check_stopping()
+            await asyncio.sleep(0.2)
+        current = entry.current
+        if current is not None and current.bundle.version != version:
+            raise ClipError(
+                ErrorCode.version_mismatch,
+                f"{info.model} serves {current.ref} now, not {job.model}: the re-embedding is not taken up",
+            )
+        await _reembed(services, pipeline, collections, name, Selection(entry, version), job)
 
-    return run
+    async def work(job: Job) -> None:
+        await run_leased(collections, name, job, run)
+
+    collections.jobs.start(name, job, work)
+    log.info("collection %s: re-embedding with %s taken up again (%d/%d images)", name, job.model, job.done, job.total)
+    return job
 
 
 async def _save(collections: Collections, name: str, job: Job, version: str) -> None:
@@ -170,8 +172,6 @@ async def _reembed(
     name: str,
     target: Selection,
     job: Job,
-    *,
-    resumed: bool,
 ) -> None:
     store, version = collections.store, target.version
     assert version is not None
@@ -186,10 +186,12 @@ async def _reembed(
     staged: CollectionInfo | None = None
     done: set[tuple[str, str | None, str]] = set()
     restage = True
-    if resumed:  # what the staged copy holds already is not embedded again
-        previous = await collections.call(store.staged_images, name)
-        if previous is not None and previous[0] == version and {i.id for i in previous[1]} <= {i.id for i in items}:
-            done, restage = {_key(item) for item in previous[1]}, False
+    # What a staged copy for this version holds already (a job taken up after a restart, or from a
+    # server that died) is not embedded again: an item staged with the same bytes and metadata is
+    # what this job would write.
+    previous = await collections.call(store.staged_images, name)
+    if previous is not None and previous[0] == version and {i.id for i in previous[1]} <= {i.id for i in items}:
+        done, restage = {_key(item) for item in previous[1]}, False
     job.done = sum(_key(item) in done for item in items)
     await _save(collections, name, job, version)
     batch = collections.settings.max_items_per_add
@@ -199,6 +201,7 @@ async def _reembed(
         job.total = len(done) + len(todo)
         for start in range(0, len(todo), batch):
             job.check_stopping()
+            await keep_lease(collections, job)
             chunk = todo[start : start + batch]
             raw = [await collections.call(collections.images.get, name, item.image) for item in chunk if item.image]
             # Leased per batch: once the entry serves yet another version, the lease refuses this
@@ -225,6 +228,7 @@ async def _reembed(
             done = {_key(item) for item in holds[1]} if holds is not None and holds[0] == version else set()
             job.done = sum(_key(item) in done for item in items)
     job.check_stopping()
+    await keep_lease(collections, job)
     current = target.entry.current
     if current is None or current.bundle.version != version:
         await collections.call(store.discard_staged, name)

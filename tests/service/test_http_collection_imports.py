@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from clipcore.errors import ClipError, ErrorCode
+from loadtests.local_stack import metric_value
 from service.collections.imports import allowed
 
 
@@ -75,6 +76,25 @@ def test_a_folder_is_imported_by_a_job_every_image_under_its_relative_path(
     assert sorted(h["id"] for h in hits) == ["blue-square.png", "red-circle.png", "sub/green.png"]
     assert hits[0]["id"] == "sub/green.png" and hits[0]["scores"]["cosine"] == pytest.approx(1, abs=3e-3)
     assert 'clip_collection_job_images_total{kind="import"}' in client.get("/metrics").text
+    # Imported again: what the collection holds with the same bytes and metadata is done already,
+    # and only a changed image is embedded again.
+    embedded = metric_value(str(client.base_url), "clip_collection_job_images_total", kind="import")
+    assert client.post("/collections/folder/imports", json={"path": str(dataset / "catalogue")}).status_code == 202
+    info = finished(client, "folder")
+    assert (info["job"]["state"], info["job"]["done"], info["count"]) == ("done", 3, 3), info
+    assert metric_value(str(client.base_url), "clip_collection_job_images_total", kind="import") == embedded
+    changed = dataset / "catalogue" / "red-circle.png"
+    original = changed.read_bytes()
+    changed.write_bytes(base64.b64decode(make_image("circle", "blue")["data"]))
+    try:
+        assert client.post("/collections/folder/imports", json={"path": str(dataset / "catalogue")}).status_code == 202
+        assert finished(client, "folder")["job"]["done"] == 3
+        assert metric_value(str(client.base_url), "clip_collection_job_images_total", kind="import") == embedded + 1
+        body = {"image": make_image("circle", "blue"), "limit": 1}
+        (hit,) = client.post("/collections/folder/search", json=body).json()["hits"]
+        assert hit["id"] == "red-circle.png" and hit["scores"]["cosine"] == pytest.approx(1, abs=3e-3)
+    finally:
+        changed.write_bytes(original)
 
 
 def test_a_manifest_gives_ids_and_metadata(client: httpx.Client, dataset: Path, make_image: Any) -> None:

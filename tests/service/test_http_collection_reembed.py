@@ -122,7 +122,7 @@ def test_a_hot_swapped_collection_is_reembedded_on_request_and_never_served_mixe
                 f.result()  # a mixed answer failed its assertion there
         assert info["job"] | {"started_at": None, "finished_at": None} == {
             "kind": "reembed", "model": v2, "state": "done", "done": 4, "total": 4, "error": None,
-            "started_at": None, "finished_at": None,
+            "runs_here": True, "started_at": None, "finished_at": None,
         }  # fmt: skip
         assert (info["model"], info["count"]) == (v2, 4)
         assert set(seen) <= {(200, v1), (503, "not_ready"), (409, "version_mismatch"), (200, v2), (200, None)}

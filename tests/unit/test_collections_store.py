@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
 from pgvector_server import pgvector_server_fixture, pgvector_url_fixture  # noqa: F401
 
@@ -171,6 +172,7 @@ def test_a_running_jobs_record_and_its_staged_copy_outlive_the_store_and_end_wit
     # A restart: the record and the staged copy are there, the collection still on its version.
     store = open_store()
     assert store.saved_jobs() == {"c": {**record, "done": 1}}
+    assert store.saved_job("c") == {**record, "done": 1} and store.saved_job("d") is None
     staged = store.staged_images("c")
     assert staged is not None and staged[0] == "v2"
     assert [(s.id, s.metadata, s.image) for s in staged[1]] == [("i0", {"n": 0}, f"{0:064x}")]
@@ -183,3 +185,48 @@ def test_a_running_jobs_record_and_its_staged_copy_outlive_the_store_and_end_wit
     store.drop("d")  # a dropped collection takes its record with it
     assert store.saved_jobs() == {}
     store.close()
+
+
+def test_one_store_at_a_time_holds_a_collections_job_lease_until_it_releases_it_or_its_session_ends(
+    pgvector_url: str,
+) -> None:
+    """Two stores on one database (two servers): the second cannot claim the lease the first
+    holds; once the holder releases it, or its session ends without a word (a killed server's
+    connection), the second claims it; a lease whose session is gone no longer holds."""
+    first, second = open_collections(pgvector_url), open_collections(pgvector_url)
+    try:
+        first.create("leased", "m@production", "v1", 4, dense=False)
+        first.create("other", "m@production", "v1", 4, dense=False)
+        lease = first.claim_job("leased")
+        assert lease is not None and lease.holds()
+        assert second.claim_job("leased") is None
+        other = second.claim_job("other")  # one lease a collection
+        assert other is not None
+        other.release()
+        lease.release()
+        taken = second.claim_job("leased")
+        assert taken is not None and first.claim_job("leased") is None
+        # The holder's session ended by the database (as when its server dies): the lease is free.
+        session = taken._session  # type: ignore[attr-defined]
+        with psycopg.connect(pgvector_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (session.info.backend_pid,))
+        assert not taken.holds()
+        again = first.claim_job("leased")
+        assert again is not None
+        again.release()
+        with pytest.raises(ClipError) as absent:
+            first.claim_job("absent")
+        assert absent.value.code == ErrorCode.unknown_collection
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_embedded_store_leases_every_job_to_its_own_process(tmp_path: Path) -> None:
+    store = EmbeddedCollections(tmp_path)
+    store.create("c", "m@production", "v1", 4, dense=False)
+    lease = store.claim_job("c")
+    assert lease is not None and lease.holds()
+    lease.release()
+    with pytest.raises(ClipError):
+        store.claim_job("absent")

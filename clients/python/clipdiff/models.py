@@ -212,7 +212,8 @@ class ServerLimits(_Result):
 class CollectionJob(_Result):
     """A collection's background job: ``reembed`` (its images embedded again with the version its
     model serves now) or ``import`` (images added from a server folder); ``done`` of ``total``
-    images, ``state`` running, done or failed (with the ``error``)."""
+    images, ``state`` running, done or failed (with the ``error``); ``runs_here`` false while
+    another server sharing the collections database runs it (this one shows its progress)."""
 
     kind: str
     model: str
@@ -220,6 +221,7 @@ class CollectionJob(_Result):
     done: int
     total: int
     error: str | None = None
+    runs_here: bool = True  # servers from before job leases do not send it: each ran its own jobs
     started_at: str
     finished_at: str | None = None
 

@@ -15,7 +15,7 @@ from service.api.multipart import openapi_form
 from service.api.schemas import ERROR_RESPONSES, error_response_doc
 from service.api.validation import check_count, check_text, is_unicode
 from service.collections import operations
-from service.collections.imports import list_dataset, start_import
+from service.collections.imports import ItemCheck, list_dataset, start_import
 from service.collections.jobs import Job
 from service.collections.schemas import (
     AddImagesForm,
@@ -152,12 +152,10 @@ async def import_dataset(
     info = await collections.call(collections.store.info, name)
     check_version(services, pipeline, collections, info)
     bounds = collections.settings
-
-    def check(item_id: str, metadata: Mapping[str, Scalar], field: str) -> None:
-        check_item(item_id, metadata, field, bounds)
-
-    items = await collections.call(list_dataset, req.path, bounds.import_roots, bounds.max_items_per_import, check)
-    return _shown(info, start_import(services, pipeline, collections, info, items))
+    items = await collections.call(
+        list_dataset, req.path, bounds.import_roots, bounds.max_items_per_import, item_check(bounds)
+    )
+    return _shown(info, start_import(services, pipeline, collections, info, req.path, items))
 
 
 @router.delete("/collections/{name}/images/{item_id}", response_model=RemovedResponse)
@@ -188,6 +186,15 @@ def check_add(req: AddImagesRequest, bounds: CollectionsSettings) -> None:
     check_count(req.items, "items", 1, bounds.max_items_per_add, "items")
     for i, item in enumerate(req.items):
         check_item(item.id, item.metadata, f"items.{i}", bounds)
+
+
+def item_check(bounds: CollectionsSettings) -> ItemCheck:
+    """``check_item`` under these bounds, as an import checks each item of its dataset."""
+
+    def check(item_id: str, metadata: Mapping[str, Scalar], field: str) -> None:
+        check_item(item_id, metadata, field, bounds)
+
+    return check
 
 
 def check_item(item_id: str, metadata: Mapping[str, Scalar], field: str, bounds: CollectionsSettings) -> None:
