@@ -204,10 +204,12 @@ class DynamicBatcher(Generic[T, R]):
         self._publish_depth()
         self._wakeup.set()
         try:
-            # shield: a timeout must not cancel the future the collector may complete. A timeout
-            # block rather than wait_for: no waiter future and callbacks of its own per request.
+            # A timeout block rather than wait_for: no waiter future and callbacks of its own per
+            # request. No shield either (another future and two callback hops per request): a
+            # timeout or a client gone cancels ``req.future`` itself, and the collector completes
+            # only futures not done, of requests not dropped.
             async with asyncio.timeout(timeout):
-                results = await asyncio.shield(req.future)
+                results = await req.future
         except TimeoutError:
             self._drop(req)
             self.record_rejection("deadline")
