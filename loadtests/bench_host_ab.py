@@ -8,7 +8,8 @@ both meet the same moments of the machine. Per cell: the server's CPU per answer
 tree, from /proc), the CPU of the process that runs the model (the engine with ``CLIP_WORKERS`` > 1,
 else the server itself) and the share of that spent on its main thread (the event loop: HTTP,
 validation, the pipeline's bookkeeping, serialisation; the rest is the decode pool, the model
-threads and the intra-op threads), req/s and p50 / p99. Printed: medians over the cells, and B / A.
+threads and the intra-op threads), req/s, p50 / p99, and the mean image batch the model ran (from
+``/metrics``). Printed: medians over the cells, and B / A.
 
     .venv/bin/python -P -m loadtests.bench_host_ab --a base:PYTHONPATH=../wt-base --b new:PYTHONPATH=. \\
         --endpoints embed classify rank-pair --concurrency 8 32 64 --cells 6 --cell 4
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +61,20 @@ class AbCell:
     engine_ms: float  # of which the process that runs the model (the server itself without a split)
     loop_ms: float  # of which that process's main thread (the event loop)
     failed: int
+    batch: float  # mean items per image batch the model ran during the cell
+
+
+_BATCH_SIZE = re.compile(r'^clip_batch_size_(sum|count)\{[^}]*batcher="image"[^}]*\} (\S+)$', re.M)
+
+
+def image_batches(url: str) -> tuple[float, float]:
+    """(items, batches) of the image batchers so far, from the server's ``/metrics``."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {"sum": 0.0, "count": 0.0}
+    for kind, value in _BATCH_SIZE.findall(text):
+        found[kind] += float(value)
+    return found["sum"], found["count"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,14 +129,17 @@ def main(argv: list[str] | None = None) -> None:
                     for name in order:
                         pid, engine, url = servers[name]
                         cell_id += 1
+                        items0, batches0 = image_batches(url)
                         cpu0, engine0, loop0 = tree_cpu_s(pid), process_cpu_s(engine), thread_cpu_s(engine, engine)
                         res = run_wrk(url + path, bases, template, cell_id, c, args.cell)
                         cpu, loop = tree_cpu_s(pid) - cpu0, thread_cpu_s(engine, engine) - loop0
+                        items1, batches1 = image_batches(url)
                         # One process serving: its engine is the server, one reading for both.
                         engine_cpu = cpu if engine == pid else process_cpu_s(engine) - engine0
                         ok = max(res.ok, 1)
                         cells.append(AbCell(name, endpoint, c, res.req_per_s, res.p50_ms, res.p99_ms, 1000 * cpu / ok,
-                                            1000 * engine_cpu / ok, 1000 * loop / ok, res.failed))  # fmt: skip
+                                            1000 * engine_cpu / ok, 1000 * loop / ok, res.failed,
+                                            (items1 - items0) / max(batches1 - batches0, 1)))  # fmt: skip
                 summary_row(cells, args.a.name, args.b.name, endpoint, c, flush=True)
     print()
     print(f"machine: {info['cpu']}, {info['cores']} cores; {args.cells} cells of {args.cell} s per variant and row, "
@@ -127,9 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"| endpoint, c | CPU ms / answer {args.a.name} | {args.b.name} | B / A | engine ms {args.a.name} | "
         f"{args.b.name} | B / A | its event loop ms {args.a.name} | {args.b.name} | req/s {args.a.name} | "
-        f"{args.b.name} | p50 / p99 ms {args.a.name} | {args.b.name} | failed |"
+        f"{args.b.name} | p50 / p99 ms {args.a.name} | {args.b.name} | image batch {args.a.name} | {args.b.name} | "
+        "failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for endpoint in args.endpoints:
         for c in args.concurrency:
             summary_row(cells, args.a.name, args.b.name, endpoint, c)
@@ -146,7 +167,8 @@ def summary_row(cells: list[AbCell], a: str, b: str, endpoint: str, c: int, flus
           f"**{med(b, 'cpu_ms') / med(a, 'cpu_ms'):.2f}x** | {med(a, 'engine_ms'):.2f} | {med(b, 'engine_ms'):.2f} | "
           f"**{med(b, 'engine_ms') / med(a, 'engine_ms'):.2f}x** | {med(a, 'loop_ms'):.2f} | {med(b, 'loop_ms'):.2f} | "
           f"{med(a, 'req_per_s'):.0f} | {med(b, 'req_per_s'):.0f} | {med(a, 'p50_ms'):.0f} / {med(a, 'p99_ms'):.0f} | "
-          f"{med(b, 'p50_ms'):.0f} / {med(b, 'p99_ms'):.0f} | {failed} |", flush=flush)  # fmt: skip
+          f"{med(b, 'p50_ms'):.0f} / {med(b, 'p99_ms'):.0f} | {med(a, 'batch'):.1f} | {med(b, 'batch'):.1f} | "
+          f"{failed} |", flush=flush)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -40,10 +40,14 @@ async def use_model(
     """The runtime of ``model`` that answers the caller ``key`` (``ServedModels.lease``), held from
     start to end, for a route that answers without shadowing."""
     async with services.models.lease(model, key) as runtime:
-        request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
-        request.state.entry = runtime.entry  # the metrics' `model` label
-        request.state.role = runtime.role
+        note_answerer(request, runtime)
         yield runtime
+
+
+def note_answerer(request: Request, runtime: ModelRuntime) -> None:
+    request.state.model = runtime.ref  # for the access log line, X-Model and the metrics by version
+    request.state.entry = runtime.entry  # the metrics' `model` label
+    request.state.role = runtime.role
 
 
 @dataclass
@@ -58,7 +62,9 @@ class Answering:
     background: BackgroundTasks
 
     async def __call__(self, model: Selection, operation: Callable[[ModelRuntime], Awaitable[R]]) -> R:
-        async with use_model(self.request, self.services, model, self.key) as runtime:
+        # ``use_model``'s body, without its generator (one per answer)
+        async with self.services.models.lease(model, self.key) as runtime:
+            note_answerer(self.request, runtime)
             answer = await operation(runtime)
         entry = model.entry
         version = entry.shadow_sample()

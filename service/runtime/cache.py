@@ -114,6 +114,17 @@ def encode_value(array: np.ndarray) -> bytes:
     return header + np.ascontiguousarray(arr, dtype="<f2").tobytes()
 
 
+def stored_value(array: np.ndarray) -> np.ndarray:
+    """``decode_value(encode_value(array))`` without the bytes between: the float16-rounded values
+    as a read-only float32 array, what the LRU holds (the bytes are made only for Redis)."""
+    arr = np.asarray(array)
+    if arr.ndim > _MAX_NDIM:
+        raise ValueError(f"at most {_MAX_NDIM} dimensions, got {arr.ndim}")
+    out = np.asarray(arr, dtype=np.float16).astype(np.float32, order="C")  # ``quantize``, C-ordered
+    out.setflags(write=False)
+    return out
+
+
 def decode_value(data: bytes) -> np.ndarray:
     """Inverse of ``encode_value``: a read-only float32 array; ValueError on a malformed value."""
     if len(data) < 2 or data[0] != FORMAT_F16:
@@ -246,13 +257,11 @@ class EmbeddingCache:
         """Store values in the LRU and (one pipelined round trip of SET EX) in Redis."""
         if not items:
             return
-        encoded: dict[str, bytes] = {}
         for key, array in items.items():
-            data = encode_value(array)
-            encoded[key] = data
-            self._lru_set(key, decode_value(data))
+            self._lru_set(key, stored_value(array))
         if not await self._redis_usable():
             return
+        encoded = {key: encode_value(array) for key, array in items.items()}  # only for Redis
         assert self._redis is not None  # _redis_usable says so
         try:
             async with asyncio.timeout(self.timeout_s):

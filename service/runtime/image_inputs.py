@@ -23,7 +23,7 @@ from service.images import ByteBudget, decode_base64, decode_image, fetch_url
 from service.runtime.assembly import ModelRuntime
 from service.runtime.cache import bytes_digest
 from service.runtime.metrics import ServiceMetrics
-from service.split.wire import PREDECODED, Predecoded, bundle_spec
+from service.split.wire import PREDECODED, Predecoded
 
 __all__ = ["INLINE_BASE64_CHARS", "ImageInputs", "ImageRef", "ReadImages"]
 
@@ -114,7 +114,7 @@ class ImageInputs:
         """Model-input pixels of these images, decoding only those this request has not yet."""
         todo = [d for d in digests if d not in read.decoded]
         if read.predecoded:
-            spec = bundle_spec(runtime.bundle)
+            spec = runtime.pixel_spec
             ready = {d: read.predecoded[d] for d in todo if d in read.predecoded}
             used = {d: p.pixels for d, p in ready.items() if p.spec == spec}
             self.metrics.images_predecoded(used=len(used), stale=len(ready) - len(used))

@@ -24,6 +24,7 @@ from clipcore.models.bundle import ModelBundle
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.measured import MeasuredComparatives
 from service.runtime.roles import PRIMARY
+from service.split.wire import bundle_spec
 
 __all__ = ["ModelRuntime"]
 
@@ -65,6 +66,13 @@ class ModelRuntime:
         """The bundle's logit scale, read once: a served version's weights do not change, and
         reading it is a torch op (tens of microseconds) that /classify paid on every request."""
         return self.bundle.logit_scale
+
+    @functools.cached_property
+    def pixel_spec(self) -> str:
+        """What this version's model-input pixels depend on (``service.split.wire.bundle_spec``), read
+        once: every pre-decoded request compares its pixels' spec with it, and making it builds the
+        version's preprocessing config from its manifest."""
+        return bundle_spec(self.bundle)
 
     @property
     def version(self) -> str:

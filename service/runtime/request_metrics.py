@@ -61,9 +61,9 @@ class RequestMetrics(MetricSet):
 
     def images_predecoded(self, used: int, stale: int) -> None:
         if used:
-            self.predecoded_images_total.labels(outcome="used").inc(used)
+            self._child(self.predecoded_images_total, "used").inc(used)
         if stale:
-            self.predecoded_images_total.labels(outcome="stale").inc(stale)
+            self._child(self.predecoded_images_total, "stale").inc(stale)
 
     def texts_truncated(self, count: int = 1) -> None:
         if count > 0:

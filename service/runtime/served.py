@@ -237,16 +237,26 @@ class ServedModels:
         loaded first (the request waits)."""
         return self.lease(self.resolve(requested), key)
 
-    @contextlib.asynccontextmanager
-    async def lease(self, selection: Selection, key: str | bytes | None = None) -> AsyncIterator[ModelRuntime]:
+    def lease(
+        self, selection: Selection, key: str | bytes | None = None
+    ) -> contextlib.AbstractAsyncContextManager[ModelRuntime]:
         """``acquire`` for a ``model`` already resolved: loaded if need be, routed, held."""
         entry = selection.entry
         # A model not loaded yet is waited for within the request's time budget: under a memory
         # budget it is loaded on request; otherwise it may still be loading at start (the server
         # is ready once its default model is). A failed load answers 503 at once.
         if entry.current is None and entry is not self.default and (self.budget.limited or entry.state == "loading"):
-            await self._load_on_demand(entry)
-        async with entry.acquire(key, selection.version) as runtime:  # no await between the check above and this
+            return self._lease_once_loaded(entry, selection, key)
+        # Loaded (every request but the first ones of a version): the entry's own lease, with no
+        # generator of this method's around it. Callers enter it at once (``async with``).
+        return entry.acquire(key, selection.version)
+
+    @contextlib.asynccontextmanager
+    async def _lease_once_loaded(
+        self, entry: ModelManager, selection: Selection, key: str | bytes | None
+    ) -> AsyncIterator[ModelRuntime]:
+        await self._load_on_demand(entry)
+        async with entry.acquire(key, selection.version) as runtime:  # no await between the load and this
             yield runtime
 
     # ------------------------------------------------------------------ memory budget

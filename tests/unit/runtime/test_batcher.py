@@ -119,6 +119,21 @@ async def test_backlog_forms_full_batches_while_model_is_busy(make: BatcherFacto
     assert b.queue_depth == 0
 
 
+async def test_without_a_wait_requests_a_loop_turn_behind_join_the_batch(make: BatcherFactory) -> None:
+    # max_wait 0: no time is spent waiting, but a request that reaches submit a turn or two of the
+    # event loop after the first (as requests read in the same turn do) still rides in its batch.
+    fn = Recorder()
+    b = await started(make(fn, max_batch=8, max_wait_ms=0))
+
+    async def after_turns(item: int, turns: int) -> list[Any]:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        return await b.submit([item])
+
+    assert await asyncio.gather(b.submit([0]), after_turns(1, 1), after_turns(2, 2)) == [[0], [2], [4]]
+    assert fn.sizes == [3]
+
+
 async def test_oversized_request_is_split_and_order_kept(make: BatcherFactory) -> None:
     fn = Recorder()
     b = await started(make(fn, max_batch=4, max_wait_ms=0))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.runtime import EmbeddingCache, ServiceMetrics, bytes_digest, embedding_key, text_digest
-from service.runtime.cache import decode_value, embedding_key_prefix, encode_value, quantize
+from service.runtime.cache import decode_value, embedding_key_prefix, encode_value, quantize, stored_value
 
 from .conftest import RedisServer, free_port
 
@@ -88,6 +88,9 @@ def test_value_round_trip_keeps_shape_within_float16_precision(shape: tuple[int,
     np.testing.assert_allclose(out, arr, atol=1e-3)
     np.testing.assert_array_equal(out, quantize(arr))
     assert not out.flags.writeable
+    stored = stored_value(arr)  # what the LRU holds for it, made without the bytes
+    assert stored.dtype == np.float32 and stored.shape == arr.shape and not stored.flags.writeable
+    np.testing.assert_array_equal(stored, out)
 
 
 @pytest.mark.parametrize("data", [b"", b"\x02\x01", b"\x01\x01\x04\x00\x00\x00\x00"])
@@ -180,6 +183,12 @@ async def test_redis_hits_after_lru_is_cleared_and_refill_lru(redis_server: Redi
     again = await fresh.get_many(keys)  # now served by the refilled LRU: no Redis command
     assert redis_server.commands_processed() - before == 1  # only the INFO call itself
     assert all(a is b for a, b in zip(again, got[:3], strict=True))
+    # The writer's own LRU holds the values a reader gets from Redis: a result never depends on the layer.
+    mine = await cache.get_many([*keys, dense_key])
+    for value, from_redis in zip(mine, got[:4], strict=True):
+        assert value is not None and from_redis is not None and not value.flags.writeable
+        assert value.dtype == from_redis.dtype and value.shape == from_redis.shape
+        np.testing.assert_array_equal(value, from_redis)
     await cache.close()
     await fresh.close()
 
