@@ -5,7 +5,10 @@ name, each with hard negatives that a scorer can only tell apart by reading the 
   caption with one value another label declares for that attribute ("... short sleeves and a plain
   front.", a t-shirt) and against another label's pair;
 * attribute with a negated label: "a thing with long sleeves, not a coat." for a label that declares
-  the value while another does too, against the caption that negates the image's own label.
+  the value while another does too, against the caption that negates the image's own label;
+* a description alone (``attribute_description``): the attribute pair's caption without its
+  negatives, what a base CLIP trains on beside "a photo of a {label}." (``clip-train base
+  --attribute-captions``) so its text tower reads the attribute words a search asks with.
 
 The retrieval figures of ``clip-train evaluate --data`` ask their compositional and negated
 queries in these frames (``training.evaluation.userdata.retrieval``) on held-out images, as the
@@ -64,6 +67,19 @@ def attribute_pair(labels: Labels, label: str, rng: random.Random) -> tuple[str,
     negatives += [caption(a) for a in others]
     negatives = [n for n in dict.fromkeys(negatives) if n != own]
     return (own, negatives) if negatives else None
+
+
+def attribute_description(labels: Labels, label: str, rng: random.Random) -> str | None:
+    """A caption of two of ``label``'s declared attributes in one of ``PAIR_FRAMES``, without the
+    label's name: "something with long sleeves and a plain front." (None with fewer than two
+    attributes). The frames carry no negation: a pooled text embedding cannot learn "not" from
+    contrastive captions, and the held-out negation phrasings stay unread."""
+    attrs = labels.get(label, {})
+    if len(attrs) < 2:
+        return None
+    first, second = rng.sample(sorted(attrs), 2)
+    frame = PAIR_FRAMES[rng.randrange(len(PAIR_FRAMES))]
+    return frame.format(p=phrase(first, attrs[first]), q=phrase(second, attrs[second]))
 
 
 def attribute_without_label(labels: Labels, label: str, rng: random.Random) -> tuple[str, list[str]] | None:
