@@ -39,7 +39,7 @@ def shared_values(labels: Labels) -> dict[tuple[str, str], list[str]]:
     declaring: dict[tuple[str, str], list[str]] = {}
     for label, attrs in sorted(labels.items()):
         for name, value in attrs.items():
-            if value.split()[0].lower() not in NEGATING_WORDS:
+            if name in affirmed(attrs):
                 declaring.setdefault((name, value), []).append(label)
     return {key: having for key, having in sorted(declaring.items()) if len(having) >= 2}
 
@@ -69,12 +69,19 @@ def attribute_pair(labels: Labels, label: str, rng: random.Random) -> tuple[str,
     return (own, negatives) if negatives else None
 
 
+def affirmed(attrs: Mapping[str, str]) -> dict[str, str]:
+    """The attributes whose value is not a negation itself ("no collar" is left out)."""
+    return {name: value for name, value in attrs.items() if value.split()[0].lower() not in NEGATING_WORDS}
+
+
 def attribute_description(labels: Labels, label: str, rng: random.Random) -> str | None:
     """A caption of two of ``label``'s declared attributes in one of ``PAIR_FRAMES``, without the
     label's name: "something with long sleeves and a plain front." (None with fewer than two
-    attributes). The frames carry no negation: a pooled text embedding cannot learn "not" from
-    contrastive captions, and the held-out negation phrasings stay unread."""
-    attrs = labels.get(label, {})
+    attributes that are not negations). No negation is written, not even a declared "no collar":
+    a pooled text embedding cannot learn "no" from contrastive captions, it learns "no" as a
+    feature of the items that lack something, and then prefers "no photo of a shirt." to "a
+    photo of a shirt." on most photos; the held-out negation phrasings stay unread too."""
+    attrs = affirmed(labels.get(label, {}))
     if len(attrs) < 2:
         return None
     first, second = rng.sample(sorted(attrs), 2)

@@ -3,7 +3,8 @@
 By default every image keeps one caption: its ``caption`` record's, or "a photo of a {label}."
 for a labelled image (``training.userdata.context.captioned_images``). With attribute captions
 (``BaseRun.attribute_captions``), a labelled image whose label declares two or more attributes
-(labels.json) is captioned at each step, half the time, by two of them without the label's name
+(labels.json) that are not negations ("no collar") is captioned at each step, half the time, by
+two of them without the label's name
 (``training.generate.attribute_captions.attribute_description``): a text tower that only ever
 read "a photo of a {label}." leaves "sleeves" or "collar" at their random embeddings, so a
 search by attributes finds nothing in its first stage.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.generate.attribute_captions import attribute_description
+from training.generate.attribute_captions import affirmed, attribute_description
 
 ATTRIBUTE_SHARE = 0.5  # the rest keep "a photo of a {label}.", the prompt zero-shot classification asks with
 
@@ -42,12 +43,14 @@ class BaseCaptions:
         if self.attribute_captions and not self.describable():
             raise ValueError(
                 "--attribute-captions: no label of the training images declares two attributes in labels.json"
+                " (besides negations such as 'no collar')"
             )
 
     def describable(self) -> set[str]:
-        """The labels with two or more declared attributes (those an attribute caption describes)."""
+        """The labels with two or more declared attributes that are not negations (those an
+        attribute caption describes)."""
         used = {label for label in self.labels_of if label is not None}
-        return {label for label in used if len(self.declared.get(label, {})) >= 2}
+        return {label for label in used if len(affirmed(self.declared.get(label, {}))) >= 2}
 
     def at(self, step: int, rows: Sequence[int], seed: int) -> list[str]:
         """The captions of images ``rows`` at ``step``: the same for the same (seed, step) whatever
