@@ -95,3 +95,39 @@ def test_the_batched_rerank_scores_each_candidate_as_a_dense_search_does(root: P
     texts, layouts = bundle.encode_dense_texts([text]), bundle.dense_layouts([text])
     one_by_one = [float(bundle.score_dense(tokens[c], texts, layouts)[0][0]) for c in candidates]
     assert batched == pytest.approx(one_by_one, abs=1e-5)
+
+
+def test_a_rerank_over_the_whole_gallery_ranks_every_photo_by_dcsm(data: Path, root: Path) -> None:
+    """``rerank_k`` (``scripts/eval_retrieval.py --rerank-k``) is the search's ``k``: at the gallery's
+    size the DCSM rows are those of DCSM ranking every photo; at 2 a re-rank holds two photos."""
+    from clipcore.methods.retrieval import (
+        cosine_top_k,
+        first_stage_query,
+        first_stage_texts,
+        order_by_scores,
+        recall_at_k,
+        reranked,
+    )
+    from training.evaluation.userdata.data import UserEvalConfig, load_eval_set, sample
+    from training.evaluation.userdata.retrieval import compositional_queries, retrieval
+
+    bundle = ModelBundle.load(ModelStore(root), "dense@production")
+    es = load_eval_set(data / "test.jsonl", bundle, "all")
+    whole = retrieval(es, UserEvalConfig(n_gallery=40, rerank_k=40, n_captions=8), seed=0)
+    picked = sample(es.labelled, 40, 0, salt=9)
+    labels = [item.record.label for item in picked]  # type: ignore[union-attr]
+    tokens = bundle.encode_dense_images(np.stack([es.pixels(item.images[0]) for item in picked]))
+    queries = compositional_queries({n: dict(es.dataset.labels.get(n, {})) for n in sorted(set(labels))}, labels)
+    kept = [(text, rel) for text, rel in zip(queries.texts, queries.relevant, strict=True) if rel.any()]
+    by_dcsm = [order_by_scores(dense_scores(bundle, tokens, np.arange(40), text)) for text, _ in kept]
+    expected = np.mean([recall_at_k(r, rel, 10) for r, (_, rel) in zip(by_dcsm, kept, strict=True)])
+    assert whole["retrieval.compositional.dcsm.r10"] == pytest.approx(expected)
+    two = retrieval(es, UserEvalConfig(n_gallery=40, rerank_k=2, n_captions=8), seed=0)
+    pooled = es.embed([item.images[0] for item in picked])
+    heads = []
+    for text, _ in kept:  # the first stage's two nearest photos, in DCSM's order
+        candidates = cosine_top_k(pooled, first_stage_query(text, bundle.encode_texts(first_stage_texts(text))), 2)
+        heads.append(reranked(candidates, dense_scores(bundle, tokens, candidates, text)))
+    expected = np.mean([recall_at_k(h, rel, 10) for h, (_, rel) in zip(heads, kept, strict=True)])
+    assert two["retrieval.compositional.dcsm.r10"] == pytest.approx(expected)
+    assert two["retrieval.compositional.dcsm.r10"] != pytest.approx(whole["retrieval.compositional.dcsm.r10"])

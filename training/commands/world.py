@@ -76,6 +76,10 @@ class BaseOptions:
     lr: Annotated[float, typer.Option(help="With --data: peak learning rate.")] = 1e-3
     text_freeze_steps: Annotated[int, typer.Option(help="With --data: steps with the text tower frozen.")] = 300
     stop_after: Annotated[int | None, typer.Option(help="With --data: end after N steps in all (resume later).")] = None
+    attribute_captions: Annotated[
+        bool,
+        typer.Option(help="With --data: also caption labelled images by their labels' attributes (labels.json)."),
+    ] = False
 
 
 def base(o: BaseOptions) -> None:
@@ -85,12 +89,16 @@ def base(o: BaseOptions) -> None:
     from training.train_base import BaseTrainConfig, train_base
 
     set_threads(o.threads)
+    if o.attribute_captions and o.data is None:
+        console.print("[red]--attribute-captions needs --data: the shapes world's captions are generated[/red]")
+        raise typer.Exit(1)
     if o.data is not None:
         from training.commands.userdata import train_base_on_data
 
         train_base_on_data(o.data, o.labels, model_config(o.config), o.out, o.store, o.name, tuple(o.alias or ()),
                            steps=o.steps, batch_size=o.batch_size, lr=o.lr, text_freeze_steps=o.text_freeze_steps,
-                           seed=o.seed, device=o.device, precision=o.precision, stop_after=o.stop_after)  # fmt: skip
+                           seed=o.seed, device=o.device, precision=o.precision, stop_after=o.stop_after,
+                           attribute_captions=o.attribute_captions)  # fmt: skip
         return
     cfg = BaseTrainConfig(
         model_config=model_config(o.config),

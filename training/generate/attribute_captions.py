@@ -5,7 +5,10 @@ name, each with hard negatives that a scorer can only tell apart by reading the 
   caption with one value another label declares for that attribute ("... short sleeves and a plain
   front.", a t-shirt) and against another label's pair;
 * attribute with a negated label: "a thing with long sleeves, not a coat." for a label that declares
-  the value while another does too, against the caption that negates the image's own label.
+  the value while another does too, against the caption that negates the image's own label;
+* a description alone (``attribute_description``): the attribute pair's caption without its
+  negatives, what a base CLIP trains on beside "a photo of a {label}." (``clip-train base
+  --attribute-captions``) so its text tower reads the attribute words a search asks with.
 
 The retrieval figures of ``clip-train evaluate --data`` ask their compositional and negated
 queries in these frames (``training.evaluation.userdata.retrieval``) on held-out images, as the
@@ -36,7 +39,7 @@ def shared_values(labels: Labels) -> dict[tuple[str, str], list[str]]:
     declaring: dict[tuple[str, str], list[str]] = {}
     for label, attrs in sorted(labels.items()):
         for name, value in attrs.items():
-            if value.split()[0].lower() not in NEGATING_WORDS:
+            if name in affirmed(attrs):
                 declaring.setdefault((name, value), []).append(label)
     return {key: having for key, having in sorted(declaring.items()) if len(having) >= 2}
 
@@ -64,6 +67,26 @@ def attribute_pair(labels: Labels, label: str, rng: random.Random) -> tuple[str,
     negatives += [caption(a) for a in others]
     negatives = [n for n in dict.fromkeys(negatives) if n != own]
     return (own, negatives) if negatives else None
+
+
+def affirmed(attrs: Mapping[str, str]) -> dict[str, str]:
+    """The attributes whose value is not a negation itself ("no collar" is left out)."""
+    return {name: value for name, value in attrs.items() if value.split()[0].lower() not in NEGATING_WORDS}
+
+
+def attribute_description(labels: Labels, label: str, rng: random.Random) -> str | None:
+    """A caption of two of ``label``'s declared attributes in one of ``PAIR_FRAMES``, without the
+    label's name: "something with long sleeves and a plain front." (None with fewer than two
+    attributes that are not negations). No negation is written, not even a declared "no collar":
+    a pooled text embedding cannot learn "no" from contrastive captions, it learns "no" as a
+    feature of the items that lack something, and then prefers "no photo of a shirt." to "a
+    photo of a shirt." on most photos; the held-out negation phrasings stay unread too."""
+    attrs = affirmed(labels.get(label, {}))
+    if len(attrs) < 2:
+        return None
+    first, second = rng.sample(sorted(attrs), 2)
+    frame = PAIR_FRAMES[rng.randrange(len(PAIR_FRAMES))]
+    return frame.format(p=phrase(first, attrs[first]), q=phrase(second, attrs[second]))
 
 
 def attribute_without_label(labels: Labels, label: str, rng: random.Random) -> tuple[str, list[str]] | None:

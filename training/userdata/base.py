@@ -1,12 +1,14 @@
 """A CLIP trained from scratch on a user's captioned images, at its config's own image size.
 
 Captions are the user's ``caption`` and ``negatives`` records as written and "a photo of a
-{label}" for labelled images (training split only). Images are decoded and resized once into a
-uint8 memory map in the run directory (``pixels-<size>.npy``), so an epoch reads no JPEG. The
-recipe and its loop are the shapes world's (``training.methods.base``: AdamW with warm-up and
-cosine, the text tower frozen at its random initialisation for the first steps, an optional FILIP
-term from the end of the freeze on for usable dense features, bf16 autocast), with checkpoints
-every ``checkpoint_every`` steps.
+{label}" for labelled images (training split only); with ``attribute_captions``, labelled images
+are also described by their label's attributes without its name
+(``training.userdata.base_captions``). Images are decoded and resized once into a uint8 memory
+map in the run directory (``pixels-<size>.npy``), so an epoch reads no JPEG. The recipe and its
+loop are the shapes world's (``training.methods.base``: AdamW with warm-up and cosine, the text
+tower frozen at its random initialisation for the first steps, an optional FILIP term from the
+end of the freeze on for usable dense features, bf16 autocast), with checkpoints every
+``checkpoint_every`` steps.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from training.from_scratch import image_size
 from training.methods import base
 from training.methods.checkpoint import Checkpoints, Runtime
 from training.progress import StepProgress, loss_with_chance
-from training.userdata.context import captioned_images
+from training.userdata.base_captions import BaseCaptions
+from training.userdata.context import labelled_captioned_images
 from training.userdata.device import autocast, seed_everything
 from training.userdata.features import Images
 from training.userdata.publishing import data_summary, run_settings
@@ -42,11 +45,12 @@ Log = Callable[[str], None]
 DEFAULT_RUNTIME = Runtime()  # seed 0, CPU, printed log
 
 
-def captioned(dataset: Dataset) -> tuple[list[ImageRef], list[str]]:
-    refs, texts = captioned_images(dataset)
+def captioned(dataset: Dataset, cfg: BaseRun) -> tuple[list[ImageRef], BaseCaptions]:
+    refs, texts, labels = labelled_captioned_images(dataset)
     if len(refs) < 2:
         raise ValueError("base training needs at least two captioned or labelled images (docs/data.md)")
-    return refs, texts
+    captions = BaseCaptions(texts, labels, dataset.labels, cfg.attribute_captions, cfg.text_freeze_steps)
+    return refs, captions
 
 
 def pixel_map(images: Images, digests: list[str], run_dir: Path, log: Log) -> np.ndarray:
@@ -86,7 +90,7 @@ def train_user_base(
     seed_everything(seed)
     model = build_model(model_config).to(device)
     images = Images(image_size(model_config), preprocess)
-    refs, texts = captioned(dataset)
+    refs, captions = captioned(dataset, cfg)
     pixels = pixel_map(images, images.digests(refs), run_dir, log)
     tokenize = Tokenize(model.context_length)
     n, batch = len(refs), min(cfg.batch_size, len(refs))
@@ -98,7 +102,7 @@ def train_user_base(
         rng = np.random.default_rng([seed, step, 7])  # from the step: resumable
         torch.manual_seed(int(rng.integers(2**31)))
         idx = np.sort(rng.choice(n, size=batch, replace=False))
-        return base.Batch(preprocess.normalize(pixels[idx]), tokenize([texts[i] for i in idx]))
+        return base.Batch(preprocess.normalize(pixels[idx]), tokenize(captions.at(step, idx.tolist(), seed)))
 
     def record(
         done: int, model: torch.nn.Module, loss: float, history: list[dict[str, Any]], contrastive: float

@@ -99,16 +99,28 @@ def items_of(dataset: Dataset, kind: str, split: str | None = "train") -> list[I
 def captioned_images(dataset: Dataset, split: str | None = "train") -> tuple[list[ImageRef], list[str]]:
     """(image, caption) of a split, what every method that reads captions trains on: ``caption``
     and ``negatives`` records' captions as written, then labelled images as "a photo of a {label}."."""
-    refs, texts = [], []
+    refs, texts, _ = labelled_captioned_images(dataset, split)
+    return refs, texts
+
+
+def labelled_captioned_images(
+    dataset: Dataset, split: str | None = "train"
+) -> tuple[list[ImageRef], list[str], list[str | None]]:
+    """``captioned_images`` with each image's label (``None`` for a caption record's image)."""
+    refs: list[ImageRef] = []
+    texts: list[str] = []
+    labels: list[str | None] = []
     for item in items_of(dataset, "caption", split) + items_of(dataset, "negatives", split):
         assert isinstance(item.record, CaptionRecord | NegativesRecord)
         refs.append(item.images[0])
         texts.append(item.record.caption)
+        labels.append(None)
     for item in items_of(dataset, "label", split):
         assert isinstance(item.record, LabelRecord)
         refs.append(item.images[0])
         texts.append(f"a photo of {article(item.record.label)} {item.record.label}.")
-    return refs, texts
+        labels.append(item.record.label)
+    return refs, texts, labels
 
 
 @contextlib.contextmanager

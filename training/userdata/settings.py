@@ -15,9 +15,13 @@ from training.methods.hyper import BaseHyper, DCSMHyper, PCClipHyper, SemClipHyp
 
 @dataclass
 class BaseRun(BaseHyper):
-    """A base run on a user's data: ``base.Hyper`` and the batch size and where to stop."""
+    """A base run on a user's data: ``base.Hyper`` and the batch size, the captions and where to stop."""
 
     batch_size: int = 128
+    # Off by default: on, labelled images are also captioned by their label's declared attributes
+    # (training.userdata.base_captions), which a search by attributes needs; the tutorial's
+    # figures of a base trained on "a photo of a {label}." alone stay what they were.
+    attribute_captions: bool = False
     stop_after: int | None = None
 
 

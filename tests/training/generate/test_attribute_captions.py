@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from training.generate.attribute_captions import attribute_pair, attribute_without_label
+from training.generate.attribute_captions import attribute_description, attribute_pair, attribute_without_label
 
 LABELS = {
     "t-shirt": {"sleeves": "short", "front": "plain", "collar": "no"},
@@ -47,3 +47,17 @@ def test_an_attribute_with_a_negated_label_negates_another_label_and_its_negativ
     for _ in range(50):
         made = attribute_without_label(LABELS, "t-shirt", rng)
         assert made is not None and "no collar" not in made[0]
+
+
+def test_a_description_names_two_affirmed_attributes_of_its_label_and_no_label() -> None:
+    rng = random.Random(2)
+    for _ in range(50):
+        for label, attrs in LABELS.items():
+            caption = attribute_description(LABELS, label, rng)
+            if label == "bag":  # one attribute
+                assert caption is None
+                continue
+            assert caption is not None and describes(caption, attrs)
+            assert not any(name in caption for name in LABELS) and "no " not in caption, caption
+    # "no collar" is a negation: with one other attribute left there is no pair to describe
+    assert attribute_description({"dress": {"sleeves": "short", "legs": "no"}}, "dress", rng) is None

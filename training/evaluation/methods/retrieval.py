@@ -101,11 +101,11 @@ def dense_scores(bundle: ModelBundle, tokens: np.ndarray, candidates: np.ndarray
 
 
 def text_retrieval(
-    bundle: ModelBundle, pooled: np.ndarray, tokens: np.ndarray | None, queries: TextQueries
+    bundle: ModelBundle, pooled: np.ndarray, tokens: np.ndarray | None, queries: TextQueries, k: int = RERANK_K
 ) -> dict[str, float]:
     """Figures of one kind of text query over a gallery (``pooled``: (G, D) unit image embeddings;
-    ``tokens``: (G, 1+P, D) DCSM image tokens, None without a scorer). Queries with no right item
-    in the gallery are left out."""
+    ``tokens``: (G, 1+P, D) DCSM image tokens, None without a scorer), the re-rank over the first
+    stage's top ``k`` (a search's ``k``). Queries with no right item in the gallery are left out."""
     keep = answerable(queries.relevant)
     texts = [t for t, k in zip(queries.texts, keep, strict=True) if k]
     relevant = queries.relevant[keep]
@@ -124,14 +124,17 @@ def text_retrieval(
         dense = []
         for text, parts in zip(texts, np.split(stage, bounds), strict=True):
             query = first_stage_query(text, parts)
-            candidates = cosine_top_k(pooled, query, RERANK_K)
+            candidates = cosine_top_k(pooled, query, k)
             dense.append(reranked(candidates, dense_scores(bundle, tokens, candidates, text)))
         out.update(_recalls(f"{prefix}.dcsm", dense, relevant))
     return out
 
 
-def difference_retrieval(bundle: ModelBundle, pooled: np.ndarray, queries: DifferenceQueries) -> dict[str, float]:
-    """Figures of difference queries over a gallery (``pooled``: (G, D) unit image embeddings)."""
+def difference_retrieval(
+    bundle: ModelBundle, pooled: np.ndarray, queries: DifferenceQueries, k: int = RERANK_K
+) -> dict[str, float]:
+    """Figures of difference queries over a gallery (``pooled``: (G, D) unit image embeddings), both
+    rankings over the first stage's top ``k``."""
     keep = answerable(queries.relevant)
     if not keep.any():
         return {}
@@ -145,7 +148,7 @@ def difference_retrieval(bundle: ModelBundle, pooled: np.ndarray, queries: Diffe
         others[:] = True
         others[q] = False  # the query image is not an answer to "like this one, but ..."
         rest = np.flatnonzero(others)
-        candidates = rest[cosine_top_k(pooled[rest], pooled[q], RERANK_K)]
+        candidates = rest[cosine_top_k(pooled[rest], pooled[q], k)]
         ranked["pcclip"].append(reranked(candidates, difference_scores(pooled[candidates], pooled[q], text)))
         ranked["sum"].append(reranked(candidates, sum_scores(pooled[candidates], pooled[q], text)))
     out: dict[str, float] = {}

@@ -47,6 +47,7 @@ class UserEvalConfig:
     n_captions: int = 300  # captions per seed for DCSM / SemCLIP
     n_yukino: int = 200  # 2x2 items per seed
     n_gallery: int = 500  # labelled images per seed in the retrieval gallery
+    rerank_k: int = 100  # first-stage candidates a retrieval's second stage ranks (a search's default k)
     templates: tuple[str, ...] | None = None  # zero-shot prompt templates (None: the service's defaults)
     alpha: float = 0.9  # comparative blending weight, the service's default
     symmetric: bool = False

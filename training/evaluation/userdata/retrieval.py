@@ -96,8 +96,10 @@ def retrieval(es: EvalSet, cfg: UserEvalConfig, seed: int) -> dict[str, float]:
             [bundle.encode_dense_images(pixels[i : i + es.batch_size]) for i in range(0, len(pixels), es.batch_size)]
         )
     declared = {name: dict(es.dataset.labels.get(name, {})) for name in labels}
-    out = text_retrieval(bundle, pooled, tokens, compositional_queries(declared, gallery_labels))
-    out.update(text_retrieval(bundle, pooled, tokens, negated_queries(declared, gallery_labels)))
+    k = cfg.rerank_k
+    out = text_retrieval(bundle, pooled, tokens, compositional_queries(declared, gallery_labels), k)
+    out.update(text_retrieval(bundle, pooled, tokens, negated_queries(declared, gallery_labels), k))
     if len(set(gallery_labels)) >= 2:
-        out.update(difference_retrieval(bundle, pooled, difference_queries(gallery_labels, cfg.n_captions, seed)))
+        differences = difference_queries(gallery_labels, cfg.n_captions, seed)
+        out.update(difference_retrieval(bundle, pooled, differences, k))
     return out
