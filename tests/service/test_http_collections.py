@@ -133,6 +133,13 @@ def test_an_hnsw_collection_answers_as_an_exact_one_on_the_embedded_store(
         assert ok(client.get(f"/collections/{shop}"))["index"]["kind"] == "exact"
         assert len(ok(client.post(f"/collections/{shop}/search", json={"text": "x", "ef_search": 50}))["hits"]) == 5
         return
+    from clipdiff import Client
+
+    with Client(str(client.base_url)) as sdk:  # the SDK sends the index as given
+        assert sdk.create_collection("tmp-hnsw-sdk", index={"kind": "hnsw"}).index == {
+            "kind": "hnsw", "m": 32, "ef_construction": 128, "ef_search": 100
+        }  # fmt: skip
+        sdk.drop_collection("tmp-hnsw-sdk")
     created = client.put("/collections/tmp-hnsw", json=body)
     assert created.status_code == 201, created.text
     index = {"kind": "hnsw", "m": 8, "ef_construction": 128, "ef_search": 40}  # the knob left out: its default
@@ -503,8 +510,9 @@ def test_the_sdk_manages_and_searches_a_collection(server: Any, images: Any) -> 
         )
         assert (added.added, added.count) == (["a", "b"], 2)
         assert [c.name for c in client.collections()].count("sdk") == 1
-        hits = client.search_collection("sdk", image=images["red-circle"], limit=1).hits
+        hits = client.search_collection("sdk", image=images["red-circle"], limit=1, ef_search=20).hits
         assert [(h.id, h.stage, h.metadata) for h in hits] == [("a", "cosine", {"colour": "red"})]
+        assert info.index is not None and info.index["kind"] == "exact"
         found = client.search_collection("sdk", text="a red circle", rerank="dense", k=2, filters={"colour": "red"})
         assert [h.id for h in found.hits] == ["a"] and found.hits[0].scores.dense is not None
         diff = client.search_collection("sdk", image=images["red-circle"], difference="bluer", k=2)
