@@ -132,6 +132,7 @@ def test_filters_are_honoured_on_the_exact_and_the_graph_path(tmp_path: Path, mo
     # A filter of 300 items: searched exactly over them.
     assert [h.id for h in store.search("c", query, 10, {"shard": 3})] == exact_top(vectors, query, 10, shard3)
     monkeypatch.setattr(vector_index, "EXACT_FILTER_BELOW", 0)  # the walk, restricted by a selector
+    monkeypatch.setattr(vector_index, "EXACT_FILTER_SHARE", 0.0)
     hits = store.search("c", query, 10, {"shard": 3}, ef_search=200)
     assert len(hits) == 10 and all(h.metadata["shard"] == 3 for h in hits)
     assert len({h.id for h in hits} & set(exact_top(vectors, query, 10, shard3))) >= 8
