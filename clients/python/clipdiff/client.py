@@ -237,9 +237,12 @@ class Client(_Base):
         return self._run(ep.model_info(name))
 
     # ------------------------------------------------------------------ collections
-    def create_collection(self, name: str, *, model: str | None = None) -> CollectionInfo:
-        """A new collection bound to the version ``model`` (the default model) serves now."""
-        return self._run(ep.create_collection(name, self._model(model)))
+    def create_collection(
+        self, name: str, *, model: str | None = None, index: Mapping[str, Any] | None = None
+    ) -> CollectionInfo:
+        """A new collection bound to the version ``model`` (the default model) serves now;
+        ``index`` ``{"kind": "hnsw", "m": 32, ...}`` for approximate search (docs/api.md)."""
+        return self._run(ep.create_collection(name, self._model(model), index))
 
     def collections(self) -> list[CollectionInfo]:
         return self._run(ep.collections())
@@ -280,11 +283,12 @@ class Client(_Base):
         limit: int = 10,
         offset: int = 0,
         encoder: str | None = None,
+        ef_search: int | None = None,
     ) -> CollectionSearch:
         """By ``text``, by ``image``, or by ``image`` and a ``difference`` text; see docs/api.md."""
         plan = ep.search_collection(
             name, text=text, image=image, difference=difference, rerank=rerank, k=k, filters=filters,
-            limit=limit, offset=offset, encoder=encoder,
+            limit=limit, offset=offset, encoder=encoder, ef_search=ef_search,
         )  # fmt: skip
         return self._run(plan)
 
@@ -445,8 +449,10 @@ class AsyncClient(_Base):
         return await self._run(ep.model_info(name))
 
     # ------------------------------------------------------------------ collections
-    async def create_collection(self, name: str, *, model: str | None = None) -> CollectionInfo:
-        return await self._run(ep.create_collection(name, self._model(model)))
+    async def create_collection(
+        self, name: str, *, model: str | None = None, index: Mapping[str, Any] | None = None
+    ) -> CollectionInfo:
+        return await self._run(ep.create_collection(name, self._model(model), index))
 
     async def collections(self) -> list[CollectionInfo]:
         return await self._run(ep.collections())
@@ -482,10 +488,11 @@ class AsyncClient(_Base):
         limit: int = 10,
         offset: int = 0,
         encoder: str | None = None,
+        ef_search: int | None = None,
     ) -> CollectionSearch:
         plan = ep.search_collection(
             name, text=text, image=image, difference=difference, rerank=rerank, k=k, filters=filters,
-            limit=limit, offset=offset, encoder=encoder,
+            limit=limit, offset=offset, encoder=encoder, ef_search=ef_search,
         )  # fmt: skip
         return await self._run(plan)
 

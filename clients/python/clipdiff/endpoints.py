@@ -308,8 +308,9 @@ def _collection(name: str, *rest: str) -> str:
     return "/".join([f"/collections/{quote(name, safe='')}", *(quote(r, safe="") for r in rest)])
 
 
-def create_collection(name: str, model: str | None) -> Plan[CollectionInfo]:
-    return single(Call("PUT", _collection(name), _drop_none({"model": model})), CollectionInfo.model_validate)
+def create_collection(name: str, model: str | None, index: Mapping[str, Any] | None = None) -> Plan[CollectionInfo]:
+    body = _drop_none({"model": model, "index": dict(index) if index is not None else None})
+    return single(Call("PUT", _collection(name), body), CollectionInfo.model_validate)
 
 
 def collections() -> Plan[list[CollectionInfo]]:
@@ -359,6 +360,7 @@ def search_collection(
     limit: int,
     offset: int,
     encoder: str | None,
+    ef_search: int | None = None,
 ) -> Plan[CollectionSearch]:
     body = _drop_none(
         {
@@ -371,6 +373,7 @@ def search_collection(
             "limit": limit,
             "offset": offset,
             "encoder": encoder,
+            "ef_search": ef_search,
         }
     )
     return single(Call("POST", _collection(name, "search"), body), CollectionSearch.model_validate)

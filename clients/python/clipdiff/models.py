@@ -238,6 +238,7 @@ class CollectionInfo(_Result):
     count: int
     dense: bool
     created_at: str
+    index: dict[str, Any] | None = None  # {"kind": "exact"} or the HNSW knobs it was created with
     job: CollectionJob | None = None
 
 

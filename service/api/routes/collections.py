@@ -21,17 +21,19 @@ from service.collections.schemas import (
     AddImagesForm,
     AddImagesRequest,
     AddImagesResponse,
+    CollectionIndex,
     CollectionInfo,
     CollectionList,
     CreateCollectionRequest,
     ImportRequest,
+    IndexSettings,
     JobInfo,
     RemovedResponse,
     SearchRequest,
     SearchResponse,
 )
 from service.collections.service import Collections, current_runtime, model_ref
-from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN, Scalar
+from service.collections.store import METADATA_KEY_PATTERN, NAME_PATTERN, IndexSpec, Scalar
 from service.collections.store import CollectionInfo as StoredInfo
 from service.collections.versions import bound_runtime, check_version, start_reembed
 from service.config import CollectionsSettings
@@ -73,7 +75,23 @@ def _shown(info: StoredInfo, job: Job | None = None) -> CollectionInfo:
         count=info.count,
         dense=info.dense,
         created_at=info.created_at,
+        index=CollectionIndex(kind="exact")
+        if info.index.kind == "exact"
+        else CollectionIndex(
+            kind=info.index.kind,
+            m=info.index.m,
+            ef_construction=info.index.ef_construction,
+            ef_search=info.index.ef_search,
+        ),
     )
+
+
+def _index_spec(settings: IndexSettings | None) -> IndexSpec | None:
+    """The store's index of a create request's ``index`` (its knobs left out: their defaults)."""
+    if settings is None:
+        return None
+    knobs = {k: v for k, v in settings.model_dump(exclude={"kind"}).items() if v is not None}
+    return IndexSpec(settings.kind, **knobs)
 
 
 @router.put("/collections/{name}", response_model=CollectionInfo, status_code=201)
@@ -83,7 +101,13 @@ async def create_collection(
     selection, runtime = current_runtime(services, req.model)
     dense = operations.stores_dense(runtime)
     info = await collections.call(
-        collections.store.create, name, selection.entry.ref, runtime.bundle.version, runtime.bundle.embed_dim, dense
+        collections.store.create,
+        name,
+        selection.entry.ref,
+        runtime.bundle.version,
+        runtime.bundle.embed_dim,
+        dense,
+        _index_spec(req.index),
     )
     return _shown(info)
 
