@@ -15,7 +15,8 @@ JSON, base64, validation, image decode and preprocessing, batching, serialisatio
 - **the decode-only ceiling**: in-process, on the same cores, the service's own code path
   for one image (``service.images.decode_base64`` of the same base64, ``decode_image`` with the
   service's default limits, ``bundle.preprocess`` to 64 px) looped for ``--ceiling-duration``
-  seconds in 1 and in ``os.cpu_count()`` worker processes, images/s.
+  seconds in 1 and in ``os.cpu_count()`` worker processes, images/s; the latter again before every
+  later round, and the shares use the median of those readings (a shared host's speed drifts).
 
 Load: ``wrk`` (C + LuaJIT; ``apt-get install wrk``), one thread by default, a closed loop of
 ``--concurrency`` connections for ``--duration`` seconds per cell after ``--warmup`` seconds of the
@@ -635,7 +636,13 @@ def main(argv: list[str] | None = None) -> None:
         rss: dict[str, list[tuple[float, float]]] = {s: [] for s in servers}
         roles: dict[str, dict[str, list[float]]] = {}
         cell_id = 0
+        # The ceiling again before every later round: the machine's speed drifts over a run (a
+        # shared host), and a share of one early reading would carry that drift into every cell.
+        ceiling_readings = [ceiling]
         for r in range(1, args.rounds + 1):
+            if r > 1:
+                ceiling_readings.append(decode_ceiling(store, ref, bases, processes, args.ceiling_duration))
+                print(f"decode-only ceiling before round {r}: {ceiling_readings[-1]:.0f} images/s", flush=True)
             for server in servers if r % 2 == 1 else servers[::-1]:
                 kind = server if server in PEERS else "service"
                 log = tmp / f"{kind}-{server}.log"  # Infinity writes none
@@ -689,6 +696,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {info['cpu']}, {info['cores']} cores; {flags}; {args.threads} intra-op threads per server; "
           f"wrk -t{args.wrk_threads}, {args.duration} s per cell after {args.warmup} s of warm-up")  # fmt: skip
     print("decode-only ceiling: " + ", ".join(f"{n} proc. {v:.0f} images/s" for n, v in ceilings.items()))
+    ceiling = median(ceiling_readings)
+    print(f"decode-only ceiling, {processes} proc., before each round: "
+          + " / ".join(f"{v:.0f}" for v in ceiling_readings)
+          + f" images/s; the shares below use their median, {ceiling:.0f}")  # fmt: skip
     for endpoint in args.endpoints:
         chosen = [c for c in cells if c.endpoint == endpoint]
         print()
@@ -703,6 +714,7 @@ def main(argv: list[str] | None = None) -> None:
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "services"},
             "services": [asdict(v) for v in variants],
             "decode_ceiling_images_per_s": {str(n): v for n, v in ceilings.items()},
+            "decode_ceiling_before_each_round": ceiling_readings,
             "cells": [
                 {
                     **{k: v for k, v in asdict(c).items() if k != "result"},
