@@ -355,9 +355,8 @@ def test_bench_host_ab_alternates_two_servers_and_splits_their_cpu_per_answer() 
         pytest.skip("wrk is not installed (apt-get install wrk)")
     out = run_script("bench_host_ab.py", "--a", "one", "--b", "two", "--cells", "2", "--cell", "1", "--warmup", "0",
                      "--concurrency", "2", "--threads", "1")  # fmt: skip
-    ((label, cpu_a, cpu_b, ratio, engine_a, engine_b, engine_ratio, loop_a, loop_b, rate_a, rate_b, _, _, failed),) = (
-        table_after(out, "| endpoint, c |")
-    )
+    ((label, cpu_a, cpu_b, ratio, engine_a, engine_b, engine_ratio, loop_a, loop_b, rate_a, rate_b, _, _,
+      batch_a, batch_b, failed),) = table_after(out, "| endpoint, c |")  # fmt: skip
     assert label == "/embed, c=2" and failed == "0"
     # one process each: its engine is the server, and the event loop one of its threads
     assert float(engine_a) == float(cpu_a) and float(engine_b) == float(cpu_b)
@@ -365,6 +364,8 @@ def test_bench_host_ab_alternates_two_servers_and_splits_their_cpu_per_answer() 
     assert float(ratio.strip("*x")) == pytest.approx(float(cpu_b) / float(cpu_a), abs=0.01)
     assert float(engine_ratio.strip("*x")) == pytest.approx(float(engine_b) / float(engine_a), abs=0.01)
     assert float(rate_a) > 0 and float(rate_b) > 0
+    # the mean image batch each model ran, from its /metrics: at least one image per batch
+    assert float(batch_a) >= 1 and float(batch_b) >= 1
 
 
 @pytest.mark.slow
