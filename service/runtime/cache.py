@@ -106,10 +106,15 @@ def embedding_key_prefix(model_ref: str, kind: str, variant: str) -> str:
     return f"{KEY_PREFIX}:{model_ref}:{kind}:{variant}:"
 
 
-def encode_value(array: np.ndarray) -> bytes:
+def _storable(array: np.ndarray) -> np.ndarray:
     arr = np.asarray(array)
     if arr.ndim > _MAX_NDIM:
         raise ValueError(f"at most {_MAX_NDIM} dimensions, got {arr.ndim}")
+    return arr
+
+
+def encode_value(array: np.ndarray) -> bytes:
+    arr = _storable(array)
     header = struct.pack(f"<BB{arr.ndim}I", FORMAT_F16, arr.ndim, *arr.shape)
     return header + np.ascontiguousarray(arr, dtype="<f2").tobytes()
 
@@ -117,12 +122,7 @@ def encode_value(array: np.ndarray) -> bytes:
 def stored_value(array: np.ndarray) -> np.ndarray:
     """``decode_value(encode_value(array))`` without the bytes between: the float16-rounded values
     as a read-only float32 array, what the LRU holds (the bytes are made only for Redis)."""
-    arr = np.asarray(array)
-    if arr.ndim > _MAX_NDIM:
-        raise ValueError(f"at most {_MAX_NDIM} dimensions, got {arr.ndim}")
-    out = np.asarray(arr, dtype=np.float16).astype(np.float32, order="C")  # ``quantize``, C-ordered
-    out.setflags(write=False)
-    return out
+    return quantize(np.asarray(_storable(array), order="C"))  # C-ordered, as decoded bytes are
 
 
 def decode_value(data: bytes) -> np.ndarray:
