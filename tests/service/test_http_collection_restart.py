@@ -82,6 +82,20 @@ def pictures(make_image: Any) -> dict[str, dict[str, str]]:
     return out
 
 
+def collection_on_v1_and_v2_published(
+    store: Path, url: str, tmp_path: Path, publish_model: Any, make_image: Any
+) -> tuple[dict[str, dict[str, str]], str]:
+    """Collection ``c`` holding ``pictures`` embedded by ``tiny`` v1, then v2 published (the next
+    server serves it): the images and v2's reference."""
+    publish_model(store, "tiny", seed=0)
+    images = pictures(make_image)
+    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
+        assert c.put("/collections/c", json={}).status_code == 201
+        items = [{"id": i, "image": image} for i, image in images.items()]
+        assert c.post("/collections/c/images", json={"items": items}).status_code == 200
+    return images, f"tiny@{publish_model(store, 'tiny', seed=1)}"
+
+
 def collections_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return request.getfixturevalue("pgvector_url") if backend == "postgres" else f"file://{tmp_path / 'collections'}"
 
@@ -176,15 +190,8 @@ def test_two_replicas_on_one_database_run_a_reembedding_once_and_the_survivor_of
     """Two servers on one PostgreSQL, one asked to re-embed: it holds the job's lease and embeds,
     the other follows the job (503 for the collection, the holder's progress in its status); the
     holder SIGKILLed, PostgreSQL frees its lease and the other finishes the job from the staged copy."""
-    store = tmp_path / "store"
-    publish_model(store, "tiny", seed=0)
-    url = request.getfixturevalue("pgvector_url")
-    images = pictures(make_image)
-    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
-        assert c.put("/collections/c", json={}).status_code == 201
-        items = [{"id": i, "image": image} for i, image in images.items()]
-        assert c.post("/collections/c/images", json={"items": items}).status_code == 200
-    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+    store, url = tmp_path / "store", request.getfixturevalue("pgvector_url")
+    images, v2 = collection_on_v1_and_v2_published(store, url, tmp_path, publish_model, make_image)
 
     with ExitStack() as stack:
         replicas = [stack.enter_context(server(store, url, tmp_path / "images", batch=1)) for _ in range(2)]
@@ -284,15 +291,8 @@ def test_replicas_started_together_while_a_reembedding_is_recorded_run_it_once(
     while the job's lease is held (as by a server not yet known dead): both take the recorded job
     up and wait, embedding nothing, answering 503; once the lease is free one runs it, and
     together they embed only what the killed server left."""
-    store = tmp_path / "store"
-    publish_model(store, "tiny", seed=0)
-    url = request.getfixturevalue("pgvector_url")
-    images = pictures(make_image)
-    with server(store, url, tmp_path / "images", batch=64) as (_, base), httpx.Client(base_url=base, timeout=60) as c:
-        assert c.put("/collections/c", json={}).status_code == 201
-        items = [{"id": i, "image": image} for i, image in images.items()]
-        assert c.post("/collections/c/images", json={"items": items}).status_code == 200
-    v2 = f"tiny@{publish_model(store, 'tiny', seed=1)}"
+    store, url = tmp_path / "store", request.getfixturevalue("pgvector_url")
+    images, v2 = collection_on_v1_and_v2_published(store, url, tmp_path, publish_model, make_image)
     with server(store, url, tmp_path / "images", batch=1) as (proc, base), httpx.Client(base_url=base, timeout=60) as c:
         assert c.post("/collections/c/reembed").status_code == 202
         wait_until(lambda: c.get("/collections/c").json()["job"]["done"] >= KILL_AFTER, what="the job's progress")
